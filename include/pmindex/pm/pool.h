@@ -1,0 +1,143 @@
+// pmindex/pm/pool.h: a pool file mapped into memory.
+//
+// Layout (docs/pool-format.md):
+//   [0, 4 KiB)       header: magic, format version, owner index type, UUID,
+//                    max size, checksum over those immutable fields; then on
+//                    their own cache lines the mutable 8-byte words (current
+//                    size, root offset, clean-shutdown flag).
+//   [4 KiB, heap)    allocator lanes (per-thread micro-logs).
+//   [heap, size)     allocator chunks.
+//
+// Creation writes a temporary file next to the target, fully allocates it
+// (posix_fallocate, so a full /dev/shm gives an error instead of a SIGBUS),
+// writes the header with the magic last, persists, and renames it into
+// place: a process killed mid-create leaves no pool at the path. A file with
+// no magic is reported as "not a pool or creation interrupted", never mapped.
+//
+// Growth: Open/Create reserve max_size bytes of address space; Grow extends
+// the file and maps the new part in place, so addresses never move.
+//
+// Locking: an exclusive flock on the file; a second opener (this process or
+// another) gets Status::Busy. Read-only opens take a shared lock.
+//
+// DAX: the file is mapped MAP_SHARED_VALIDATE|MAP_SYNC when the filesystem
+// supports it (then flush+fence is durable); otherwise MAP_SHARED, and Close
+// msyncs. is_dax() reports which.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "pmindex/pm/pptr.h"
+#include "pmindex/status.h"
+
+namespace pmindex::pm {
+
+class Allocator;
+
+inline constexpr uint64_t kPoolHeaderSize = 4096;
+inline constexpr uint64_t kDefaultMaxPoolSize = 64ull << 30;
+inline constexpr size_t kPoolTypeNameMax = 31;
+
+struct PoolInfo {
+  std::string path;
+  std::string type;  // owner index type
+  std::string uuid;  // hex
+  uint32_t version = 0;
+  uint64_t size = 0;      // current size in bytes
+  uint64_t max_size = 0;  // growth limit
+  uint64_t root = 0;      // root object offset
+  uint64_t bytes_in_use = 0;
+  uint64_t blocks_in_use = 0;
+  bool clean_shutdown = false;  // the previous user closed it cleanly
+  bool dax = false;             // mapped with MAP_SYNC
+};
+
+struct PoolOptions {
+  uint64_t size = 64ull << 20;  // initial size (rounded up to whole chunks)
+  uint64_t max_size = 0;        // 0: max(size, kDefaultMaxPoolSize)
+  bool read_only = false;       // Open only
+};
+
+class Pool {
+ public:
+  // Creates a new pool file owned by index type `type` (<= 31 bytes).
+  // AlreadyExists if path exists.
+  static Status Create(const std::string& path, std::string_view type, const PoolOptions& opts,
+                       std::unique_ptr<Pool>* out);
+  // Opens an existing pool and recovers its allocator. If expected_type is
+  // non-empty and differs from the owner, InvalidArgument naming the owner.
+  static Status Open(const std::string& path, std::string_view expected_type, const PoolOptions& opts,
+                     std::unique_ptr<Pool>* out);
+  // Reads the header without taking the lock or mapping the heap.
+  static Status ReadInfo(const std::string& path, PoolInfo* info);
+  static bool Exists(const std::string& path);
+  static Status Remove(const std::string& path);
+
+  ~Pool();  // Close()
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  // Marks a clean shutdown, syncs (non-DAX), unmaps and unlocks. Idempotent.
+  Status Close();
+
+  char* base() const { return base_; }
+  uint64_t size() const;  // current size
+  uint64_t max_size() const { return max_size_; }
+  const std::string& path() const { return path_; }
+  const std::string& type() const { return type_; }
+  bool is_dax() const { return dax_; }
+  bool read_only() const { return read_only_; }
+  // True if the previous user did not close the pool (crash or kill).
+  bool recovered_from_crash() const { return !was_clean_; }
+  // A process-unique id of this open instance (for thread-local caches).
+  uint64_t instance_id() const { return instance_id_; }
+
+  bool Contains(const void* p) const {
+    auto c = static_cast<const char*>(p);
+    return c >= base_ && c < base_ + size();
+  }
+  template <typename T = void>
+  T* At(uint64_t off) const { return off ? reinterpret_cast<T*>(base_ + off) : nullptr; }
+  uint64_t OffsetOf(const void* p) const { return p ? uint64_t(static_cast<const char*>(p) - base_) : 0; }
+  template <typename T>
+  T* Get(PPtr<T> p) const { return p.get(base_); }
+
+  // The persistent root slot: the offset of the index's root object. Allocate
+  // into it (allocator().Allocate(root_slot(), n)); it is 0 in a new pool.
+  uint64_t* root_slot();
+  template <typename T>
+  T* root() const { return At<T>(*const_cast<Pool*>(this)->root_slot()); }
+
+  Allocator& allocator() { return *allocator_; }
+  PoolInfo Info() const;
+
+  // Delete the file when the pool is closed (temporary pools).
+  void RemoveOnClose() { remove_on_close_ = true; }
+
+  // Grows the pool in place to at least new_size (whole chunks). PoolFull if
+  // past max_size, IOError if the file system is full.
+  Status Grow(uint64_t new_size);
+
+ private:
+  Pool();
+  struct Header;
+  Header* header() const { return reinterpret_cast<Header*>(base_); }
+  Status MapAndValidate(bool creating);
+
+  std::string path_, type_;
+  int fd_ = -1;
+  char* base_ = nullptr;
+  uint64_t max_size_ = 0;
+  uint64_t mapped_size_ = 0;
+  bool dax_ = false, read_only_ = false, was_clean_ = true, closed_ = false, remove_on_close_ = false;
+  uint64_t instance_id_ = 0;
+  std::mutex grow_mu_;
+  std::unique_ptr<Allocator> allocator_;
+  friend class Allocator;
+};
+
+}  // namespace pmindex::pm
