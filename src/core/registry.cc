@@ -11,6 +11,12 @@
 namespace pmindex {
 namespace internal {
 
+// Weak no-op registrations: an index folder that is built overrides its own.
+__attribute__((weak)) void RegisterDramBtree(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterFPTree(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterFastFair(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterNvcHashmap(std::vector<IndexFactory>*) {}
+
 const std::vector<IndexFactory>& Registry() {
   static const std::vector<IndexFactory> r = [] {
     std::vector<IndexFactory> v;
