@@ -81,4 +81,11 @@ void RegisterNvcHashmap(std::vector<IndexFactory>* r);
 
 const std::vector<IndexFactory>& Registry();
 
+// For tools that manage the pool themselves (pmcheck installs its simulator
+// between pool creation and index creation): format a new index of type
+// `name` in a freshly created pool, or recover the index in an opened pool.
+Status CreateIndexInPool(std::string_view name, std::unique_ptr<pm::Pool> pool, const Options& options,
+                         std::unique_ptr<Index>* out);
+Status OpenIndexInPool(std::unique_ptr<pm::Pool> pool, const Options& options, std::unique_ptr<Index>* out);
+
 }  // namespace pmindex::internal

@@ -156,4 +156,21 @@ Status OpenIndex(std::string_view name, const Options& options, std::unique_ptr<
   return s;
 }
 
+namespace internal {
+
+Status CreateIndexInPool(std::string_view name, std::unique_ptr<pm::Pool> pool, const Options& options,
+                         std::unique_ptr<Index>* out) {
+  const IndexFactory* f = FindFactory(name);
+  if (!f) return Status::InvalidArgument(UnknownIndexMessage(name));
+  if (!f->info.persistent || !f->create) return Status::InvalidArgument(f->info.name + " is not a persistent index");
+  return f->create(std::move(pool), options, out);
+}
+
+Status OpenIndexInPool(std::unique_ptr<pm::Pool> pool, const Options& options, std::unique_ptr<Index>* out) {
+  const IndexFactory* f = FindFactory(pool->type());
+  if (!f || !f->open) return Status::InvalidArgument("pool owned by unknown index type '" + pool->type() + "'");
+  return f->open(std::move(pool), options, out);
+}
+
+}  // namespace internal
 }  // namespace pmindex
