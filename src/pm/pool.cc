@@ -1,0 +1,463 @@
+// Pool: a pool file mapped into a reserved address range (include/pmindex/pm/pool.h).
+//
+// Follows the PM programming model of FPTree (SIGMOD'16) section 2 and the
+// PiBench evaluation (VLDB'20) sections 2.2/5.8: persistent pointers are
+// offsets from the base, so the mapping address may differ between runs;
+// growth happens in place inside an address range reserved at open.
+//
+// Invariants:
+//  * The immutable header fields (magic .. checksum) never change after
+//    creation; the checksum covers [8, offsetof(checksum)).
+//  * header.size <= file size, size is a whole number of chunks, heap offset
+//    + one chunk <= size <= max_size. The mapping covers exactly [0, size).
+//  * The magic is the last thing written at creation, and the file is only
+//    renamed (hard-linked) into place after the magic is durable, so a file
+//    at `path` either is a complete pool or was never created by us.
+// Persist ordering:
+//  * Create: zero + fill header (pm::Set/pm::Copy), Persist; magic, Persist;
+//    msync; link into place.
+//  * Grow: extend the file, map the new range, then StoreAtomic+Persist of
+//    header.size (a crash in between leaves a larger file; fine).
+//  * Open: StoreAtomic+Persist clean=0 before any other write.
+//  * Close: StoreAtomic+Persist clean=1 after the allocator is shut down.
+#include "pmindex/pm/pool.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <ctime>
+#include <random>
+
+#include "pm/layout.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/persist.h"
+
+#ifndef MAP_SHARED_VALIDATE
+#define MAP_SHARED_VALIDATE 0x03
+#endif
+#ifndef MAP_SYNC
+#define MAP_SYNC 0x80000
+#endif
+
+namespace pmindex::pm {
+
+namespace {
+constexpr char kMagic[8] = {'P', 'M', 'I', 'N', 'D', 'E', 'X', '1'};
+std::atomic<uint64_t> g_next_instance{1};
+
+uint64_t Fnv1a(const void* p, size_t n) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= c[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string Errno(const std::string& what, int e) { return what + ": " + std::strerror(e); }
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+struct HeaderLayout {
+  // --- immutable (checksummed) ---
+  char magic[8];          // 0
+  uint32_t version;       // 8
+  uint32_t header_size;   // 12
+  char type[32];          // 16, NUL-terminated
+  uint8_t uuid[16];       // 48
+  uint64_t max_size;      // 64
+  uint64_t heap_offset;   // 72
+  uint64_t chunk_size;    // 80
+  uint64_t lanes_offset;  // 88
+  uint64_t lane_count;    // 96
+  uint64_t create_time;   // 104 (seconds since the epoch)
+  uint64_t checksum;      // 112: FNV-1a over [8, 112)
+  uint64_t pad0;          // 120
+  // --- mutable words, each on its own cache line ---
+  alignas(64) uint64_t size;  // 128
+  char pad1[56];
+  alignas(64) uint64_t root;  // 192
+  char pad2[56];
+  alignas(64) uint64_t clean;  // 256: 1 after a clean Close
+  char pad3[56];
+};
+struct Pool::Header : HeaderLayout {};
+static_assert(offsetof(HeaderLayout, checksum) == 112);
+static_assert(offsetof(HeaderLayout, size) == 128);
+static_assert(offsetof(HeaderLayout, root) == layout::kRootSlotOffset);
+static_assert(offsetof(HeaderLayout, clean) == 256);
+static_assert(sizeof(HeaderLayout) <= kPoolHeaderSize);
+
+namespace {
+
+// Validates a header read from a file of `file_size` bytes (no mapping).
+Status ValidateHeader(const std::string& path, const HeaderLayout& h, uint64_t file_size) {
+  static const char kZero[8] = {};
+  if (std::memcmp(h.magic, kZero, 8) == 0)
+    return Status::Corrupt(path + ": not a pmindex pool, or its creation was interrupted (no magic)");
+  if (std::memcmp(h.magic, kMagic, 8) != 0) return Status::Corrupt(path + ": not a pmindex pool (bad magic)");
+  if (h.version != layout::kFormatVersion)
+    return Status::Corrupt(path + ": unsupported pool format version " + std::to_string(h.version) + " (this build reads " +
+                           std::to_string(layout::kFormatVersion) + ")");
+  const uint64_t sum = Fnv1a(reinterpret_cast<const char*>(&h) + 8, offsetof(HeaderLayout, checksum) - 8);
+  if (sum != h.checksum) return Status::Corrupt(path + ": pool header checksum mismatch (header corrupted)");
+  if (h.header_size != kPoolHeaderSize || h.chunk_size != Allocator::kChunkSize || h.heap_offset != layout::kHeapOffset ||
+      h.lanes_offset != layout::kLanesOffset || h.lane_count != layout::kLaneCount)
+    return Status::Corrupt(path + ": pool header has an unsupported geometry (header/chunk/lane sizes)");
+  if (h.type[kPoolTypeNameMax] != '\0' || h.type[0] == '\0')
+    return Status::Corrupt(path + ": pool header has an invalid owner type name");
+  const uint64_t size = __atomic_load_n(&h.size, __ATOMIC_ACQUIRE);
+  if (h.max_size % Allocator::kChunkSize != 0 || h.max_size < layout::kMinPoolSize)
+    return Status::Corrupt(path + ": invalid max size " + std::to_string(h.max_size));
+  if (size % Allocator::kChunkSize != 0 || size < layout::kMinPoolSize || size > h.max_size)
+    return Status::Corrupt(path + ": invalid pool size " + std::to_string(size) + " (max " + std::to_string(h.max_size) + ")");
+  if (size > file_size)
+    return Status::Corrupt(path + ": file is truncated: header says " + std::to_string(size) + " bytes, file has " +
+                           std::to_string(file_size));
+  const uint64_t root = __atomic_load_n(&h.root, __ATOMIC_ACQUIRE);
+  if (root != 0 && (root < layout::kHeapOffset || root >= size))
+    return Status::Corrupt(path + ": root offset " + std::to_string(root) + " is outside the heap");
+  const uint64_t clean = __atomic_load_n(&h.clean, __ATOMIC_ACQUIRE);
+  if (clean > 1) return Status::Corrupt(path + ": invalid clean-shutdown flag");
+  return Status::OK();
+}
+
+// Reads and validates the header of an open file.
+Status ReadHeader(int fd, const std::string& path, HeaderLayout* h, uint64_t* file_size) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Status::IOError(Errno("fstat " + path, errno));
+  if (!S_ISREG(st.st_mode)) return Status::InvalidArgument(path + ": not a regular file");
+  *file_size = uint64_t(st.st_size);
+  if (*file_size < kPoolHeaderSize)
+    return Status::Corrupt(path + ": file too small (" + std::to_string(*file_size) +
+                           " bytes): not a pmindex pool, or its creation was interrupted");
+  std::memset(h, 0, sizeof(*h));
+  ssize_t n = pread(fd, h, sizeof(*h), 0);
+  if (n < 0) return Status::IOError(Errno("read " + path, errno));
+  if (size_t(n) != sizeof(*h)) return Status::Corrupt(path + ": short header read");
+  return ValidateHeader(path, *h, *file_size);
+}
+
+// Removes "<path>.creating.<pid>" files left by dead processes.
+void RemoveStaleTemporaries(const std::string& path) {
+  std::string dir = ".", base = path;
+  if (auto slash = path.rfind('/'); slash != std::string::npos) {
+    dir = slash == 0 ? "/" : path.substr(0, slash);
+    base = path.substr(slash + 1);
+  }
+  const std::string prefix = base + ".creating.";
+  DIR* d = opendir(dir.c_str());
+  if (!d) return;
+  while (struct dirent* e = readdir(d)) {
+    std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string pid_s = name.substr(prefix.size());
+    if (pid_s.empty() || pid_s.find_first_not_of("0123456789") != std::string::npos) continue;
+    long pid = std::strtol(pid_s.c_str(), nullptr, 10);
+    if (pid <= 0 || pid == long(getpid())) continue;
+    if (kill(pid_t(pid), 0) != 0 && errno == ESRCH) unlink((dir + "/" + name).c_str());
+  }
+  closedir(d);
+}
+
+}  // namespace
+
+Pool::Pool() : instance_id_(g_next_instance.fetch_add(1)) {}
+
+Pool::~Pool() { Close(); }
+
+uint64_t Pool::size() const { return base_ ? __atomic_load_n(&header()->size, __ATOMIC_ACQUIRE) : 0; }
+
+uint64_t* Pool::root_slot() { return &header()->root; }
+
+bool Pool::Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
+
+Status Pool::Remove(const std::string& path) {
+  if (unlink(path.c_str()) != 0) {
+    if (errno == ENOENT) return Status::NotFound("no pool at " + path);
+    return Status::IOError(Errno("unlink " + path, errno));
+  }
+  return Status::OK();
+}
+
+// Reserves max_size_ bytes of address space and maps [0, size) of fd_ over
+// its start. Tries MAP_SYNC first.
+Status Pool::MapAndValidate(bool creating) {
+  (void)creating;
+  void* r = mmap(nullptr, max_size_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return Status::IOError(Errno("reserving " + std::to_string(max_size_) + " bytes of address space", errno));
+  base_ = static_cast<char*>(r);
+  const int prot = read_only_ ? PROT_READ : (PROT_READ | PROT_WRITE);
+  void* m = MAP_FAILED;
+  if (!read_only_) {
+    m = mmap(base_, mapped_size_, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd_, 0);
+    if (m != MAP_FAILED) dax_ = true;
+  }
+  if (m == MAP_FAILED) {
+    m = mmap(base_, mapped_size_, prot, MAP_SHARED | MAP_FIXED, fd_, 0);
+    dax_ = false;
+  }
+  if (m == MAP_FAILED) {
+    int e = errno;
+    munmap(base_, max_size_);
+    base_ = nullptr;
+    return Status::IOError(Errno("mmap " + path_, e));
+  }
+  return Status::OK();
+}
+
+Status Pool::Create(const std::string& path, std::string_view type, const PoolOptions& opts, std::unique_ptr<Pool>* out) {
+  if (path.empty()) return Status::InvalidArgument("empty pool path");
+  if (type.empty() || type.size() > kPoolTypeNameMax || type.find('\0') != std::string_view::npos)
+    return Status::InvalidArgument("pool owner type must be 1.." + std::to_string(kPoolTypeNameMax) + " bytes, got '" +
+                                   std::string(type) + "'");
+  uint64_t size = std::max<uint64_t>(RoundUp(opts.size, Allocator::kChunkSize), layout::kMinPoolSize);
+  uint64_t max_size = opts.max_size ? RoundUp(opts.max_size, Allocator::kChunkSize) : std::max(size, kDefaultMaxPoolSize);
+  if (opts.max_size && max_size < size)
+    return Status::InvalidArgument("max_size " + std::to_string(opts.max_size) + " is smaller than the initial size " +
+                                   std::to_string(size));
+  if (Exists(path)) return Status::AlreadyExists("pool " + path + " already exists");
+  RemoveStaleTemporaries(path);
+
+  std::unique_ptr<Pool> p(new Pool());
+  p->path_ = path;
+  p->type_ = std::string(type);
+  p->max_size_ = max_size;
+  p->mapped_size_ = size;
+  const std::string tmp = path + ".creating." + std::to_string(getpid());
+  unlink(tmp.c_str());
+  p->fd_ = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (p->fd_ < 0) return Status::IOError(Errno("create " + tmp, errno));
+  auto fail = [&](Status s) {
+    if (p->base_) munmap(p->base_, p->max_size_);
+    p->base_ = nullptr;
+    close(p->fd_);
+    p->fd_ = -1;
+    p->closed_ = true;
+    unlink(tmp.c_str());
+    return s;
+  };
+  if (flock(p->fd_, LOCK_EX | LOCK_NB) != 0) return fail(Status::IOError(Errno("flock " + tmp, errno)));
+  if (int e = posix_fallocate(p->fd_, 0, off_t(size)); e != 0) {
+    if (e == ENOSPC)
+      return fail(Status::IOError("cannot create pool " + path + ": the file system is full (needed " + std::to_string(size) +
+                                  " bytes)"));
+    return fail(Status::IOError(Errno("posix_fallocate " + tmp, e)));
+  }
+  PMINDEX_RETURN_IF_ERROR([&] {
+    Status s = p->MapAndValidate(true);
+    return s.ok() ? s : fail(s);
+  }());
+
+  // Format: header without magic, persist; then the magic, persist.
+  Header* h = p->header();
+  Set(h, 0, kPoolHeaderSize);
+  HeaderLayout img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = layout::kFormatVersion;
+  img.header_size = kPoolHeaderSize;
+  std::memcpy(img.type, type.data(), type.size());
+  std::random_device rd;
+  for (int i = 0; i < 16; i += 4) {
+    uint32_t v = rd();
+    std::memcpy(img.uuid + i, &v, 4);
+  }
+  img.max_size = max_size;
+  img.heap_offset = layout::kHeapOffset;
+  img.chunk_size = Allocator::kChunkSize;
+  img.lanes_offset = layout::kLanesOffset;
+  img.lane_count = layout::kLaneCount;
+  img.create_time = uint64_t(std::time(nullptr));
+  img.checksum = Fnv1a(reinterpret_cast<const char*>(&img) + 8, offsetof(HeaderLayout, checksum) - 8);
+  img.size = size;
+  Copy(reinterpret_cast<char*>(h) + 8, reinterpret_cast<const char*>(&img) + 8, sizeof(HeaderLayout) - 8);
+  Persist(h, sizeof(HeaderLayout));
+  std::unique_ptr<Allocator> alloc;
+  if (Status s = NewPoolAllocator(p.get(), /*fresh=*/true, false, &alloc); !s.ok()) return fail(s);
+  Copy(h->magic, kMagic, 8);
+  Persist(h->magic, 8);
+  if (!p->dax_ && msync(p->base_, size, MS_SYNC) != 0) return fail(Status::IOError(Errno("msync " + tmp, errno)));
+  // link() fails with EEXIST instead of replacing a pool created meanwhile.
+  if (link(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    if (e == EEXIST) return fail(Status::AlreadyExists("pool " + path + " already exists"));
+    return fail(Status::IOError(Errno("link " + tmp + " -> " + path, e)));
+  }
+  unlink(tmp.c_str());
+  p->allocator_ = std::move(alloc);
+  p->was_clean_ = true;
+  *out = std::move(p);
+  return Status::OK();
+}
+
+Status Pool::Open(const std::string& path, std::string_view expected_type, const PoolOptions& opts,
+                  std::unique_ptr<Pool>* out) {
+  if (path.empty()) return Status::InvalidArgument("empty pool path");
+  std::unique_ptr<Pool> p(new Pool());
+  p->path_ = path;
+  p->read_only_ = opts.read_only;
+  p->fd_ = open(path.c_str(), (opts.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+  if (p->fd_ < 0) {
+    int e = errno;
+    p->closed_ = true;
+    if (e == ENOENT) return Status::NotFound("no pool at " + path);
+    return Status::IOError(Errno("open " + path, e));
+  }
+  auto fail = [&](Status s) {
+    if (p->base_) munmap(p->base_, p->max_size_);
+    p->base_ = nullptr;
+    close(p->fd_);
+    p->fd_ = -1;
+    p->closed_ = true;
+    return s;
+  };
+  if (flock(p->fd_, (opts.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
+    int e = errno;
+    if (e == EWOULDBLOCK) return fail(Status::Busy("pool " + path + " is already open by another process"));
+    return fail(Status::IOError(Errno("flock " + path, e)));
+  }
+  HeaderLayout h;
+  uint64_t file_size = 0;
+  PMINDEX_RETURN_IF_ERROR([&] {
+    Status s = ReadHeader(p->fd_, path, &h, &file_size);
+    return s.ok() ? s : fail(s);
+  }());
+  p->type_ = h.type;
+  if (!expected_type.empty() && expected_type != p->type_)
+    return fail(Status::InvalidArgument("pool " + path + " is owned by index type '" + p->type_ + "', not '" +
+                                        std::string(expected_type) + "'"));
+  p->max_size_ = h.max_size;
+  p->mapped_size_ = h.size;
+  PMINDEX_RETURN_IF_ERROR([&] {
+    Status s = p->MapAndValidate(false);
+    return s.ok() ? s : fail(s);
+  }());
+  // The file may have changed between pread and mmap only if someone ignored
+  // the lock; re-validate the mapped header cheaply.
+  if (std::memcmp(&h, p->header(), offsetof(HeaderLayout, checksum) + 8) != 0)
+    return fail(Status::Corrupt(path + ": header changed while opening"));
+  p->was_clean_ = h.clean == 1;
+  if (!p->read_only_) StorePersist(&p->header()->clean, uint64_t(0));
+  std::unique_ptr<Allocator> alloc;
+  if (Status s = NewPoolAllocator(p.get(), false, p->read_only_, &alloc); !s.ok()) return fail(s);
+  p->allocator_ = std::move(alloc);
+  *out = std::move(p);
+  return Status::OK();
+}
+
+Status Pool::ReadInfo(const std::string& path, PoolInfo* info) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int e = errno;
+    if (e == ENOENT) return Status::NotFound("no pool at " + path);
+    return Status::IOError(Errno("open " + path, e));
+  }
+  HeaderLayout h;
+  uint64_t file_size = 0;
+  Status s = ReadHeader(fd, path, &h, &file_size);
+  close(fd);
+  if (!s.ok()) return s;
+  *info = PoolInfo{};
+  info->path = path;
+  info->type = h.type;
+  static const char* kHex = "0123456789abcdef";
+  for (uint8_t b : h.uuid) {
+    info->uuid += kHex[b >> 4];
+    info->uuid += kHex[b & 15];
+  }
+  info->version = h.version;
+  info->size = h.size;
+  info->max_size = h.max_size;
+  info->root = h.root;
+  info->clean_shutdown = h.clean == 1;
+  return Status::OK();
+}
+
+PoolInfo Pool::Info() const {
+  PoolInfo info;
+  info.path = path_;
+  info.type = type_;
+  static const char* kHex = "0123456789abcdef";
+  for (uint8_t b : header()->uuid) {
+    info.uuid += kHex[b >> 4];
+    info.uuid += kHex[b & 15];
+  }
+  info.version = header()->version;
+  info.size = size();
+  info.max_size = max_size_;
+  info.root = __atomic_load_n(&header()->root, __ATOMIC_ACQUIRE);
+  if (allocator_) {
+    info.bytes_in_use = allocator_->BytesInUse();
+    info.blocks_in_use = allocator_->BlocksInUse();
+  }
+  info.clean_shutdown = was_clean_;
+  info.dax = dax_;
+  return info;
+}
+
+Status Pool::Grow(uint64_t new_size) {
+  if (closed_ || !base_) return Status::InvalidArgument("pool is closed");
+  if (read_only_) return Status::Unsupported("pool " + path_ + " is open read-only");
+  std::lock_guard<std::mutex> g(grow_mu_);
+  const uint64_t target = RoundUp(new_size, Allocator::kChunkSize);
+  const uint64_t cur = size();
+  if (target <= cur) return Status::OK();
+  if (target > max_size_)
+    return Status::PoolFull("pool " + path_ + " cannot grow to " + std::to_string(target) + " bytes: max size is " +
+                            std::to_string(max_size_));
+  if (int e = posix_fallocate(fd_, 0, off_t(target)); e != 0) {
+    if (e == ENOSPC) return Status::IOError("cannot grow pool " + path_ + ": the file system is full");
+    return Status::IOError(Errno("posix_fallocate " + path_, e));
+  }
+  if (target > mapped_size_) {
+    const int prot = PROT_READ | PROT_WRITE;
+    const int flags = (dax_ ? (MAP_SHARED_VALIDATE | MAP_SYNC) : MAP_SHARED) | MAP_FIXED;
+    void* m = mmap(base_ + mapped_size_, target - mapped_size_, prot, flags, fd_, off_t(mapped_size_));
+    if (m == MAP_FAILED) return Status::IOError(Errno("mmap (grow) " + path_, errno));
+    mapped_size_ = target;
+  }
+  StorePersist(&header()->size, target);
+  return Status::OK();
+}
+
+Status Pool::Close() {
+  if (closed_) return Status::OK();
+  closed_ = true;
+  Status result;
+  if (allocator_) {
+    ShutdownPoolAllocator(allocator_.get());
+    allocator_.reset();
+  }
+  if (base_) {
+    if (!read_only_) {
+      StorePersist(&header()->clean, uint64_t(1));
+      if (!dax_ && msync(base_, mapped_size_, MS_SYNC) != 0) result = Status::IOError(Errno("msync " + path_, errno));
+    }
+    munmap(base_, max_size_);
+    base_ = nullptr;
+  }
+  if (fd_ >= 0) {
+    flock(fd_, LOCK_UN);
+    close(fd_);
+    fd_ = -1;
+  }
+  if (remove_on_close_) unlink(path_.c_str());
+  return result;
+}
+
+}  // namespace pmindex::pm
