@@ -1,0 +1,733 @@
+// pmcheck's simulator: record a workload, replay its log into crash images,
+// and verify each image's recovery in a forked child (issue 5, "Simulator").
+//
+// Failure model (docs/pmcheck.md): at a crash PM holds every flushed line; a
+// line stored to since its last flush holds its durable content plus a prefix
+// of the stores made to it since (stores to one line reach PM in program
+// order); only aligned 8-byte pieces are atomic, so each logged store is split
+// at 8-byte boundaries into pieces, and a 64-byte AtomicLineWrite is one piece.
+// Non-temporal stores are pending until the next fence (any thread's: we keep
+// one global order), then durable. A flush makes the line's content durable at
+// the flush itself, slightly optimistic compared with clwb (durable by the
+// next fence): a missing fence between a flush and a dependent store is found
+// by the lint, not by crash images.
+// Replay invariants: `durable` is the image a crash right after event i would
+// leave if no pending piece reached PM; pending[line] holds, in program order,
+// the pieces stored to the line since it was last written back.
+// This file writes PM only in the sense of writing crash-image files; it
+// never stores to a live pool.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "checker_internal.h"
+#include "core/index_util.h"
+#include "pmindex/pm/fault.h"
+#include "pmindex/pm/persist.h"
+#include "recorder.h"
+
+namespace pmcheck {
+
+using pmindex::Slice;
+using pmindex::Status;
+namespace pm = pmindex::pm;
+
+const char* FailKindName(FailKind k) {
+  switch (k) {
+    case FailKind::kLostAck: return "lost acknowledged op";
+    case FailKind::kPartialOp: return "partial op";
+    case FailKind::kTorn: return "torn data";
+    case FailKind::kInvariant: return "invariant violation";
+    case FailKind::kLeak: return "leak";
+    case FailKind::kRecoveryCrash: return "recovery crash";
+    case FailKind::kUnloggedStore: return "unlogged store";
+    case FailKind::kMissingFlush: return "missing flush";
+    case FailKind::kMissingFence: return "missing fence";
+    case FailKind::kErratum: return "erratum read";
+    case FailKind::kSetup: return "setup";
+    case FailKind::kCount: break;
+  }
+  return "?";
+}
+
+uint64_t Report::total_failures() const {
+  uint64_t n = 0;
+  for (uint64_t c : counts) n += c;
+  return n;
+}
+
+void Report::Add(const Config& c, Failure f) {
+  uint64_t& n = counts[size_t(f.kind)];
+  if (n++ < c.max_reported) failures.push_back(std::move(f));
+}
+
+std::string PoolPath(const Config& c, const char* what) {
+  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
+}
+
+namespace {
+
+std::string OneLine(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
+std::string Hex(Slice s, size_t max = 24) {
+  static const char* d = "0123456789abcdef";
+  std::string o;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    o += d[(unsigned char)s[i] >> 4];
+    o += d[(unsigned char)s[i] & 15];
+  }
+  if (s.size() > max) o += "...";
+  return o;
+}
+
+void Emit(int fd, const std::string& line) {
+  std::string l = OneLine(line) + "\n";
+  const char* p = l.data();
+  size_t n = l.size();
+  while (n) {
+    ssize_t w = ::write(fd, p, n);
+    if (w <= 0) {
+      if (w < 0 && errno == EINTR) continue;
+      return;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+void EmitFail(int fd, FailKind k, const std::string& msg) { Emit(fd, "F " + std::to_string(int(k)) + " " + msg); }
+
+std::string KeyName(const Workload& wl, uint32_t kid) {
+  const std::string& k = wl.key(kid);
+  if (wl.key_kind() == pmindex::KeyKind::kU64) return std::to_string(pmindex::SliceToU64(k));
+  return "'" + k + "'";
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Verification of a recovered index (runs in the child).
+void VerifyRecovered(Target* target, const std::string& path, const Workload& wl, const Expectation& e, int fd) {
+  std::unique_ptr<pmindex::Index> idx;
+  Status st = target->Open(path, &idx);
+  if (!st.ok()) {
+    if (!e.created) Emit(fd, "I creation-interrupted " + st.ToString());
+    else EmitFail(fd, FailKind::kLostAck, "index creation was acknowledged but recovery failed: " + st.ToString());
+    Emit(fd, "DONE");
+    return;
+  }
+  st = idx->Check();
+  if (!st.ok()) EmitFail(fd, FailKind::kInvariant, "Check() after recovery: " + st.ToString());
+
+  std::unordered_map<uint32_t, uint32_t> inflight(e.inflight.begin(), e.inflight.end());
+  const size_t n = wl.num_keys();
+  std::vector<int64_t> found(n, 0);
+  uint64_t present = 0;
+  std::string v;
+  for (uint32_t kid = 0; kid < n; ++kid) {
+    st = idx->Find(wl.key(kid), &v);
+    int64_t ver = 0;
+    if (st.ok()) {
+      ver = wl.Decode(kid, v);
+      ++present;
+    } else if (!st.IsNotFound()) {
+      EmitFail(fd, FailKind::kInvariant, "Find(" + KeyName(wl, kid) + ") after recovery: " + st.ToString());
+      found[kid] = -2;
+      continue;
+    }
+    found[kid] = ver;
+    const uint32_t c = (*e.committed)[kid];
+    auto it = inflight.find(kid);
+    if (ver == int64_t(c) || (it != inflight.end() && ver == int64_t(it->second))) continue;
+    std::string allowed = c ? "version " + std::to_string(c) : "absent";
+    if (it != inflight.end())
+      allowed += it->second ? " or version " + std::to_string(it->second) + " (op in flight)" : " or absent (op in flight)";
+    const std::string got = ver < 0 ? "torn value " + Hex(v) : ver == 0 ? "absent" : "version " + std::to_string(ver);
+    const std::string msg = "key " + KeyName(wl, kid) + ": found " + got + ", expected " + allowed;
+    if (ver < 0) EmitFail(fd, FailKind::kTorn, msg);
+    else if (ver == 0 || uint32_t(ver) <= (*e.acked)[kid]) EmitFail(fd, FailKind::kLostAck, msg);
+    else EmitFail(fd, FailKind::kPartialOp, msg);
+  }
+  if (e.report_inflight)
+    for (const auto& [kid, after] : e.inflight) Emit(fd, "V " + std::to_string(kid) + " " + std::to_string(std::max<int64_t>(0, found[kid])));
+
+  const uint64_t size = idx->Size();
+  if (size != present)
+    EmitFail(fd, FailKind::kInvariant, "Size() is " + std::to_string(size) + " but Find sees " + std::to_string(present) + " records");
+
+  if (target->ordered()) {
+    uint64_t seen = 0;
+    std::string prev;
+    bool first = true, reported = false;
+    st = idx->Scan(
+        wl.MinKey(), present + 64,
+        [&](Slice k, Slice val) {
+          ++seen;
+          int64_t kid = wl.KeyId(k);
+          if (reported) return true;
+          if (!first && pmindex::internal::CompareKeys(wl.key_kind(), prev, k) >= 0) {
+            EmitFail(fd, FailKind::kInvariant, "Scan returned keys out of order at key " + Hex(k));
+            reported = true;
+          } else if (kid < 0) {
+            EmitFail(fd, FailKind::kTorn, "Scan returned a key no op wrote (torn or phantom): " + Hex(k));
+            reported = true;
+          } else if (wl.Decode(uint32_t(kid), val) != found[size_t(kid)]) {
+            EmitFail(fd, FailKind::kInvariant, "Scan and Find disagree on key " + KeyName(wl, uint32_t(kid)));
+            reported = true;
+          }
+          prev.assign(k.data(), k.size());
+          first = false;
+          return true;
+        },
+        nullptr);
+    if (!st.ok() && !st.IsUnsupported()) EmitFail(fd, FailKind::kInvariant, "Scan after recovery: " + st.ToString());
+    else if (st.ok() && seen != present)
+      EmitFail(fd, FailKind::kInvariant, "Scan visited " + std::to_string(seen) + " records, Find sees " + std::to_string(present));
+  }
+
+  st = target->CheckLeaks(idx.get());
+  if (!st.ok()) EmitFail(fd, FailKind::kLeak, st.ToString());
+
+  // The recovered index must keep working.
+  auto post_fail = [&](const std::string& m) { EmitFail(fd, FailKind::kInvariant, "after recovery: " + m); };
+  const std::string pv = wl.Value(0, 999999);
+  const std::string pv2 = wl.Value(0, 999998);
+  for (int j = 0; j < 3; ++j) {
+    st = idx->Insert(wl.PostKey(j), pv);
+    if (!st.ok()) post_fail("Insert of a new key: " + st.ToString());
+  }
+  st = idx->Update(wl.PostKey(0), pv2);
+  if (!st.ok()) post_fail("Update: " + st.ToString());
+  st = idx->Remove(wl.PostKey(1));
+  if (!st.ok()) post_fail("Remove: " + st.ToString());
+  st = idx->Find(wl.PostKey(0), &v);
+  if (!st.ok() || v != pv2) post_fail("Find after Update: " + st.ToString());
+  st = idx->Find(wl.PostKey(1), &v);
+  if (!st.IsNotFound()) post_fail("Find after Remove: " + st.ToString());
+  for (uint32_t kid = 0; kid < n; ++kid)
+    if (found[kid] > 0) {
+      st = idx->Remove(wl.key(kid));
+      if (!st.ok()) post_fail("Remove of recovered key " + KeyName(wl, kid) + ": " + st.ToString());
+      break;
+    }
+  st = idx->Check();
+  if (!st.ok()) post_fail("Check(): " + st.ToString());
+  idx->Close();
+  idx.reset();
+  Emit(fd, "DONE");
+}
+
+// ---------------------------------------------------------------------------
+ChildResult RunInChild(const Config& c, const std::function<void(int fd)>& body) {
+  ChildResult r;
+  int p[2];
+  if (::pipe(p) != 0) {
+    r.failures.push_back({FailKind::kSetup, "pipe failed"});
+    return r;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(p[0]);
+    ::close(p[1]);
+    r.failures.push_back({FailKind::kSetup, "fork failed"});
+    return r;
+  }
+  if (pid == 0) {
+    ::close(p[0]);
+    ::signal(SIGPIPE, SIG_IGN);
+    body(p[1]);
+    ::close(p[1]);
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  std::string buf;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(c.timeout_s * 1000));
+  bool timed_out = false;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0) {
+      timed_out = true;
+      break;
+    }
+    struct pollfd pfd = {p[0], POLLIN, 0};
+    int pr = ::poll(&pfd, 1, int(std::min<int64_t>(left, 1000)));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    char tmp[4096];
+    ssize_t got = ::read(p[0], tmp, sizeof tmp);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    buf.append(tmp, size_t(got));
+  }
+  if (timed_out) ::kill(pid, SIGKILL);
+  ::close(p[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::istringstream in(buf);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line == "DONE") r.done = true;
+    else if (line.rfind("F ", 0) == 0) {
+      size_t sp = line.find(' ', 2);
+      int k = std::atoi(line.c_str() + 2);
+      if (k < 0 || k >= int(FailKind::kCount)) k = int(FailKind::kInvariant);
+      r.failures.push_back({FailKind(k), sp == std::string::npos ? "" : line.substr(sp + 1)});
+    } else if (line.rfind("I ", 0) == 0) r.info.push_back(line.substr(2));
+    else if (line.rfind("V ", 0) == 0) {
+      unsigned long a = 0, b = 0;
+      if (std::sscanf(line.c_str() + 2, "%lu %lu", &a, &b) == 2) r.versions.emplace_back(uint32_t(a), uint32_t(b));
+    }
+  }
+  if (timed_out) r.failures.push_back({FailKind::kRecoveryCrash, "recovery/verification hung (killed after " + std::to_string(c.timeout_s) + " s)"});
+  else if (WIFSIGNALED(status))
+    r.failures.push_back({FailKind::kRecoveryCrash, std::string("recovery/verification died with signal ") + strsignal(WTERMSIG(status))});
+  else if (!r.done)
+    r.failures.push_back({FailKind::kRecoveryCrash, "recovery/verification exited (status " + std::to_string(WEXITSTATUS(status)) + ") before finishing"});
+  return r;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Recording.
+struct Recording {
+  std::unique_ptr<Recorder> rec;
+};
+
+Status Record(const Config& c, Target* target, const Workload& wl, Report* report, Recording* out) {
+  const std::string path = PoolPath(c, "rec");
+  target->Remove(path);
+  PMINDEX_RETURN_IF_ERROR(target->Prepare(path));
+  out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); }, c.threads == 1);
+  Recorder& rec = *out->rec;
+  Recorder::SetThreadId(0);
+  pm::SetObserver(&rec);
+  std::unique_ptr<pmindex::Index> idx;
+  Op create;
+  create.type = OpType::kCreate;
+  size_t r = rec.BeginOp(create);
+  Status st = target->CreateIndex(&idx);
+  rec.EndOp(r, st.code());
+  if (!st.ok()) {
+    pm::SetObserver(nullptr);
+    target->Remove(path);
+    return Status::InvalidArgument("creating " + c.index + " failed: " + st.ToString());
+  }
+  std::vector<uint32_t> state(wl.num_keys(), 0);
+  std::mutex mu;
+  std::vector<Failure> wrong;
+  auto worker = [&](int t) {
+    Recorder::SetThreadId(t);
+    std::string got;
+    for (const Op& op : wl.ops()[size_t(t)]) {
+      got.clear();
+      size_t rr = rec.BeginOp(op);
+      Status s = wl.Apply(idx.get(), op, &got);
+      rec.EndOp(rr, s.code());
+      std::string err = wl.CheckResult(op, s.code(), state[op.kid], got);
+      if (!err.empty()) {
+        std::lock_guard<std::mutex> g(mu);
+        wrong.push_back({FailKind::kInvariant, "during the workload, op " + std::to_string(rr) + " on key " + KeyName(wl, op.kid) + ": " + err});
+      }
+      state[op.kid] = Workload::After(op, s.code(), state[op.kid]);
+    }
+  };
+  if (c.threads == 1) {
+    worker(0);
+  } else {
+    std::vector<std::thread> th;
+    for (int t = 0; t < c.threads; ++t) th.emplace_back(worker, t);
+    for (auto& t : th) t.join();
+  }
+  Recorder::SetThreadId(0);
+  rec.FinalCheck();
+  pm::SetObserver(nullptr);
+  idx->Close();
+  idx.reset();
+  target->Remove(path);
+  for (auto& f : wrong) report->Add(c, std::move(f));
+  for (auto& f : rec.findings) {
+    if (f.kind == FailKind::kMissingFlush || f.kind == FailKind::kMissingFence || f.kind == FailKind::kErratum) {
+      if (!c.lint) continue;  // counted in the lint section only
+    }
+    report->Add(c, f);
+  }
+  report->redundant_flushes = rec.redundant_flushes;
+  report->empty_fences = rec.empty_fences;
+  report->flushes = rec.flushes;
+  report->fences = rec.fences;
+  report->missing_flushes = rec.missing_flushes;
+  report->erratum_reads = rec.erratum_reads;
+  report->ops_recorded = rec.ops.size();
+  report->events = rec.events.size();
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// Replay.
+struct Piece {
+  uint64_t off;
+  uint32_t size;
+  bool nt;
+  uint64_t src;  // arena offset
+};
+
+class Replayer {
+ public:
+  Replayer(const Config& c, Target* target, const Workload& wl, const Recorder& rec, Report* report)
+      : c_(c), target_(target), wl_(wl), rec_(rec), report_(report) {
+    durable_ = rec.initial;
+    committed_.assign(wl.num_keys(), 0);
+    acked_.assign(wl.num_keys(), 0);
+  }
+
+  void Run() {
+    std::vector<int64_t> points;
+    for (size_t i = 0; i < rec_.events.size(); ++i) {
+      Ev k = rec_.events[i].kind;
+      if (k == Ev::kStore || k == Ev::kNT || k == Ev::kLine || k == Ev::kFlush || k == Ev::kFence) points.push_back(int64_t(i));
+    }
+    report_->crash_points = points.size();
+    std::vector<int64_t> chosen;
+    if (c_.only_point >= 0) {
+      chosen.push_back(c_.only_point);
+    } else if (c_.points < 0 || uint64_t(c_.points) >= points.size()) {
+      chosen = points;
+    } else if (c_.points > 0) {
+      std::mt19937_64 rng(c_.seed * 31 + 7);
+      for (size_t i = 0; i < size_t(c_.points); ++i) {
+        size_t j = i + rng() % (points.size() - i);
+        std::swap(points[i], points[j]);
+        chosen.push_back(points[i]);
+      }
+      std::sort(chosen.begin(), chosen.end());
+    }
+    size_t next = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto last_progress = t0;
+    for (size_t i = 0; i < rec_.events.size() && next < chosen.size(); ++i) {
+      Apply(rec_.events[i]);
+      if (int64_t(i) != chosen[next]) continue;
+      ++next;
+      CheckPoint(int64_t(i));
+      if (c_.progress) {
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_progress > std::chrono::seconds(5)) {
+          last_progress = now;
+          std::fprintf(stderr, "pmcheck %s: point %zu/%zu, %llu images, %llu failures, %.0f s\n", c_.index.c_str(), next,
+                       chosen.size(), static_cast<unsigned long long>(report_->images),
+                       static_cast<unsigned long long>(report_->total_failures()),
+                       std::chrono::duration<double>(now - t0).count());
+        }
+      }
+    }
+  }
+
+ private:
+  void AddPieces(const Event& e, bool nt, bool whole) {
+    if (whole) {
+      pending_[e.off].push_back({e.off, e.size, true, e.aux});
+      nt_lines_.insert(e.off);
+      return;
+    }
+    uint64_t pos = e.off;
+    const uint64_t end = e.off + e.size;
+    while (pos < end) {
+      uint64_t lim = std::min(end, (pos & ~uint64_t(7)) + 8);
+      pending_[pos & ~uint64_t(63)].push_back({pos, uint32_t(lim - pos), nt, e.aux + (pos - e.off)});
+      if (nt) nt_lines_.insert(pos & ~uint64_t(63));
+      pos = lim;
+    }
+  }
+  void Write(std::vector<char>& img, const Piece& p) const {
+    if (p.off + p.size > img.size()) img.resize(p.off + p.size, 0);
+    std::memcpy(img.data() + p.off, rec_.arena.data() + p.src, p.size);
+  }
+
+  void Apply(const Event& e) {
+    switch (e.kind) {
+      case Ev::kStore: AddPieces(e, false, false); break;
+      case Ev::kNT: AddPieces(e, true, false); break;
+      case Ev::kLine: AddPieces(e, true, true); break;
+      case Ev::kFlush: {
+        auto it = pending_.find(e.off);
+        if (it != pending_.end()) {
+          for (const Piece& p : it->second) Write(durable_, p);
+          pending_.erase(it);
+        }
+        nt_lines_.erase(e.off);
+        break;
+      }
+      case Ev::kFence: {
+        for (uint64_t l : nt_lines_) {
+          auto it = pending_.find(l);
+          if (it == pending_.end()) continue;
+          std::vector<Piece> keep;
+          for (const Piece& p : it->second) {
+            if (p.nt) Write(durable_, p);
+            else keep.push_back(p);
+          }
+          if (keep.empty()) pending_.erase(it);
+          else it->second.swap(keep);
+        }
+        nt_lines_.clear();
+        break;
+      }
+      case Ev::kOpBegin: {
+        const OpRecord& r = rec_.ops[e.aux];
+        if (r.op.type != OpType::kCreate) inflight_[e.tid] = e.aux;
+        break;
+      }
+      case Ev::kOpEnd: {
+        const OpRecord& r = rec_.ops[e.aux];
+        if (r.op.type == OpType::kCreate) {
+          created_ = r.result == Status::Code::kOk;
+        } else {
+          uint32_t& cv = committed_[r.op.kid];
+          cv = Workload::After(r.op, r.result, cv);
+          if (cv > acked_[r.op.kid]) acked_[r.op.kid] = cv;
+          inflight_.erase(e.tid);
+        }
+        break;
+      }
+      case Ev::kGrow:
+        if (e.off > durable_.size()) durable_.resize(e.off, 0);
+        break;
+    }
+  }
+
+  void CheckPoint(int64_t point) {
+    report_->points_tried++;
+    std::vector<uint64_t> lines;
+    for (const auto& [l, v] : pending_) lines.push_back(l);
+    std::sort(lines.begin(), lines.end());
+    int images = lines.empty() ? 1 : std::max(1, c_.images_per_point);
+    Expectation ex;
+    ex.committed = &committed_;
+    ex.acked = &acked_;
+    ex.created = created_;
+    for (const auto& [tid, recno] : inflight_) {
+      const OpRecord& r = rec_.ops[recno];
+      const uint32_t before = committed_[r.op.kid];
+      const uint32_t after = Workload::After(r.op, r.result, before);
+      if (after != before) ex.inflight.emplace_back(r.op.kid, after);
+    }
+    for (int img = 0; img < images; ++img) {
+      if (c_.only_image >= 0 && img != c_.only_image) continue;
+      // Prefix length per dirty line: image 0 keeps none, image 1 all, the
+      // others a seeded mix of none / all / a random prefix.
+      std::vector<size_t> keep(lines.size());
+      std::mt19937_64 rng(c_.seed ^ (uint64_t(point) * 0x9E3779B97F4A7C15ull) ^ (uint64_t(img) << 48));
+      for (size_t i = 0; i < lines.size(); ++i) {
+        const size_t n = pending_[lines[i]].size();
+        if (img == 0) keep[i] = 0;
+        else if (img == 1) keep[i] = n;
+        else {
+          unsigned r = unsigned(rng() % 3);
+          keep[i] = r == 0 ? 0 : r == 1 ? n : size_t(rng() % (n + 1));
+        }
+      }
+      RunImage(point, img, lines, keep, ex);
+    }
+  }
+
+  void RunImage(int64_t point, int img, const std::vector<uint64_t>& lines, const std::vector<size_t>& keep, const Expectation& ex) {
+    const std::string path = PoolPath(c_, "img");
+    target_->Remove(path);
+    report_->images++;
+    ChildResult r = RunInChild(c_, [&](int fd) {
+      std::vector<char>& img_bytes = durable_;  // the child's private copy
+      for (size_t i = 0; i < lines.size(); ++i) {
+        const auto& ps = pending_.at(lines[i]);
+        for (size_t j = 0; j < keep[i]; ++j) Write(img_bytes, ps[j]);
+      }
+      Status s = WriteImage(path, img_bytes);
+      if (!s.ok()) {
+        EmitFail(fd, FailKind::kSetup, "writing the crash image: " + s.ToString());
+        Emit(fd, "DONE");
+        return;
+      }
+      VerifyRecovered(target_, path, wl_, ex, fd);
+    });
+    target_->Remove(path);
+    for (const std::string& i : r.info)
+      if (i.rfind("creation-interrupted", 0) == 0) report_->creation_interrupted++;
+    if (r.failures.empty()) report_->images_recovered++;
+    for (Failure& f : r.failures) {
+      f.point = point;
+      f.image = img;
+      f.what += " [" + Context(point) + "]";
+      report_->Add(c_, std::move(f));
+    }
+    if (c_.verbose)
+      std::fprintf(stderr, "point %lld image %d: %zu dirty lines, %zu failures\n", static_cast<long long>(point), img,
+                   lines.size(), r.failures.size());
+  }
+
+  std::string Context(int64_t point) const {
+    std::string s = "crash after event " + std::to_string(point);
+    std::string ops;
+    for (const auto& [tid, recno] : inflight_) {
+      const OpRecord& r = rec_.ops[recno];
+      ops += std::string(ops.empty() ? "" : ", ") + OpName(r.op.type) + " " + KeyName(wl_, r.op.kid) + " (op " + std::to_string(recno) +
+             ", thread " + std::to_string(tid) + ")";
+    }
+    if (!created_) ops = "index creation";
+    return s + (ops.empty() ? ", between ops" : ", during " + ops);
+  }
+
+  static Status WriteImage(const std::string& path, const std::vector<char>& img) {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
+    Status s;
+    if (::ftruncate(fd, off_t(img.size())) != 0) s = Status::IOError("ftruncate");
+    static const char zero[4096] = {};
+    for (size_t off = 0; s.ok() && off < img.size(); off += 4096) {
+      size_t n = std::min<size_t>(4096, img.size() - off);
+      if (std::memcmp(img.data() + off, zero, n) == 0) continue;  // sparse
+      if (::pwrite(fd, img.data() + off, n, off_t(off)) != ssize_t(n)) s = Status::IOError("pwrite " + path);
+    }
+    ::close(fd);
+    return s;
+  }
+
+  const Config& c_;
+  Target* target_;
+  const Workload& wl_;
+  const Recorder& rec_;
+  Report* report_;
+  std::vector<char> durable_;
+  std::unordered_map<uint64_t, std::vector<Piece>> pending_;
+  std::unordered_set<uint64_t> nt_lines_;
+  std::vector<uint32_t> committed_, acked_;
+  std::map<int, size_t> inflight_;
+  bool created_ = false;
+};
+
+}  // namespace
+
+Status Run(const Config& c, Report* report) {
+  if (c.threads < 1 || c.threads > 64) return Status::InvalidArgument("--threads must be in [1, 64]");
+  if (c.images_per_point < 1) return Status::InvalidArgument("--images-per-point must be >= 1");
+  if (c.timeout_s <= 0) return Status::InvalidArgument("--timeout must be > 0");
+  std::unique_ptr<Target> target;
+  PMINDEX_RETURN_IF_ERROR(MakeTarget(c, &target));
+  for (const auto& f : c.faults) pm::EnableFault(f);
+
+  if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.lint || c.kills == 0)) {
+    Workload wl(c, c.threads, c.ops, c.seed);
+    Recording recording;
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = Record(c, target.get(), wl, report, &recording);
+    auto t1 = std::chrono::steady_clock::now();
+    report->record_seconds = std::chrono::duration<double>(t1 - t0).count();
+    if (!s.ok()) {
+      for (const auto& f : c.faults) pm::DisableFault(f);
+      return s;
+    }
+    if (c.only_point >= 0 && (c.only_point >= int64_t(recording.rec->events.size())))
+      return Status::InvalidArgument("--point " + std::to_string(c.only_point) + " is past the end of the log (" +
+                                     std::to_string(recording.rec->events.size()) + " events)");
+    if (c.points != 0 || c.only_point >= 0) {
+      Replayer rp(c, target.get(), wl, *recording.rec, report);
+      rp.Run();
+    }
+    report->replay_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }
+  if (c.kills > 0 && c.only_point < 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = RunKill(c, target.get(), report);
+    report->kill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!s.ok()) {
+      for (const auto& f : c.faults) pm::DisableFault(f);
+      return s;
+    }
+  }
+  for (const auto& f : c.faults) pm::DisableFault(f);
+  return Status::OK();
+}
+
+std::string Reproducer(const Config& c, const Failure& f) {
+  std::string s = "pmcheck --index " + c.index + " --ops " + std::to_string(c.ops) + " --seed " + std::to_string(c.seed);
+  if (c.keys) s += " --keys " + std::to_string(c.keys);
+  if (c.threads != 1) s += " --threads " + std::to_string(c.threads);
+  if (c.key_kind != pmindex::KeyKind::kU64) s += " --key-kind bytes";
+  if (c.value_kind != pmindex::ValueKind::kU64) s += " --value-kind bytes";
+  if (c.pool_size != (8ull << 20)) s += " --pool-mb " + std::to_string(c.pool_size >> 20);
+  for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
+  for (const auto& fl : c.faults) s += " --fault " + fl;
+  if (f.kill_round >= 0) {
+    s += " --points 0 --kill " + std::to_string(f.kill_round + 1) + " --ops-per-kill " + std::to_string(c.ops_per_kill_round) +
+         "  # kill timing is random: may need several runs";
+  } else if (f.point >= 0) {
+    s += " --point " + std::to_string(f.point) + " --image " + std::to_string(f.image) + " --verbose";
+  } else {
+    s += " --points 0";
+    if (c.lint) s += " --lint";
+  }
+  if (c.threads > 1 && f.kill_round < 0) s += "  # threads interleave differently per run: may need several runs";
+  return s;
+}
+
+std::string FormatReport(const Config& c, const Report& r) {
+  std::ostringstream o;
+  char buf[256];
+  o << "pmcheck " << c.index << ": " << c.threads << " thread(s) x " << c.ops << " ops, seed " << c.seed;
+  for (const auto& f : c.faults) o << ", fault " << f;
+  o << "\n";
+  std::snprintf(buf, sizeof buf,
+                "  recorded %llu ops, %llu events (%llu crash points) in %.2f s\n"
+                "  crash points tried %llu, crash images %llu, recovered cleanly %llu, creation interrupted (allowed) %llu; %.2f s\n",
+                static_cast<unsigned long long>(r.ops_recorded), static_cast<unsigned long long>(r.events),
+                static_cast<unsigned long long>(r.crash_points), r.record_seconds,
+                static_cast<unsigned long long>(r.points_tried), static_cast<unsigned long long>(r.images),
+                static_cast<unsigned long long>(r.images_recovered), static_cast<unsigned long long>(r.creation_interrupted),
+                r.replay_seconds);
+  o << buf;
+  if (c.kills > 0) {
+    std::snprintf(buf, sizeof buf, "  process kills %llu in %.2f s\n", static_cast<unsigned long long>(r.kills), r.kill_seconds);
+    o << buf;
+  }
+  o << "  failures by kind:";
+  for (size_t k = 0; k < size_t(FailKind::kCount); ++k) o << (k ? ", " : " ") << FailKindName(FailKind(k)) << " " << r.counts[k];
+  o << "\n";
+  auto line = [&](const char* name, const std::map<std::string, uint64_t>& m) {
+    o << "  " << name << ":";
+    if (m.empty()) o << " none";
+    for (const auto& [k, v] : m) o << " " << k << "=" << v;
+    o << "\n";
+  };
+  o << "  lint" << (c.lint ? " (fatal)" : " (informational; --lint makes it fatal)") << ":\n";
+  line("  missing flushes (lines)", r.missing_flushes);
+  o << "    erratum reads: " << r.erratum_reads << "\n";
+  line("  flushes", r.flushes);
+  line("  redundant flushes", r.redundant_flushes);
+  line("  fences", r.fences);
+  line("  fences with nothing to order", r.empty_fences);
+  for (const Failure& f : r.failures) {
+    o << "FAIL [" << FailKindName(f.kind) << "] " << f.what << "\n    reproduce: " << Reproducer(c, f) << "\n";
+  }
+  o << (r.total_failures() ? "RESULT: FAILED (" + std::to_string(r.total_failures()) + " failures)\n" : "RESULT: OK\n");
+  return o.str();
+}
+
+}  // namespace pmcheck

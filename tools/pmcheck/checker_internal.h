@@ -1,0 +1,47 @@
+// Internals shared by the simulator (checker.cc) and the kill mode (kill.cc):
+// what a recovered index must look like, and running a check in a forked
+// child so that a crash or hang of recovery is caught and classified.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pmcheck.h"
+#include "target.h"
+#include "workload.h"
+
+namespace pmcheck {
+
+// The states a recovered index may be in. Per key: the version of the last
+// completed op (committed), or, for a key with an op in flight, also the
+// version that op writes (after). acked is the highest version any completed
+// op wrote, to tell a lost acknowledged op from a phantom.
+struct Expectation {
+  const std::vector<uint32_t>* committed = nullptr;
+  const std::vector<uint32_t>* acked = nullptr;
+  std::vector<std::pair<uint32_t, uint32_t>> inflight;  // (key id, version after)
+  bool created = false;      // index creation returned OK before the crash
+  bool report_inflight = false;  // kill mode: report the in-flight keys' versions ("V kid version")
+};
+
+// Child side: open the image at path, verify, write result lines to fd:
+// "F <kind> <message>" per failure, "I <note>", "V <kid> <version>", "DONE".
+void VerifyRecovered(Target* target, const std::string& path, const Workload& wl, const Expectation& e, int fd);
+
+struct ChildResult {
+  std::vector<Failure> failures;
+  std::vector<std::string> info;                     // "I" lines
+  std::vector<std::pair<uint32_t, uint32_t>> versions;  // "V" lines
+  bool done = false;
+};
+// Forks; the child runs body(fd) then _exits. A child that dies, hangs past
+// config.timeout_s, or exits without "DONE" yields a kRecoveryCrash failure.
+ChildResult RunInChild(const Config& config, const std::function<void(int fd)>& body);
+
+pmindex::Status RunKill(const Config& config, Target* target, Report* report);
+
+std::string PoolPath(const Config& config, const char* what);
+
+}  // namespace pmcheck

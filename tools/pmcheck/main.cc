@@ -1,0 +1,88 @@
+// pmcheck: the command-line front end of the power-failure simulator and
+// durability checker (issue 5). See docs/pmcheck.md and pmcheck.h; this file
+// only parses options and prints the report. Exit status: 0 no failure,
+// 1 failures found, 2 the check could not run (bad arguments, unknown index).
+#include <cstdio>
+#include <cstdlib>
+
+#include "CLI/CLI.hpp"
+#include "pmcheck.h"
+#include "pmindex/index.h"
+
+int main(int argc, char** argv) {
+  pmcheck::Config c;
+  CLI::App app{"pmcheck: power-failure simulation and durability checking for pmindex indexes"};
+  std::string key_kind = "u64", value_kind = "u64", points = "1000";
+  std::vector<std::string> params;
+  uint64_t pool_mb = c.pool_size >> 20;
+  bool long_mode = false, list = false;
+  app.add_option("--index", c.index, "index type (registered persistent index, or pmcheck_toy)");
+  app.add_option("--ops", c.ops, "ops per thread in the recorded workload")->check(CLI::Range(uint64_t(0), uint64_t(1) << 24));
+  app.add_option("--keys", c.keys, "distinct keys per thread (0: ops/2, at least 8)");
+  app.add_option("--key-kind", key_kind, "u64 | bytes")->check(CLI::IsMember({"u64", "bytes"}));
+  app.add_option("--value-kind", value_kind, "u64 | bytes")->check(CLI::IsMember({"u64", "bytes"}));
+  app.add_option("--threads", c.threads, "workload threads (disjoint key ranges)")->check(CLI::Range(1, 64));
+  app.add_option("--seed", c.seed, "seed for workload, point sample and crash images");
+  app.add_option("--points", points, "crash points: all, none (record + lint only), or a sample size K");
+  app.add_option("--images-per-point", c.images_per_point, "crash images per point (0: none persisted, 1: all, others random)")
+      ->check(CLI::Range(1, 1000));
+  app.add_flag("--long", long_mode, "long mode: 1000 ops, every crash point, 6 images per point, 100 kills");
+  app.add_flag("--lint", c.lint, "missing flushes/fences and erratum reads count as failures");
+  app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));
+  app.add_option("--ops-per-kill", c.ops_per_kill_round, "ops per kill round")->check(CLI::Range(1, 1000000));
+  app.add_option("--fault", c.faults, "enable a fault switch (repeatable)");
+  app.add_option("--timeout", c.timeout_s, "seconds allowed per recovery + verification")->check(CLI::PositiveNumber);
+  app.add_option("--pool-mb", pool_mb, "initial pool size in MiB")->check(CLI::Range(uint64_t(1), uint64_t(1) << 16));
+  app.add_option("--param", params, "index parameter name=value (repeatable)");
+  app.add_option("--point", c.only_point, "reproduce: only this crash point (event number)");
+  app.add_option("--image", c.only_image, "reproduce: only this image of the point");
+  app.add_option("--dir", c.dir, "directory for pool files");
+  app.add_option("--max-reported", c.max_reported, "failures printed per kind");
+  app.add_flag("--verbose", c.verbose, "one line per crash image");
+  app.add_flag("--list", list, "list the indexes pmcheck can check");
+  CLI11_PARSE(app, argc, argv);
+
+  if (list) {
+    for (const auto& i : pmindex::ListIndexes())
+      if (i.persistent) std::printf("%s\n", i.name.c_str());
+    std::printf("pmcheck_toy\n");
+    return 0;
+  }
+  c.key_kind = key_kind == "u64" ? pmindex::KeyKind::kU64 : pmindex::KeyKind::kBytes;
+  c.value_kind = value_kind == "u64" ? pmindex::ValueKind::kU64 : pmindex::ValueKind::kBytes;
+  c.pool_size = pool_mb << 20;
+  for (const auto& p : params) {
+    auto eq = p.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      std::fprintf(stderr, "pmcheck: --param expects name=value, got '%s'\n", p.c_str());
+      return 2;
+    }
+    c.params[p.substr(0, eq)] = p.substr(eq + 1);
+  }
+  if (long_mode) {
+    if (app.count("--ops") == 0) c.ops = 1000;
+    if (app.count("--points") == 0) points = "all";
+    if (app.count("--images-per-point") == 0) c.images_per_point = 6;
+    if (app.count("--kill") == 0) c.kills = 100;
+  }
+  if (points == "all") c.points = -1;
+  else if (points == "none") c.points = 0;
+  else {
+    char* end = nullptr;
+    long long k = std::strtoll(points.c_str(), &end, 10);
+    if (points.empty() || *end || k < 0) {
+      std::fprintf(stderr, "pmcheck: --points expects all, none or a number, got '%s'\n", points.c_str());
+      return 2;
+    }
+    c.points = k;
+  }
+  c.progress = true;
+  pmcheck::Report r;
+  pmindex::Status s = pmcheck::Run(c, &r);
+  if (!s.ok()) {
+    std::fprintf(stderr, "pmcheck: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  std::fputs(pmcheck::FormatReport(c, r).c_str(), stdout);
+  return r.total_failures() ? 1 : 0;
+}

@@ -1,0 +1,113 @@
+// pmcheck: power-failure simulation and durability checking (issue 5).
+//
+// The public face of the checker library used by the `pmcheck` binary and by
+// tests/pmcheck. One Run() does, for one index type:
+//   1. record: run a seeded workload with a pm::Observer installed over the
+//      pool, logging every persistent store (with its bytes), flush, fence and
+//      op boundary in program order; the durability lint runs on the fly;
+//   2. replay: walk the log keeping a durable image and, per dirty cache
+//      line, the stores not yet written back; at each chosen crash point build
+//      crash images (durable + a prefix of each dirty line's pending stores);
+//   3. verify: each image is written to a fresh pool file and opened in a
+//      forked child (so a recovery crash is caught), then checked against the
+//      op history (see checker.cc for the exact rules);
+//   4. optionally (--kill N) SIGKILL a real process mutating the index N
+//      times, reopening and verifying after each kill.
+// The failure model, its optimistic corners and how to add an index are in
+// docs/pmcheck.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pmindex/options.h"
+#include "pmindex/status.h"
+
+namespace pmcheck {
+
+// Failure kinds, as printed in the summary.
+enum class FailKind : int {
+  kLostAck = 0,     // an acknowledged op (or the index creation) is not reflected
+  kPartialOp,       // the in-flight op is half applied, or a phantom record
+  kTorn,            // a key or value that is neither old nor new (torn bytes)
+  kInvariant,       // Check() failed, wrong op results, Size/Scan disagree, post-recovery ops fail
+  kLeak,            // allocator blocks != blocks the index owns
+  kRecoveryCrash,   // the recovering child died (signal), hung, or exited abnormally
+  kUnloggedStore,   // a PM byte changed without a logged store primitive
+  kMissingFlush,    // lint: a line written by an op is unflushed when it returns
+  kMissingFence,    // lint: an op returned with flushes not yet ordered by a fence
+  kErratum,         // lint: acted on another thread's unflushed line (NVC erratum)
+  kSetup,           // the workload itself could not run (index creation failed, ...)
+  kCount
+};
+const char* FailKindName(FailKind k);
+
+struct Config {
+  // Index type from the registry, or "pmcheck_toy" (the checker's private
+  // test index, tools/pmcheck/toy_index.cc).
+  std::string index = "pmcheck_toy";
+  uint64_t ops = 200;            // ops per thread
+  uint64_t keys = 0;             // distinct keys per thread (0: ops/2, at least 8)
+  pmindex::KeyKind key_kind = pmindex::KeyKind::kU64;
+  pmindex::ValueKind value_kind = pmindex::ValueKind::kU64;
+  int threads = 1;
+  uint64_t seed = 1;
+  // Crash points: -1 all, 0 none (record + lint only), K > 0 a seeded sample.
+  int64_t points = 1000;
+  int images_per_point = 4;      // 0 = "none", 1 = "all", >= 2 seeded random prefixes
+  bool lint = false;             // lint findings count as failures
+  int kills = 0;                 // --kill N: process-crash rounds
+  int ops_per_kill_round = 60;
+  std::vector<std::string> faults;
+  double timeout_s = 20;         // per recovery child
+  uint64_t pool_size = 8ull << 20;
+  std::map<std::string, std::string> params;  // index parameters
+  int64_t only_point = -1;       // reproduce one crash point ...
+  int only_image = -1;           // ... and one image of it
+  bool verbose = false;
+  bool progress = false;         // progress lines on stderr
+  std::string dir = "/dev/shm";  // where pool files go
+  size_t max_reported = 12;      // failures kept per kind
+};
+
+struct Failure {
+  FailKind kind;
+  std::string what;
+  int64_t point = -1;  // crash point (event number), -1 if not tied to one
+  int image = -1;
+  int kill_round = -1;
+};
+
+struct Report {
+  uint64_t events = 0;            // logged events
+  uint64_t crash_points = 0;      // stores + flushes + fences in the log
+  uint64_t points_tried = 0;
+  uint64_t images = 0;            // crash images built and checked
+  uint64_t images_recovered = 0;  // images that opened and passed every check
+  uint64_t creation_interrupted = 0;  // images before creation returned that did not open (allowed)
+  uint64_t kills = 0;
+  uint64_t ops_recorded = 0;
+  std::array<uint64_t, size_t(FailKind::kCount)> counts{};
+  std::vector<Failure> failures;  // up to Config::max_reported per kind
+  // Performance lint, by op type.
+  std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
+  uint64_t erratum_reads = 0;
+  double record_seconds = 0, replay_seconds = 0, kill_seconds = 0;
+
+  uint64_t total_failures() const;
+  void Add(const Config& c, Failure f);
+};
+
+// Runs the configured check. A non-OK status means the check could not run
+// at all (bad arguments, unknown index); failures found go to *report.
+pmindex::Status Run(const Config& config, Report* report);
+
+// Human-readable summary, including one reproducer line per failure.
+std::string FormatReport(const Config& config, const Report& report);
+// A command line reproducing one failure.
+std::string Reproducer(const Config& config, const Failure& f);
+
+}  // namespace pmcheck

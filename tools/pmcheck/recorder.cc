@@ -1,0 +1,240 @@
+// pmcheck's recorder and durability lint (see recorder.h for the rules).
+// It only reads PM (the bytes a primitive just wrote, and lines at flushes);
+// it never writes PM. Reads use relaxed atomic loads so that a lock-free
+// writer in another thread does not make the checker itself racy under TSan.
+#include "recorder.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace pmcheck {
+
+namespace pm = pmindex::pm;
+
+namespace {
+thread_local int tl_tid = -1;
+thread_local uint64_t tl_line_writes_seen = 0;
+
+inline void AtomicRead(char* dst, const char* src, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    if ((reinterpret_cast<uintptr_t>(src + i) & 7) == 0 && i + 8 <= n) {
+      uint64_t v = __atomic_load_n(reinterpret_cast<const uint64_t*>(src + i), __ATOMIC_RELAXED);
+      std::memcpy(dst + i, &v, 8);
+      i += 8;
+    } else {
+      dst[i] = __atomic_load_n(src + i, __ATOMIC_RELAXED);
+      ++i;
+    }
+  }
+}
+
+std::string Off(uint64_t o) { return "@" + std::to_string(o); }
+}  // namespace
+
+void Recorder::SetThreadId(int tid) { tl_tid = tid; }
+
+Recorder::Recorder(char* base, uint64_t max_size, std::function<uint64_t()> size_fn, bool check_each_flush)
+    : base_(base), max_size_(max_size), size_fn_(std::move(size_fn)), check_each_flush_(check_each_flush) {
+  cur_size_ = size_fn_();
+  shadow_.resize(cur_size_);
+  AtomicRead(shadow_.data(), base_, cur_size_);
+  initial = shadow_;
+  tl_line_writes_seen = pm::ThreadCounters().line_writes;
+}
+
+int Recorder::Tid() {
+  if (tl_tid < 0) tl_tid = next_foreign_tid_++;
+  return tl_tid;
+}
+
+bool Recorder::InRange(const void* addr, size_t size, uint64_t* off) {
+  const char* p = static_cast<const char*>(addr);
+  if (p < base_ || uint64_t(p - base_) + size > max_size_) {
+    ++foreign_events;
+    return false;
+  }
+  *off = uint64_t(p - base_);
+  if (*off + size > cur_size_) {
+    uint64_t n = size_fn_();
+    uint64_t need = (*off + size + 4095) & ~uint64_t(4095);
+    if (n < need) n = need;
+    Log(Ev::kGrow, Tid(), n, 0, 0);
+    cur_size_ = n;
+    shadow_.resize(n, 0);  // grown bytes are zero and durable
+  }
+  return true;
+}
+
+void Recorder::Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux) {
+  events.push_back(Event{kind, int16_t(tid), size, off, aux});
+}
+
+void Recorder::CopyIn(uint64_t off, size_t size) {
+  size_t a = arena.size();
+  arena.resize(a + size);
+  AtomicRead(arena.data() + a, base_ + off, size);
+  std::memcpy(shadow_.data() + off, arena.data() + a, size);
+}
+
+std::string Recorder::OpLabel(const ThreadState& ts) const {
+  return ts.op >= 0 ? OpName(ops[size_t(ts.op)].op.type) : "(no op)";
+}
+
+void Recorder::Finding(FailKind k, std::string what) {
+  Failure f;
+  f.kind = k;
+  f.what = std::move(what);
+  findings.push_back(std::move(f));
+}
+
+void Recorder::OnStore(const void* addr, size_t size) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t off;
+  if (size == 0 || !InRange(addr, size, &off)) return;
+  const int tid = Tid();
+  const uint64_t aux = arena.size();
+  CopyIn(off, size);
+  Log(Ev::kStore, tid, off, uint32_t(size), aux);
+  ThreadState& ts = threads_[tid];
+  for (uint64_t l = off & ~uint64_t(63); l < off + size; l += 64) {
+    LineState& ls = lines_[l];
+    ls.dirty = true;
+    ls.writer = tid;
+    if (ts.op >= 0) ts.written.insert(l);
+  }
+}
+
+void Recorder::OnNonTemporalStore(const void* addr, size_t size) {
+  std::lock_guard<std::mutex> g(mu_);
+  // AtomicLineWrite and a 64-byte CopyNT both report here; the thread's
+  // line-write counter tells them apart.
+  const uint64_t lw = pm::ThreadCounters().line_writes;
+  const bool line_write = lw != tl_line_writes_seen;
+  tl_line_writes_seen = lw;
+  uint64_t off;
+  if (size == 0 || !InRange(addr, size, &off)) return;
+  const int tid = Tid();
+  const uint64_t aux = arena.size();
+  CopyIn(off, size);
+  Log(line_write && size == 64 && off % 64 == 0 ? Ev::kLine : Ev::kNT, tid, off, uint32_t(size), aux);
+  threads_[tid].unfenced = true;
+}
+
+void Recorder::CheckLine(uint64_t line, const char* when) {
+  if (line + 64 > cur_size_) return;
+  char now[64];
+  AtomicRead(now, base_ + line, 64);
+  if (std::memcmp(now, shadow_.data() + line, 64) == 0) return;
+  int first = 0, last = 63;
+  while (now[first] == shadow_[line + first]) ++first;
+  while (now[last] == shadow_[line + last]) --last;
+  Finding(FailKind::kUnloggedStore, "bytes " + Off(line + first) + ".." + Off(line + last) +
+                                        " changed without a pm:: store primitive (found " + when + ")");
+  std::memcpy(shadow_.data() + line, now, 64);  // report once
+}
+
+void Recorder::OnFlush(const void* line) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t off;
+  if (!InRange(line, 64, &off)) return;
+  const int tid = Tid();
+  Log(Ev::kFlush, tid, off, 64, 0);
+  ThreadState& ts = threads_[tid];
+  const std::string label = OpLabel(ts);
+  flushes[label]++;
+  LineState& ls = lines_[off];
+  if (!ls.dirty) redundant_flushes[label]++;
+  ls.dirty = false;
+  ts.unfenced = true;
+  if (check_each_flush_) CheckLine(off, ("at a flush during " + label).c_str());
+  for (uint64_t t : ts.tainted) {
+    auto it = lines_.find(t);
+    if (it != lines_.end() && it->second.dirty) {
+      ++erratum_reads;
+      Finding(FailKind::kErratum, "thread " + std::to_string(tid) + " (" + label + ") read line " + Off(t) +
+                                      " written by thread " + std::to_string(it->second.writer) +
+                                      " and not yet flushed, then flushed " + Off(off) + " before that line was durable");
+    }
+  }
+  ts.tainted.clear();
+}
+
+void Recorder::OnFence() {
+  std::lock_guard<std::mutex> g(mu_);
+  const int tid = Tid();
+  Log(Ev::kFence, tid, 0, 0, 0);
+  ThreadState& ts = threads_[tid];
+  const std::string label = OpLabel(ts);
+  fences[label]++;
+  if (!ts.unfenced) empty_fences[label]++;
+  ts.unfenced = false;
+}
+
+void Recorder::OnLoad(const void* addr, size_t size) {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t off;
+  if (size == 0 || !InRange(addr, size, &off)) return;
+  const int tid = Tid();
+  auto it = lines_.find(off & ~uint64_t(63));
+  if (it != lines_.end() && it->second.dirty && it->second.writer != tid) threads_[tid].tainted.push_back(it->first);
+}
+
+size_t Recorder::BeginOp(const Op& op) {
+  std::lock_guard<std::mutex> g(mu_);
+  const int tid = Tid();
+  const size_t rec = ops.size();
+  OpRecord r;
+  r.op = op;
+  r.begin = int64_t(events.size());
+  ops.push_back(r);
+  Log(Ev::kOpBegin, tid, 0, 0, rec);
+  ThreadState& ts = threads_[tid];
+  ts.op = int64_t(rec);
+  ts.written.clear();
+  ts.tainted.clear();
+  return rec;
+}
+
+void Recorder::EndOp(size_t rec, pmindex::Status::Code result) {
+  std::lock_guard<std::mutex> g(mu_);
+  const int tid = Tid();
+  ops[rec].end = int64_t(events.size());
+  ops[rec].result = result;
+  Log(Ev::kOpEnd, tid, 0, 0, rec);
+  ThreadState& ts = threads_[tid];
+  const std::string label = OpLabel(ts);
+  std::vector<uint64_t> missing;
+  for (uint64_t l : ts.written) {
+    const LineState& ls = lines_[l];
+    if (ls.dirty && ls.writer == tid) missing.push_back(l);
+  }
+  if (!missing.empty()) {
+    std::sort(missing.begin(), missing.end());
+    missing_flushes[label] += missing.size();
+    std::string what = "op " + std::to_string(rec) + " (" + label + ", thread " + std::to_string(tid) + ") returned with " +
+                       std::to_string(missing.size()) + " line(s) it wrote unflushed:";
+    for (size_t i = 0; i < missing.size() && i < 4; ++i) what += " " + Off(missing[i]);
+    Finding(FailKind::kMissingFlush, what);
+  }
+  if (ts.unfenced)
+    Finding(FailKind::kMissingFence, "op " + std::to_string(rec) + " (" + label + ", thread " + std::to_string(tid) +
+                                         ") returned with flushes or NT stores not ordered by a fence");
+  ts.unfenced = false;
+  ts.op = -1;
+  ts.written.clear();
+  ts.tainted.clear();
+}
+
+void Recorder::FinalCheck() {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t n = size_fn_();
+  if (n > cur_size_) {
+    Log(Ev::kGrow, Tid(), n, 0, 0);
+    cur_size_ = n;
+    shadow_.resize(n, 0);
+  }
+  for (uint64_t l = 0; l + 64 <= cur_size_; l += 64) CheckLine(l, "at the end of the workload");
+}
+
+}  // namespace pmcheck

@@ -1,0 +1,117 @@
+// The recording half of pmcheck: a pm::Observer that logs every persistent
+// store (with the bytes written), non-temporal store, flushed line, fence and
+// op boundary in one global order, keeps a shadow of the pool built only from
+// logged stores, and runs the durability and performance lint on the fly.
+//
+// Lint rules (per thread; a thread's current op type labels the counts):
+//  * missing flush: when an op returns, a line whose last logged store was made
+//    by this thread and which has not been flushed since;
+//  * missing fence: an op returns with flushes or NT stores not yet followed
+//    by a fence of this thread;
+//  * erratum read: a pm::LoadAcquire of a line that another thread stored to
+//    and nobody has flushed since, followed (before the op returns) by a flush
+//    or fence of the loading thread while that line is still unflushed: the
+//    loader made something durable that depends on non-durable data;
+//  * redundant flush: a line flushed with no store since its last flush;
+//  * empty fence: a fence with no flush or NT store of this thread before it
+//    (since its previous fence).
+// Unlogged stores: at every flush (single-threaded runs) the flushed line is
+// compared with the shadow, and at the end the whole pool is; any difference
+// is a store that bypassed the pm:: primitives and is reported with its offset.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "pmcheck.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/status.h"
+#include "workload.h"
+
+namespace pmcheck {
+
+enum class Ev : uint8_t { kStore, kNT, kLine, kFlush, kFence, kOpBegin, kOpEnd, kGrow };
+
+struct Event {
+  Ev kind;
+  int16_t tid;
+  uint32_t size;  // bytes (stores)
+  uint64_t off;   // pool offset (stores), line offset (flush), new size (grow)
+  uint64_t aux;   // arena offset of the bytes (stores), op record (op begin/end)
+};
+
+struct OpRecord {
+  Op op;
+  int64_t begin = -1;  // event index of the op-begin marker
+  int64_t end = -1;    // event index of the op-end marker (-1: never returned)
+  pmindex::Status::Code result = pmindex::Status::Code::kOk;
+};
+
+class Recorder final : public pmindex::pm::Observer {
+ public:
+  // size_fn returns the pool's current size (it may grow in place).
+  Recorder(char* base, uint64_t max_size, std::function<uint64_t()> size_fn, bool check_each_flush);
+
+  // The thread id the calling thread's events are attributed to.
+  static void SetThreadId(int tid);
+
+  void OnStore(const void* addr, size_t size) override;
+  void OnNonTemporalStore(const void* addr, size_t size) override;
+  void OnFlush(const void* line) override;
+  void OnFence() override;
+  void OnLoad(const void* addr, size_t size) override;
+
+  size_t BeginOp(const Op& op);
+  void EndOp(size_t rec, pmindex::Status::Code result);
+  // Compares the whole pool with the shadow (call when no thread runs).
+  void FinalCheck();
+
+  // The log.
+  std::vector<Event> events;
+  std::vector<char> arena;
+  std::vector<char> initial;  // the durable pool when recording started
+  std::vector<OpRecord> ops;
+  // Findings.
+  std::vector<Failure> findings;
+  std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
+  uint64_t erratum_reads = 0;
+  uint64_t foreign_events = 0;  // primitives on memory outside the pool
+
+ private:
+  struct LineState {
+    bool dirty = false;
+    int writer = -1;
+  };
+  struct ThreadState {
+    int64_t op = -1;  // current op record
+    std::unordered_set<uint64_t> written;
+    bool unfenced = false;  // flush or NT store since the last fence
+    std::vector<uint64_t> tainted;
+  };
+  int Tid();
+  bool InRange(const void* addr, size_t size, uint64_t* off);
+  void Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux);
+  void CopyIn(uint64_t off, size_t size);
+  void CheckLine(uint64_t line, const char* when);
+  std::string OpLabel(const ThreadState& ts) const;
+  void Finding(FailKind k, std::string what);
+
+  char* base_;
+  uint64_t max_size_, cur_size_;
+  std::function<uint64_t()> size_fn_;
+  bool check_each_flush_;
+  std::mutex mu_;
+  std::vector<char> shadow_;
+  std::unordered_map<uint64_t, LineState> lines_;
+  std::unordered_map<int, ThreadState> threads_;
+  std::unordered_map<std::string, uint64_t> finding_counts_;
+  int next_foreign_tid_ = 1000;
+};
+
+}  // namespace pmcheck

@@ -1,0 +1,165 @@
+// pmcheck workloads (see workload.h). No PM access of its own: ops go
+// through the index API.
+#include "workload.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+namespace pmcheck {
+
+using pmindex::Slice;
+using pmindex::Status;
+
+const char* OpName(OpType t) {
+  switch (t) {
+    case OpType::kCreate: return "create";
+    case OpType::kInsert: return "insert";
+    case OpType::kUpdate: return "update";
+    case OpType::kUpsert: return "upsert";
+    case OpType::kRemove: return "remove";
+    case OpType::kFind: return "find";
+  }
+  return "?";
+}
+
+namespace {
+uint32_t Mix32(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  h ^= h >> 29;
+  return uint32_t(h * 0x9E3779B97F4A7C15ull >> 32) | 1u;
+}
+}  // namespace
+
+Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64_t seed)
+    : kk_(c.key_kind), vk_(c.value_kind) {
+  uint64_t nkeys = c.keys ? c.keys : std::max<uint64_t>(8, ops_per_thread / 2);
+  for (int t = 0; t < threads; ++t) {
+    for (uint64_t i = 0; i < nkeys; ++i) {
+      std::string k;
+      if (kk_ == pmindex::KeyKind::kU64) {
+        uint64_t v = (uint64_t(t + 1) << 32) + i * 16 + 5;
+        k.assign(reinterpret_cast<const char*>(&v), 8);
+      } else {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "k%d:%06llu", t, static_cast<unsigned long long>(i));
+        k = buf;
+        for (uint64_t j = 0; j < (i * 7) % 23; ++j) k.push_back(char('a' + (i + j) % 26));
+      }
+      ids_[k] = uint32_t(keys_.size());
+      hashes_.push_back(Mix32(k));
+      keys_.push_back(std::move(k));
+    }
+  }
+  std::vector<uint32_t> ver(keys_.size(), 0);
+  ops_.resize(threads);
+  for (int t = 0; t < threads; ++t) {
+    std::mt19937_64 rng(seed * 1000003 + uint64_t(t) * 7919 + 17);
+    for (uint64_t i = 0; i < ops_per_thread; ++i) {
+      Op op;
+      op.tid = t;
+      op.kid = uint32_t(t * nkeys + rng() % nkeys);
+      unsigned r = unsigned(rng() % 100);
+      op.type = r < 38 ? OpType::kInsert : r < 55 ? OpType::kUpdate : r < 70 ? OpType::kUpsert : r < 88 ? OpType::kRemove : OpType::kFind;
+      if (op.type != OpType::kFind && op.type != OpType::kRemove) op.version = ++ver[op.kid];
+      ops_[t].push_back(op);
+    }
+  }
+}
+
+std::string Workload::Value(uint32_t kid, uint32_t version) const {
+  const uint32_t h = Hash(kid);
+  if (vk_ == pmindex::ValueKind::kU64) {
+    uint64_t v = (uint64_t(h) << 32) | version;
+    return std::string(reinterpret_cast<const char*>(&v), 8);
+  }
+  size_t len = 8 + (h + version * 31u) % 97;
+  std::string s(len, '\0');
+  std::memcpy(&s[0], &version, 4);
+  std::memcpy(&s[4], &h, 4);
+  for (size_t j = 8; j < len; ++j) s[j] = char((h + version * 7u + j * 13u) & 0xff);
+  return s;
+}
+
+int64_t Workload::Decode(uint32_t kid, Slice value) const {
+  uint32_t version = 0;
+  if (vk_ == pmindex::ValueKind::kU64) {
+    if (value.size() != 8) return -1;
+    uint64_t v = pmindex::SliceToU64(value);
+    if (uint32_t(v >> 32) != Hash(kid) || uint32_t(v) == 0) return -1;
+    return int64_t(uint32_t(v));
+  }
+  if (value.size() < 8) return -1;
+  std::memcpy(&version, value.data(), 4);
+  if (version == 0) return -1;
+  return Value(kid, version) == value ? int64_t(version) : -1;
+}
+
+int64_t Workload::KeyId(Slice key) const {
+  auto it = ids_.find(std::string(key));
+  return it == ids_.end() ? -1 : int64_t(it->second);
+}
+
+std::string Workload::PostKey(int j) const {
+  if (kk_ == pmindex::KeyKind::kU64) {
+    uint64_t v = (uint64_t(0xFFFF) << 32) + uint64_t(j) * 3 + 1;
+    return std::string(reinterpret_cast<const char*>(&v), 8);
+  }
+  return "zpost-" + std::to_string(j);
+}
+
+std::string Workload::MinKey() const {
+  if (kk_ == pmindex::KeyKind::kU64) {
+    uint64_t v = 0;
+    return std::string(reinterpret_cast<const char*>(&v), 8);
+  }
+  return std::string(1, '\x01');
+}
+
+Status Workload::Apply(pmindex::Index* index, const Op& op, std::string* got) const {
+  const std::string& k = keys_[op.kid];
+  switch (op.type) {
+    case OpType::kInsert: return index->Insert(k, Value(op.kid, op.version));
+    case OpType::kUpdate: return index->Update(k, Value(op.kid, op.version));
+    case OpType::kUpsert: return index->Upsert(k, Value(op.kid, op.version));
+    case OpType::kRemove: return index->Remove(k);
+    case OpType::kFind: return index->Find(k, got);
+    case OpType::kCreate: break;
+  }
+  return Status::InvalidArgument("bad op");
+}
+
+uint32_t Workload::After(const Op& op, Status::Code result, uint32_t before) {
+  if (result != Status::Code::kOk) return before;
+  switch (op.type) {
+    case OpType::kInsert:
+    case OpType::kUpdate:
+    case OpType::kUpsert: return op.version;
+    case OpType::kRemove: return 0;
+    default: return before;
+  }
+}
+
+std::string Workload::CheckResult(const Op& op, Status::Code result, uint32_t before, const std::string& got) const {
+  Status::Code want = Status::Code::kOk;
+  switch (op.type) {
+    case OpType::kInsert: want = before ? Status::Code::kAlreadyExists : Status::Code::kOk; break;
+    case OpType::kUpdate:
+    case OpType::kRemove:
+    case OpType::kFind: want = before ? Status::Code::kOk : Status::Code::kNotFound; break;
+    default: break;
+  }
+  if (result != want)
+    return std::string(OpName(op.type)) + " returned " + Status::CodeName(result) + ", expected " + Status::CodeName(want);
+  if (op.type == OpType::kFind && before) {
+    int64_t v = Decode(op.kid, got);
+    if (v != int64_t(before))
+      return "find returned " + (v < 0 ? std::string("a torn value") : "version " + std::to_string(v)) +
+             ", expected version " + std::to_string(before);
+  }
+  return "";
+}
+
+}  // namespace pmcheck

@@ -1,0 +1,70 @@
+// pmcheck workloads: seeded op sequences whose keys and values are
+// self-describing, so a recovered image can be judged without the log.
+//
+// Every value encodes its key and a version number (u64 values: a 32-bit
+// hash of the key in the high half, the version in the low half; byte values:
+// version, key hash, then a pattern derived from both, 8..104 bytes). A
+// value that does not decode for its key is torn. Each key belongs to one
+// thread, and each mutating op on a key carries the key's next version, so
+// the state of a key is one number (0: absent) and per-key histories are
+// totally ordered even when threads run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pmcheck.h"
+#include "pmindex/index.h"
+
+namespace pmcheck {
+
+enum class OpType : uint8_t { kCreate, kInsert, kUpdate, kUpsert, kRemove, kFind };
+const char* OpName(OpType t);
+
+struct Op {
+  OpType type = OpType::kFind;
+  int tid = 0;
+  uint32_t kid = 0;      // key id
+  uint32_t version = 0;  // the version a successful insert/update/upsert writes
+};
+
+class Workload {
+ public:
+  Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64_t seed);
+
+  const std::vector<std::vector<Op>>& ops() const { return ops_; }
+  size_t num_keys() const { return keys_.size(); }
+  const std::string& key(uint32_t kid) const { return keys_[kid]; }
+  std::string Value(uint32_t kid, uint32_t version) const;
+  // The version encoded in `value` for key kid, or -1 if it is torn / not
+  // a value of this key.
+  int64_t Decode(uint32_t kid, pmindex::Slice value) const;
+  // Key id of a key, -1 if it is not one of the workload's keys.
+  int64_t KeyId(pmindex::Slice key) const;
+  // Keys used after recovery to check the index still works (disjoint).
+  std::string PostKey(int j) const;
+  std::string MinKey() const;
+  pmindex::KeyKind key_kind() const { return kk_; }
+  pmindex::ValueKind value_kind() const { return vk_; }
+
+  // Runs op on index; *got receives the value a Find returned.
+  pmindex::Status Apply(pmindex::Index* index, const Op& op, std::string* got) const;
+  // The key's new state (version, 0 = absent) after op returned `result`.
+  static uint32_t After(const Op& op, pmindex::Status::Code result, uint32_t before);
+  // Empty if `result` is what a correct index returns from state `before`;
+  // otherwise a description.
+  std::string CheckResult(const Op& op, pmindex::Status::Code result, uint32_t before, const std::string& got) const;
+
+ private:
+  uint32_t Hash(uint32_t kid) const { return hashes_[kid]; }
+  pmindex::KeyKind kk_;
+  pmindex::ValueKind vk_;
+  std::vector<std::string> keys_;
+  std::vector<uint32_t> hashes_;
+  std::unordered_map<std::string, uint32_t> ids_;
+  std::vector<std::vector<Op>> ops_;
+};
+
+}  // namespace pmcheck
