@@ -704,7 +704,9 @@ std::string FormatReport(const Config& c, const Report& r) {
                 r.replay_seconds);
   o << buf;
   if (c.kills > 0) {
-    std::snprintf(buf, sizeof buf, "  process kills %llu in %.2f s\n", static_cast<unsigned long long>(r.kills), r.kill_seconds);
+    std::snprintf(buf, sizeof buf, "  process kills %llu (%llu during open/recovery, %llu mid-workload) in %.2f s\n",
+                  static_cast<unsigned long long>(r.kills), static_cast<unsigned long long>(r.kills_in_open),
+                  static_cast<unsigned long long>(r.kills_mid_workload), r.kill_seconds);
     o << buf;
   }
   o << "  failures by kind:";

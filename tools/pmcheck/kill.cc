@@ -13,7 +13,9 @@
 // not missing flushes (the simulator's job).
 // No PM stores of its own.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -71,12 +73,13 @@ Status RunKill(const Config& c, Target* target, Report* report) {
   const uint64_t m = uint64_t(std::max(1, c.ops_per_kill_round));
   Config kc = c;
   kc.threads = 1;
+  if (kc.keys == 0) kc.keys = std::max<uint64_t>(8, std::min<uint64_t>(c.ops, uint64_t(c.kills) * m) / 2);
   Workload wl(kc, 1, uint64_t(c.kills) * m, c.seed + 99);
   const auto& ops = wl.ops()[0];
   std::vector<uint32_t> committed(wl.num_keys(), 0), acked(wl.num_keys(), 0);
   bool created = false;
   std::mt19937_64 rng(c.seed * 7 + 3);
-  double delay_us = 3000;
+  double open_us = 2000;  // running estimate of the open (+ recovery) time
 
   for (int round = 0; round < c.kills; ++round) {
     int p[2];
@@ -84,41 +87,82 @@ Status RunKill(const Config& c, Target* target, Report* report) {
     std::fflush(stdout);
     std::fflush(stderr);
     const size_t first = size_t(round) * m;
+    // Kill plan, drawn here so the run is reproducible from the seed: one
+    // round in five dies during the open (and recovery), the others inside op
+    // number kill_op, at a random fraction of two average op times after it
+    // began. The child arms a real-time timer whose handler SIGKILLs the
+    // process, so the moment does not depend on how fast the parent reacts.
+    const bool in_open = rng() % 5 == 0;
+    const uint64_t kill_op = rng() % m;
+    const double frac = double(rng() % 10000) / 10000.0;
     pid_t pid = ::fork();
     if (pid < 0) return Status::IOError("fork");
     if (pid == 0) {
       ::close(p[0]);
+      ::signal(SIGALRM, [](int) { ::kill(::getpid(), SIGKILL); });
+      auto arm = [](double us) {
+        struct itimerval it = {};
+        it.it_value.tv_sec = time_t(us / 1e6);
+        it.it_value.tv_usec = suseconds_t(std::max(1.0, us - double(it.it_value.tv_sec) * 1e6));
+        ::setitimer(ITIMER_REAL, &it, nullptr);
+      };
+      using Clock = std::chrono::steady_clock;
+      if (in_open) arm(frac * open_us);
+      const auto t0 = Clock::now();
       std::unique_ptr<pmindex::Index> idx;
       Status s = target->OpenOrCreate(path, &idx);
-      char b = s.ok() ? 'C' : 'X';
-      if (::write(p[1], &b, 1) != 1 || !s.ok()) ::_exit(3);
+      const auto t1 = Clock::now();
+      char msg[5] = {s.ok() ? 'C' : 'X'};
+      uint32_t us = uint32_t(std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count());
+      std::memcpy(msg + 1, &us, 4);
+      if (::write(p[1], msg, 5) != 5 || !s.ok()) ::_exit(3);
       std::string got;
-      for (size_t i = first; i < first + m; ++i) {
-        Status r = wl.Apply(idx.get(), ops[i], &got);
-        b = char(r.code());
+      for (size_t i = 0; i < m; ++i) {
+        if (!in_open && i == kill_op) {
+          double avg = i ? std::chrono::duration<double, std::micro>(Clock::now() - t1).count() / double(i) : 20.0;
+          arm(frac * 2 * avg);
+        }
+        Status r = wl.Apply(idx.get(), ops[first + i], &got);
+        char b = char(r.code());
         if (::write(p[1], &b, 1) != 1) ::_exit(4);
       }
-      b = 'E';
-      if (::write(p[1], &b, 1) != 1) ::_exit(4);
-      for (;;) ::pause();  // wait for the kill
+      char e = 'E';
+      if (::write(p[1], &e, 1) != 1) ::_exit(4);
+      ::kill(::getpid(), SIGKILL);
+      ::_exit(5);
     }
     ::close(p[1]);
-    const auto delay = std::chrono::microseconds(int64_t(double(rng() % 1000) / 1000.0 * delay_us));
-    std::this_thread::sleep_for(delay);
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(c.timeout_s * 1000));
     std::string bytes;
-    char tmp[512];
+    bool hung = false;
     for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) {
+        hung = true;
+        ::kill(pid, SIGKILL);
+        break;
+      }
+      struct pollfd pfd = {p[0], POLLIN, 0};
+      int pr = ::poll(&pfd, 1, int(std::min<int64_t>(left, 1000)));
+      if (pr < 0 && errno != EINTR) break;
+      if (pr <= 0) continue;
+      char tmp[512];
       ssize_t n = ::read(p[0], tmp, sizeof tmp);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;
       bytes.append(tmp, size_t(n));
     }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
     ::close(p[0]);
     report->kills++;
+    if (bytes.size() >= 5 && bytes[0] == 'C') {
+      uint32_t us;
+      std::memcpy(&us, bytes.data() + 1, 4);
+      open_us = 0.7 * open_us + 0.3 * double(us);
+    }
 
     auto fail = [&](FailKind k, const std::string& what) {
       Failure f;
@@ -127,7 +171,7 @@ Status RunKill(const Config& c, Target* target, Report* report) {
       f.kill_round = round;
       report->Add(c, std::move(f));
     };
-    bool opened = !bytes.empty() && bytes[0] == 'C';
+    bool opened = bytes.size() >= 5 && bytes[0] == 'C';
     bool finished = false;
     size_t acked_ops = 0;
     if (!bytes.empty() && bytes[0] == 'X') {
@@ -140,7 +184,7 @@ Status RunKill(const Config& c, Target* target, Report* report) {
     }
     if (opened) {
       created = true;
-      for (size_t i = 1; i < bytes.size(); ++i) {
+      for (size_t i = 5; i < bytes.size(); ++i) {
         if (bytes[i] == 'E') {
           finished = true;
           break;
@@ -154,9 +198,16 @@ Status RunKill(const Config& c, Target* target, Report* report) {
         ++acked_ops;
       }
     }
-    // Adapt the delay so that most kills land inside the workload.
-    if (finished) delay_us = std::max(200.0, delay_us * 0.7);
-    else if (acked_ops < m / 4) delay_us = std::min(2e6, delay_us * 1.3);
+    if (c.verbose) std::fprintf(stderr, "kill round %d: %s, %zu of %llu ops acknowledged%s\n", round, opened ? "opened" : "killed in open", acked_ops, static_cast<unsigned long long>(m), finished ? ", finished" : "");
+    if (!opened) report->kills_in_open++;
+    else if (!finished) report->kills_mid_workload++;
+    if (hung) {
+      fail(FailKind::kRecoveryCrash, "the mutating process made no progress for " + std::to_string(c.timeout_s) + " s (hang)");
+      target->Remove(path);
+      std::fill(committed.begin(), committed.end(), 0);
+      created = false;
+      continue;
+    }
 
     if (!Exists(path)) {
       if (created) fail(FailKind::kLostAck, "the pool file disappeared");

@@ -89,6 +89,8 @@ struct Report {
   uint64_t images_recovered = 0;  // images that opened and passed every check
   uint64_t creation_interrupted = 0;  // images before creation returned that did not open (allowed)
   uint64_t kills = 0;
+  uint64_t kills_in_open = 0;      // killed before the open/recovery returned
+  uint64_t kills_mid_workload = 0; // killed after the open, before the last op returned
   uint64_t ops_recorded = 0;
   std::array<uint64_t, size_t(FailKind::kCount)> counts{};
   std::vector<Failure> failures;  // up to Config::max_reported per kind
