@@ -1,0 +1,640 @@
+// bench.cc: pmbench's driver: targets, load/run phases and measurements
+// (PiBench methodology, pibench-evaluation-vldb20.md sections 4 and 5.3; the
+// key-generation corrections are described in workload.h).
+//
+// Invariants: every target of one invocation sees the same operations (the
+// streams depend only on seed, thread count and phase number, never on
+// results); workers never share ids (see workload.h), so inserts and removes
+// always succeed on a correct index. pmbench writes no PM itself: pools are
+// created, recovered and closed by the indexes (OpenIndex) or the plugins.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "bench.h"
+#include "index_tree.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmbench {
+
+using pmindex::Index;
+using pmindex::IndexInfo;
+using Clock = std::chrono::steady_clock;
+
+static double Since(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+Status PhaseByName(const std::string& name, const Ratios& custom, PhaseSpec* out) {
+  Ratios r;
+  r.r[0] = 0;
+  if (name == "read" || name == "lookup") r[OpType::kRead] = 1;
+  else if (name == "insert") r[OpType::kInsert] = 1;
+  else if (name == "update") r[OpType::kUpdate] = 1;
+  else if (name == "delete" || name == "remove") r[OpType::kRemove] = 1;
+  else if (name == "scan") r[OpType::kScan] = 1;
+  else if (name == "mixed") {
+    // A read-mostly mix with every point operation: 50% read, 20% insert,
+    // 20% update, 10% delete (inserts outnumber deletes, so it never runs dry).
+    r[OpType::kRead] = 0.5;
+    r[OpType::kInsert] = 0.2;
+    r[OpType::kUpdate] = 0.2;
+    r[OpType::kRemove] = 0.1;
+  } else if (name == "custom" || name == "run") {
+    PMINDEX_RETURN_IF_ERROR(ValidateRatios(custom));
+    r = custom;
+  } else {
+    return Status::InvalidArgument("unknown phase '" + name + "' (read, insert, update, delete, scan, mixed, custom)");
+  }
+  out->name = name == "remove" ? "delete" : (name == "lookup" ? "read" : name);
+  out->ratios = r;
+  return Status::OK();
+}
+
+Status BenchOptions::Validate() const {
+  if (threads < 1 || threads > 1024) return Status::InvalidArgument("threads (-t) must be in [1, 1024]");
+  PMINDEX_RETURN_IF_ERROR(KeyCodec::Validate(key_size, key_prefix, value_size));
+  PMINDEX_RETURN_IF_ERROR(RankGenerator::Validate(distribution, skew));
+  if (phases.empty()) PMINDEX_RETURN_IF_ERROR(ValidateRatios(ratios));
+  if (scan_size < 1) return Status::InvalidArgument("--scan_size must be at least 1");
+  if (time_mode && !(seconds > 0)) return Status::InvalidArgument("--seconds must be positive in time mode");
+  if (sampling_ms < 1) return Status::InvalidArgument("--sampling_ms must be at least 1");
+  if (!(latency_sampling >= 0 && latency_sampling <= 1)) return Status::InvalidArgument("--latency_sampling must be in [0, 1]");
+  if (records > (uint64_t(1) << 40)) return Status::InvalidArgument("-n is limited to 2^40 records");
+  return Status::OK();
+}
+
+uint64_t PhaseResult::total_completed() const {
+  uint64_t s = 0;
+  for (auto c : completed) s += c;
+  return s;
+}
+uint64_t PhaseResult::total_succeeded() const {
+  uint64_t s = 0;
+  for (auto c : succeeded) s += c;
+  return s;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Targets: everything is driven through tree_api.
+class Target {
+ public:
+  virtual ~Target() = default;
+  virtual Status Open(const tree_options_t& o) = 0;  // create, or open + recover
+  virtual void Close() = 0;
+  virtual tree_api* tree() = 0;
+  virtual Index* index() { return nullptr; }
+};
+
+class BuiltinTarget final : public Target {
+ public:
+  BuiltinTarget(std::string name, pmindex::Options base) : name_(std::move(name)), base_(std::move(base)) {}
+  ~BuiltinTarget() override { Close(); }
+  Status Open(const tree_options_t& o) override {
+    tree_.reset();
+    return pmindex::pibench::OpenIndexTree(name_, o, &base_, &tree_);
+  }
+  void Close() override { tree_.reset(); }
+  tree_api* tree() override { return tree_.get(); }
+  Index* index() override { return tree_ ? tree_->index() : nullptr; }
+
+ private:
+  std::string name_;
+  pmindex::Options base_;
+  std::unique_ptr<pmindex::pibench::IndexTree> tree_;
+};
+
+class PluginTarget final : public Target {
+ public:
+  ~PluginTarget() override { Close(); }
+  // The library stays loaded for the life of the process (threads that ran
+  // its code may still own thread_local state).
+  Status Load(const std::string& path) {
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) return Status::InvalidArgument(std::string("cannot load plugin: ") + dlerror());
+    void* sym = dlsym(h, kPibenchCreateTreeSymbol);
+    if (!sym) return Status::InvalidArgument("plugin " + path + " does not export create_tree");
+    create_ = reinterpret_cast<pibench_create_tree_fn>(sym);
+    return Status::OK();
+  }
+  Status Open(const tree_options_t& o) override {
+    Close();
+    tree_ = create_(o);
+    if (!tree_) return Status::InvalidArgument("the plugin's create_tree returned nullptr (see its message above)");
+    return Status::OK();
+  }
+  void Close() override {
+    delete tree_;
+    tree_ = nullptr;
+  }
+  tree_api* tree() override { return tree_; }
+
+ private:
+  pibench_create_tree_fn create_ = nullptr;
+  tree_api* tree_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+struct alignas(64) WorkerSlot {
+  std::atomic<uint64_t> done{0};
+  std::atomic<bool> finished{false};
+};
+
+struct WorkerOut {
+  uint64_t completed[kNumOpTypes] = {};
+  uint64_t succeeded[kNumOpTypes] = {};
+  uint64_t scanned = 0;
+  std::vector<uint32_t> lat[kNumOpTypes];
+  pmindex::pm::Counters pm;
+  Clock::time_point end;
+  bool exhausted = false;
+};
+
+LatencySummary Summarize(std::vector<uint32_t>& v) {
+  LatencySummary s;
+  s.samples = v.size();
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  auto q = [&](double p) {
+    size_t i = size_t(std::ceil(p * double(v.size())));
+    i = i ? i - 1 : 0;
+    return double(v[std::min(i, v.size() - 1)]);
+  };
+  double sum = 0;
+  for (auto x : v) sum += x;
+  s.avg_ns = sum / double(v.size());
+  s.min_ns = v.front();
+  s.p50_ns = q(0.5);
+  s.p90_ns = q(0.9);
+  s.p99_ns = q(0.99);
+  s.p999_ns = q(0.999);
+  s.p9999_ns = q(0.9999);
+  s.p99999_ns = q(0.99999);
+  s.max_ns = v.back();
+  return s;
+}
+
+class Progress {
+ public:
+  Progress(bool on, std::string label) : on_(on), label_(std::move(label)), tty_(isatty(2)) {}
+  void Update(double elapsed, uint64_t done, uint64_t total, double rate) {
+    if (!on_) return;
+    char buf[256];
+    if (total)
+      std::snprintf(buf, sizeof buf, "pmbench: %s: %llu/%llu ops (%.0f%%), %s, %.0fs", label_.c_str(), (unsigned long long)done,
+                    (unsigned long long)total, 100.0 * double(done) / double(total), FormatRate(rate).c_str(), elapsed);
+    else
+      std::snprintf(buf, sizeof buf, "pmbench: %s: %llu ops, %s, %.0fs", label_.c_str(), (unsigned long long)done,
+                    FormatRate(rate).c_str(), elapsed);
+    if (tty_) std::fprintf(stderr, "\r%s\033[K", buf);
+    else std::fprintf(stderr, "%s\n", buf);
+    std::fflush(stderr);
+    printed_ = true;
+  }
+  ~Progress() {
+    if (printed_ && tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool on_;
+  std::string label_;
+  bool tty_;
+  bool printed_ = false;
+};
+
+struct PhaseContext {
+  const BenchOptions* o;
+  const KeyCodec* codec;
+  Target* target;
+  std::vector<ThreadKeys>* keys;
+  int threads;
+};
+
+// Runs one phase. spec == nullptr: the load phase (each thread inserts the
+// loaded ids it owns).
+PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no, const std::string& label) {
+  const BenchOptions& o = *c.o;
+  const int T = c.threads;
+  PhaseResult res;
+  res.name = spec ? spec->name : "load";
+  if (spec) res.ratios = spec->ratios;
+  else {
+    res.ratios = Ratios();
+    res.ratios.r[0] = 0;
+    res.ratios[OpType::kInsert] = 1;
+  }
+  res.threads = T;
+
+  const bool load = spec == nullptr;
+  const bool time_mode = !load && o.time_mode;
+  std::vector<uint64_t> quota(T, 0);
+  uint64_t total_quota = 0;
+  for (int t = 0; t < T; t++) {
+    if (load) quota[t] = (*c.keys)[t].live.size();
+    else if (!time_mode) quota[t] = o.operations / T + (uint64_t(t) < o.operations % T ? 1 : 0);
+    else quota[t] = UINT64_MAX;
+    if (quota[t] != UINT64_MAX) total_quota += quota[t];
+  }
+  res.requested = time_mode ? 0 : total_quota;
+
+  std::vector<RankGenerator> ranks;
+  for (int t = 0; t < T; t++) {
+    ranks.emplace_back(o.distribution, o.skew);
+    ranks.back().Prepare((*c.keys)[t].live.size());
+  }
+
+  std::vector<WorkerSlot> slots(T);
+  std::vector<WorkerOut> outs(T);
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false}, stop{false};
+  tree_api* tree = c.target->tree();
+  const size_t ks = c.codec->key_size(), vs = c.codec->value_size();
+
+  auto worker = [&](int t) {
+    WorkerOut& out = outs[t];
+    ThreadKeys& keys = (*c.keys)[t];
+    OpStream stream(&keys, spec ? spec->ratios : res.ratios, &ranks[t], MixSeed(o.seed, uint64_t(phase_no), uint64_t(t)));
+    Rng lat_rng(MixSeed(o.seed ^ 0x5EED1A7Eull, uint64_t(phase_no), uint64_t(t)));
+    const double frac = o.latency_sampling;
+    std::vector<char> key(ks), val(vs), val_out(vs + 8);
+    const uint64_t version_base = uint64_t(phase_no + 1) << 40;
+    ready.fetch_add(1);
+    while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+    const pmindex::pm::Counters pm0 = pmindex::pm::ThreadCounters();
+    const uint64_t q = quota[t];
+    for (uint64_t i = 0; i < q; i++) {
+      if (time_mode && stop.load(std::memory_order_relaxed)) break;
+      Op op;
+      if (load) {
+        op.type = OpType::kInsert;
+        op.id = keys.live[i];
+      } else if (!stream.Next(&op)) {
+        out.exhausted = true;
+        break;
+      }
+      c.codec->EncodeKey(op.id, key.data());
+      const bool timed = frac > 0 && (frac >= 1 || lat_rng.NextDouble() < frac);
+      Clock::time_point t0;
+      if (timed) t0 = Clock::now();
+      bool ok = false;
+      switch (op.type) {
+        case OpType::kRead:
+          ok = tree->find(key.data(), ks, val_out.data());
+          break;
+        case OpType::kInsert:
+          c.codec->EncodeValue(op.id, version_base + i, val.data());
+          ok = tree->insert(key.data(), ks, val.data(), vs);
+          break;
+        case OpType::kUpdate:
+          c.codec->EncodeValue(op.id, version_base + i, val.data());
+          ok = tree->update(key.data(), ks, val.data(), vs);
+          break;
+        case OpType::kRemove:
+          ok = tree->remove(key.data(), ks);
+          break;
+        case OpType::kScan: {
+          char* recs = nullptr;
+          int n = tree->scan(key.data(), ks, o.scan_size, recs);
+          if (n > 0) out.scanned += uint64_t(n);
+          ok = n > 0;
+          break;
+        }
+      }
+      if (timed) {
+        auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        out.lat[int(op.type)].push_back(uint32_t(std::min<long long>(ns, UINT32_MAX)));
+      }
+      out.completed[int(op.type)]++;
+      out.succeeded[int(op.type)] += ok;
+      slots[t].done.store(i + 1, std::memory_order_relaxed);
+    }
+    out.pm = pmindex::pm::ThreadCounters() - pm0;
+    out.end = Clock::now();
+    slots[t].finished.store(true, std::memory_order_release);
+  };
+
+  std::vector<std::thread> workers;
+  for (int t = 0; t < T; t++) workers.emplace_back(worker, t);
+  while (ready.load() < T) std::this_thread::yield();
+
+  // The statistics thread (this one): per-window throughput and progress.
+  Progress progress(o.progress, label);
+  const auto window = std::chrono::milliseconds(o.sampling_ms);
+  const Clock::time_point start = Clock::now();
+  go.store(true, std::memory_order_release);
+  Clock::time_point last_t = start, next_window = start + window, next_progress = start + std::chrono::seconds(1);
+  const Clock::time_point deadline =
+      time_mode ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds)) : Clock::time_point::max();
+  uint64_t last_ops = 0;
+  auto total_done = [&] {
+    uint64_t s = 0;
+    for (auto& sl : slots) s += sl.done.load(std::memory_order_relaxed);
+    return s;
+  };
+  auto all_finished = [&] {
+    for (auto& sl : slots)
+      if (!sl.finished.load(std::memory_order_acquire)) return false;
+    return true;
+  };
+  while (!all_finished()) {
+    Clock::time_point wake = std::min({next_window, next_progress, deadline, Clock::now() + std::chrono::milliseconds(5)});
+    std::this_thread::sleep_until(wake);
+    Clock::time_point now = Clock::now();
+    if (now >= next_window) {
+      uint64_t d = total_done();
+      res.windows.push_back({Since(start, now), Since(last_t, now), d - last_ops});
+      last_ops = d;
+      last_t = now;
+      next_window += window;
+      if (next_window <= now) next_window = now + window;
+    }
+    if (now >= next_progress) {
+      double rate = res.windows.empty() ? 0 : double(res.windows.back().ops) / res.windows.back().seconds;
+      progress.Update(Since(start, now), total_done(), total_quota, rate);
+      next_progress += std::chrono::seconds(1);
+    }
+    if (now >= deadline) stop.store(true, std::memory_order_relaxed);
+  }
+  for (auto& w : workers) w.join();
+
+  Clock::time_point end = start;
+  for (auto& w : outs) end = std::max(end, w.end);
+  res.seconds = Since(start, end);
+  uint64_t d = total_done();
+  if (d > last_ops && end > last_t) res.windows.push_back({Since(start, end), Since(last_t, end), d - last_ops});
+
+  // Window statistics over windows of at least half the nominal length (the
+  // final partial window is listed but not averaged when shorter).
+  const double wnom = o.sampling_ms / 1000.0;
+  std::vector<double> rates;
+  for (const auto& w : res.windows)
+    if (w.seconds >= 0.5 * wnom) rates.push_back(double(w.ops) / w.seconds);
+  if (!rates.empty()) {
+    double m = 0;
+    for (double r : rates) m += r;
+    m /= double(rates.size());
+    double v = 0;
+    for (double r : rates) v += (r - m) * (r - m);
+    res.window_mean = m;
+    res.window_stddev = rates.size() > 1 ? std::sqrt(v / double(rates.size() - 1)) : 0;
+  }
+
+  std::vector<uint32_t> all;
+  bool exhausted = false;
+  for (int ty = 0; ty < kNumOpTypes; ty++) {
+    std::vector<uint32_t> v;
+    for (auto& w : outs) v.insert(v.end(), w.lat[ty].begin(), w.lat[ty].end());
+    all.insert(all.end(), v.begin(), v.end());
+    res.latency_by_type[ty] = Summarize(v);
+  }
+  res.latency = Summarize(all);
+  for (auto& w : outs) {
+    for (int ty = 0; ty < kNumOpTypes; ty++) {
+      res.completed[ty] += w.completed[ty];
+      res.succeeded[ty] += w.succeeded[ty];
+    }
+    res.scanned_records += w.scanned;
+    res.pm += w.pm;
+    exhausted |= w.exhausted;
+  }
+  if (exhausted)
+    res.note = "a thread ran out of live keys (more removes than records it owned): the phase ended early for it";
+  if (res.total_succeeded() != res.total_completed()) {
+    std::string n = std::to_string(res.total_completed() - res.total_succeeded()) + " operations did not succeed";
+    res.note = res.note.empty() ? n : res.note + "; " + n;
+  }
+  if (Index* idx = c.target->index()) {
+    res.stats = idx->Stats();
+    res.has_stats = true;
+  }
+  return res;
+}
+
+std::string SanitizeName(const std::string& s) {
+  std::string r;
+  for (char ch : s) r += (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-') ? ch : '_';
+  return r;
+}
+
+uint64_t AutoPoolSize(const BenchOptions& o) {
+  // Roughly 3x the raw data of the loaded records plus the inserts of every
+  // phase, at least 64 MiB; pools grow in place if this is not enough.
+  uint64_t inserts = 0;
+  for (const auto& p : o.phases) inserts += uint64_t(double(o.operations) * p.ratios[OpType::kInsert]);
+  if (o.phases.empty()) inserts = uint64_t(double(o.operations) * o.ratios[OpType::kInsert]);
+  uint64_t bytes = (o.records + inserts) * (o.key_size + o.value_size + 16) * 3;
+  bytes = std::max<uint64_t>(bytes, 64ull << 20);
+  return (bytes + (1 << 20) - 1) & ~uint64_t((1 << 20) - 1);
+}
+
+void RemovePoolFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) std::filesystem::remove(path, ec);
+}
+
+void RunTarget(const BenchOptions& o, const TargetSpec& spec, size_t ordinal, size_t ntargets, TargetResult* r) {
+  r->spec = spec;
+  const bool builtin = spec.plugin.empty();
+  r->kind = builtin ? "builtin" : "plugin";
+  std::unique_ptr<Target> target;
+  if (builtin) {
+    IndexInfo info;
+    if (!pmindex::FindIndexInfo(spec.name, &info)) {
+      r->error = "index '" + spec.name + "' is not registered in this build";
+      return;
+    }
+    r->description = info.description;
+    r->persistent = info.persistent;
+    r->ordered = info.ordered;
+    r->concurrent = info.concurrent;
+    pmindex::Options base;
+    base.params = o.params;
+    target.reset(new BuiltinTarget(spec.name, base));
+  } else {
+    auto* p = new PluginTarget();
+    target.reset(p);
+    Status s = p->Load(spec.plugin);
+    if (!s.ok()) {
+      r->error = s.ToString();
+      return;
+    }
+    r->description = "PiBench plugin " + spec.plugin;
+    r->persistent = true;  // unknown: assume it may keep state in its pool
+  }
+  r->threads = r->concurrent ? o.threads : 1;
+
+  const bool user_pool = !o.pool_path.empty();
+  if (user_pool) r->pool_path = ntargets == 1 ? o.pool_path : o.pool_path + "." + SanitizeName(spec.name);
+  else
+    r->pool_path = "/dev/shm/pmbench-" + SanitizeName(spec.name) + "-" + std::to_string(getpid()) + "-" + std::to_string(ordinal) + ".pool";
+  const bool uses_pool = !builtin || r->persistent;
+  if (!uses_pool) r->pool_path.clear();
+
+  tree_options_t topt;
+  topt.key_size = o.key_size;
+  topt.value_size = o.value_size;
+  topt.pool_path = r->pool_path;
+  topt.pool_size = o.pool_size ? o.pool_size : AutoPoolSize(o);
+  topt.num_threads = size_t(r->threads);
+
+  auto cleanup = [&] {
+    target->Close();
+    if (!user_pool && uses_pool) {
+      if (builtin) pmindex::pm::Pool::Remove(r->pool_path);
+      RemovePoolFile(r->pool_path);
+    }
+  };
+
+  std::error_code ec;
+  const bool exists = uses_pool && std::filesystem::exists(r->pool_path, ec);
+  if (!o.skip_load && exists) {
+    r->error = "pool " + r->pool_path + " already exists: remove it, or pass --skip_load to run on its records";
+    return;
+  }
+  if (o.skip_load && uses_pool && !exists) {
+    r->error = "--skip_load: no pool at " + r->pool_path + " (load it first with the same -n and --pool_path)";
+    return;
+  }
+  if (o.skip_load && !uses_pool) {
+    r->error = "--skip_load: " + spec.name + " is transient, there is nothing to reopen";
+    return;
+  }
+
+  Status s = target->Open(topt);
+  if (!s.ok()) {
+    r->error = "open: " + s.ToString();
+    cleanup();
+    return;
+  }
+
+  KeyCodec codec(o.key_size, o.key_prefix, o.value_size);
+  std::vector<ThreadKeys> keys;
+  for (int t = 0; t < r->threads; t++) keys.emplace_back(t, r->threads, o.records);
+  PhaseContext ctx{&o, &codec, target.get(), &keys, r->threads};
+
+  int phase_no = 0;
+  if (!o.skip_load) {
+    r->load = RunPhase(ctx, nullptr, phase_no, spec.name + " load");
+    r->loaded = true;
+  }
+  phase_no++;
+
+  if (o.recovery) {
+    r->has_recovery = true;
+    if (!uses_pool) {
+      r->recovery_note = "transient index: nothing to recover";
+    } else {
+      target->Close();
+      auto t0 = Clock::now();
+      s = target->Open(topt);
+      r->recovery_seconds = Since(t0, Clock::now());
+      if (!s.ok()) {
+        r->error = "reopen for --recovery: " + s.ToString();
+        cleanup();
+        return;
+      }
+      if (Index* idx = target->index()) r->index_recovery_seconds = idx->Stats().recovery_seconds;
+      // Check that the loaded records survived: look up to 1000 of them.
+      std::vector<char> kb(o.key_size), vb(o.value_size + 8);
+      const size_t per = 1000 / keys.size() + 1;
+      for (auto& k : keys)
+        for (size_t i = 0; i < k.live.size() && i < per; i++) {
+          codec.EncodeKey(k.live[i], kb.data());
+          r->recovery_probed++;
+          r->recovery_found += target->tree()->find(kb.data(), kb.size(), vb.data());
+        }
+      if (r->recovery_found != r->recovery_probed)
+        r->recovery_note = "only " + std::to_string(r->recovery_found) + " of " + std::to_string(r->recovery_probed) +
+                           " sampled loaded records were found after reopening (not persistent?)";
+    }
+  }
+
+  std::vector<PhaseSpec> phases = o.phases;
+  if (phases.empty()) phases.push_back({"run", o.ratios});
+  for (const auto& ph : phases) {
+    const std::string label = spec.name + " " + ph.name;
+    PhaseResult pr;
+    uint64_t live = 0;
+    for (auto& k : keys) live += k.live.size();
+    if (!r->ordered && ph.ratios[OpType::kScan] > 0) {
+      pr.name = ph.name;
+      pr.ratios = ph.ratios;
+      pr.skipped = true;
+      pr.note = "skipped: " + spec.name + " is unordered (no scans)";
+    } else if (!o.time_mode && double(o.operations) * ph.ratios[OpType::kRemove] > double(live) * 0.95) {
+      pr.name = ph.name;
+      pr.ratios = ph.ratios;
+      pr.skipped = true;
+      pr.note = "skipped: about " + std::to_string(uint64_t(double(o.operations) * ph.ratios[OpType::kRemove])) +
+                " removes but only " + std::to_string(live) + " live records (raise -n or lower -p)";
+    } else {
+      pr = RunPhase(ctx, &ph, phase_no, label);
+    }
+    phase_no++;
+    r->phases.push_back(std::move(pr));
+  }
+  cleanup();
+}
+
+}  // namespace
+
+Status ResolveTargets(const std::string& index_list, const std::string& input_list, std::vector<TargetSpec>* out) {
+  out->clear();
+  auto split = [](const std::string& s) {
+    std::vector<std::string> v;
+    size_t i = 0;
+    while (i <= s.size()) {
+      size_t j = s.find(',', i);
+      if (j == std::string::npos) j = s.size();
+      std::string item = s.substr(i, j - i);
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
+      if (!item.empty()) v.push_back(item);
+      i = j + 1;
+    }
+    return v;
+  };
+  for (const auto& name : split(index_list)) {
+    if (name == "all") {
+      std::vector<std::string> names;
+      for (const auto& i : pmindex::ListIndexes()) names.push_back(i.name);
+      std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "dram_btree"; });
+      for (const auto& n : names) out->push_back({n, ""});
+      continue;
+    }
+    if (!pmindex::FindIndexInfo(name, nullptr)) {
+      std::string m = "unknown index '" + name + "'; built-in:";
+      for (const auto& i : pmindex::ListIndexes()) m += " " + i.name;
+      return Status::InvalidArgument(m);
+    }
+    out->push_back({name, ""});
+  }
+  for (const auto& path : split(input_list)) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) return Status::InvalidArgument("--input: no plugin file at " + path);
+    std::string stem = std::filesystem::path(path).stem().string();
+    if (stem.rfind("lib", 0) == 0) stem = stem.substr(3);
+    out->push_back({stem, path});
+  }
+  if (out->empty()) return Status::InvalidArgument("nothing to run: give --index NAME[,NAME...] and/or --input PLUGIN.so[,...]");
+  return Status::OK();
+}
+
+Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& targets, std::vector<TargetResult>* results) {
+  PMINDEX_RETURN_IF_ERROR(opts.Validate());
+  pmindex::pm::SetPersistMode(opts.persist_mode, opts.write_latency_ns);
+  results->clear();
+  results->resize(targets.size());
+  for (size_t i = 0; i < targets.size(); i++) RunTarget(opts, targets[i], i, targets.size(), &(*results)[i]);
+  return Status::OK();
+}
+
+}  // namespace pmbench

@@ -1,0 +1,146 @@
+// bench.h: pmbench's benchmark driver: targets (built-in indexes and PiBench
+// plugins, both driven through the tree_api ABI), the load and run phases
+// (PiBench section 4 and 5.3), their measurements, and the reports.
+//
+// Measurement model: worker threads execute operations; the calling thread
+// is PiBench's statistics thread, reading each worker's completed-operation
+// counter every sampling_ms to get per-window throughput (and printing the
+// progress line). A fraction latency_sampling of operations is timed.
+// PM cost is each worker's pm::ThreadCounters() difference over the phase.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pmindex/index.h"
+#include "pmindex/pibench_abi.h"
+#include "pmindex/pm/persist.h"
+#include "workload.h"
+
+namespace pmbench {
+
+struct PhaseSpec {
+  std::string name;  // "run" for a plain PiBench run, else a --phases name
+  Ratios ratios;
+};
+// read, insert, update, delete (remove), scan, mixed, custom (the -r.. ratios).
+Status PhaseByName(const std::string& name, const Ratios& custom, PhaseSpec* out);
+
+struct BenchOptions {
+  uint64_t records = 1000000;     // -n
+  uint64_t operations = 1000000;  // -p (per phase)
+  int threads = 1;                // -t
+  size_t key_size = 8;            // -k
+  size_t value_size = 8;          // -v
+  std::string key_prefix;         // -f
+  Ratios ratios;                  // -r -i -u -d -s
+  int scan_size = 100;
+  Distribution distribution = Distribution::kUniform;
+  double skew = 0.2;
+  uint64_t seed = 1729;
+  bool time_mode = false;  // --mode time
+  double seconds = 20;
+  int sampling_ms = 100;
+  double latency_sampling = 0.1;
+  std::string pool_path;  // empty: /dev/shm/pmbench-<name>-<pid>.pool, removed at exit
+  uint64_t pool_size = 0;  // 0: sized from -n, -k, -v
+  bool skip_load = false;
+  bool recovery = false;
+  pmindex::pm::PersistMode persist_mode = pmindex::pm::PersistMode::kFlush;
+  uint32_t write_latency_ns = 0;
+  std::vector<PhaseSpec> phases;  // empty: one "run" phase with `ratios`
+  std::map<std::string, std::string> params;  // built-in index parameters
+  bool progress = true;
+
+  Status Validate() const;
+};
+
+// Something to benchmark.
+struct TargetSpec {
+  std::string name;    // index name, or the plugin file's stem
+  std::string plugin;  // path of the .so; empty for a built-in index
+};
+
+struct LatencySummary {
+  uint64_t samples = 0;
+  double avg_ns = 0, min_ns = 0, p50_ns = 0, p90_ns = 0, p99_ns = 0, p999_ns = 0, p9999_ns = 0, p99999_ns = 0, max_ns = 0;
+};
+
+struct Window {
+  double end_seconds;  // since the phase started
+  double seconds;      // window length
+  uint64_t ops;
+};
+
+struct PhaseResult {
+  std::string name;
+  Ratios ratios;
+  int threads = 1;
+  bool skipped = false;
+  std::string note;     // why skipped / warnings (exhausted live set, ...)
+  uint64_t requested = 0;  // operations asked for (0 in time mode)
+  double seconds = 0;
+  uint64_t completed[kNumOpTypes] = {};
+  uint64_t succeeded[kNumOpTypes] = {};
+  uint64_t scanned_records = 0;
+  uint64_t total_completed() const;
+  uint64_t total_succeeded() const;
+  double throughput() const { return seconds > 0 ? double(total_completed()) / seconds : 0; }
+  std::vector<Window> windows;
+  double window_mean = 0, window_stddev = 0;  // ops/s over full windows
+  LatencySummary latency;                     // all sampled operations
+  LatencySummary latency_by_type[kNumOpTypes];
+  pmindex::pm::Counters pm;  // summed over workers
+  bool has_stats = false;
+  pmindex::IndexStats stats;  // after the phase (built-in indexes)
+};
+
+struct TargetResult {
+  TargetSpec spec;
+  std::string kind;  // "builtin" | "plugin"
+  std::string description;
+  bool persistent = false, ordered = true, concurrent = true;
+  int threads = 1;
+  std::string pool_path;
+  std::string error;  // non-empty: the target failed (the rest still ran)
+  bool loaded = false;
+  PhaseResult load;
+  bool has_recovery = false;
+  std::string recovery_note;
+  double recovery_seconds = 0;        // wall time of reopening (OpenIndex / create_tree)
+  double index_recovery_seconds = -1;  // IndexStats::recovery_seconds (built-in), -1 unknown
+  uint64_t recovery_probed = 0, recovery_found = 0;  // loaded records looked up after reopening
+  std::vector<PhaseResult> phases;
+};
+
+struct Environment {
+  std::string command_line;
+  std::string start_time_utc;
+  std::string hostname;
+  std::string flush_instr;
+  unsigned hardware_threads = 0;
+  std::string version;
+};
+
+// Runs the load and run phases on every target in turn, same workload.
+// Errors in one target are recorded in its result; a non-OK Status means
+// the options themselves were bad.
+Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& targets, std::vector<TargetResult>* results);
+
+// Resolves --index / --input lists ("all" = dram_btree then every other
+// registered index) into targets.
+Status ResolveTargets(const std::string& index_list, const std::string& input_list, std::vector<TargetSpec>* out);
+
+// Reports.
+std::string FormatSummary(const BenchOptions& opts, const std::vector<TargetResult>& results);
+std::string FormatComparison(const BenchOptions& opts, const std::vector<TargetResult>& results);
+std::string ToJson(const BenchOptions& opts, const Environment& env, const std::vector<TargetResult>& results);
+
+// Figures shared by the summary and the JSON (so they always agree).
+std::string FormatRate(double ops_per_sec);  // "1.234 Mops/s"
+std::string FormatNs(double ns);             // "1.23 us"
+
+}  // namespace pmbench
