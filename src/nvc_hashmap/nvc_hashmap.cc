@@ -1,0 +1,1296 @@
+// nvc_hashmap.cc: the NVC-Hashmap, a persistent lock-free hash map built on a
+// split-ordered list (Schwalb et al., IMDM'15, sections 3.1-3.3, plus the
+// authors' erratum, which we fix). Design notes: docs/nvc_hashmap.md.
+//
+// Structure (paper 3.1, Shalev & Shavit): every entry is a node in ONE sorted
+// singly linked list. The sort key is the split-order key: the bit-reversed
+// 63-bit hash with the lowest bit set (regular nodes), then the user key for
+// equal split-order keys. Bucket b starts at a dummy node whose split-order
+// key is reverse(b) (lowest bit clear). The bucket count doubles without
+// moving any node; bucket b is initialised lazily by inserting its dummy after
+// the dummy of its parent (b with its highest set bit cleared).
+//
+// PM words (8 bytes, pool offsets, paper 3.3 (2)):
+//   node.next  = successor | kMark (node deleted, word frozen) | kDirty
+//   node.value = value record | kDel (logically deleted)      | kDirty
+// kDirty is the erratum's "write pending" bit (fix b): the latest store to the
+// word may not be durable yet.
+//
+// Invariants: the list is strictly sorted by (split-order key, key); dummies
+// are never removed; a bucket-table entry is either 0 or the offset of its
+// bucket's durably linked dummy; a node is freed only after it was unlinked,
+// the unlink was persisted, and two epochs passed (no reader can hold it).
+//
+// Persist ordering (paper 3.3 (4), figure 3):
+//   insert: allocate the node into this thread's persistent pending slot,
+//           write and persist it (key, value, next) -> [erratum fix: make the
+//           link TO the predecessor durable] -> CAS pred.next (linearization
+//           point) -> persist pred.next -> clear kDirty, clear pending slot.
+//   update: new value record allocated into the pending-value slot and
+//           persisted -> CAS node.value (linearization point) -> persist ->
+//           clear kDirty; the old record is retired.
+//   remove: CAS node.value |= kDel (linearization point) -> node.next |=
+//           kMark -> persist the node's header line (both words share it) ->
+//           clear kDirty -> CAS pred.next to the successor (unlink) -> flush
+//           it; the reclaimer flushes that word again and fences before the
+//           node is freed.
+// Readers (erratum): a word whose value an operation acts on durably (the
+// link to the predecessor it links behind, the link to the node it reports,
+// that node's value word) is made durable first: always (flush_on_read) or
+// only when it carries kDirty (dirty_bit, the default).
+//
+// Recovery: a clean close stores the record count and sets root.clean; the
+// next open is O(threads). After a crash, open walks the list once: it strips
+// kDirty, completes removes (unlinks kDel nodes), recounts, validates bucket
+// entries, resolves the per-thread pending slots (reachable -> clear, else
+// free) and frees every allocated block the structure does not own (removed
+// nodes that were waiting for their epoch, replaced value records).
+//
+// Paper deviations (also in docs/nvc_hashmap.md): the paper does not describe
+// delete or update; we linearize remove on the value word (not on the mark of
+// next) so that in-place value updates are linearizable against removes. The
+// paper's erratum fix (a) says no fence is needed; our persistence model
+// requires flush + fence before a store that depends on the flushed word, so
+// flush_on_read uses pm::Persist.
+#include "nvc_hashmap/nvc_hashmap.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/index_util.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex {
+namespace nvc_hashmap_testing {
+namespace {
+std::atomic<LinkHook> g_link_hook{nullptr};
+}
+void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
+}  // namespace nvc_hashmap_testing
+
+namespace internal {
+namespace {
+
+constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
+constexpr uint32_t kVersion = 1;
+constexpr int kMaxSlots = 64;
+constexpr int kMaxSegments = 40;
+constexpr uint64_t kMaxBuckets = 1ull << 32;
+constexpr uint64_t kMark = 1, kDel = 1, kDirty = 2, kLow = 7;
+constexpr uint32_t kDummyFlag = 1;
+constexpr size_t kHeader = 32;
+constexpr uint64_t kRetireBatch = 32;
+
+enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
+
+// A list node; key bytes follow the header, then (8-aligned) the inline value
+// record. Nodes are >= 64 bytes, hence 64-byte aligned: the header is one line.
+struct Node {
+  uint64_t next;
+  uint64_t so;     // split-order key
+  uint64_t value;  // value record offset | kDel | kDirty (0 for dummies)
+  uint32_t klen;
+  uint32_t flags;
+};
+static_assert(sizeof(Node) == kHeader);
+
+// Persistent per-thread slot: allocation destinations (allocate-into-
+// destination) and the word handed to Allocator::Free.
+struct alignas(64) PSlot {
+  uint64_t pending;      // a new node or dummy until it is linked
+  uint64_t pending_val;  // a new out-of-line value record until it is installed
+  uint64_t scratch;      // a block being freed
+  uint64_t pad[5];
+};
+
+struct Root {
+  // Line 0: configuration, written once at creation (magic last).
+  uint64_t magic;
+  uint32_t version;
+  uint8_t key_kind, value_kind;
+  uint16_t reserved;
+  uint64_t max_key, max_value;
+  uint64_t seg0;  // buckets in segment 0 (power of two)
+  uint64_t head;  // owns the dummy of bucket 0: the list head
+  uint64_t pad0[2];
+  // Line 1: mutable state.
+  uint64_t bucket_count;  // a durable hint; a smaller value loses nothing
+  uint64_t count;         // records; valid only when clean == 1
+  uint64_t clean;         // 1 after a clean close
+  uint64_t scratch;       // Free() destination during recovery
+  uint64_t pad1[4];
+  // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
+  // holds [seg0 << (s-1), seg0 << s). Entries are dummy offsets (not owning).
+  uint64_t seg[kMaxSegments];
+  PSlot slots[kMaxSlots];
+};
+
+inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
+
+inline uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+// A stable hash (it decides where records live in PM, so it must never change).
+uint64_t HashKey(KeyKind kind, Slice key) {
+  if (kind == KeyKind::kU64) return Mix64(SliceToU64(key));
+  uint64_t h = 0x6a09e667f3bcc909ull ^ (uint64_t(key.size()) * 0x9e3779b97f4a7c15ull);
+  const char* p = key.data();
+  size_t n = key.size();
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = Mix64(h ^ w) + 0x9e3779b97f4a7c15ull;
+    p += 8;
+    n -= 8;
+  }
+  if (n) {
+    uint64_t w = 0;
+    std::memcpy(&w, p, n);
+    h = Mix64(h ^ w ^ (uint64_t(n) << 56));
+  }
+  return Mix64(h);
+}
+
+inline uint64_t Reverse64(uint64_t x) {
+  x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
+  x = ((x >> 2) & 0x3333333333333333ull) | ((x & 0x3333333333333333ull) << 2);
+  x = ((x >> 4) & 0x0f0f0f0f0f0f0f0full) | ((x & 0x0f0f0f0f0f0f0f0full) << 4);
+  return __builtin_bswap64(x);
+}
+inline uint64_t SoRegular(uint64_t h) { return Reverse64(h | (1ull << 63)); }
+inline uint64_t SoDummy(uint64_t b) { return Reverse64(b); }
+inline uint64_t ParentBucket(uint64_t b) { return b & ~(1ull << (63 - __builtin_clzll(b))); }
+
+inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+
+// ---------------------------------------------------------------------------
+// Thread -> slot binding. Each thread using an index owns one of its
+// kMaxSlots slots (DRAM epoch + persistent PSlot) until it exits.
+std::mutex g_reg_mu;
+class NvcHashmap;
+std::unordered_map<uint64_t, NvcHashmap*>& Registry_() {
+  static auto* m = new std::unordered_map<uint64_t, NvcHashmap*>();
+  return *m;
+}
+std::atomic<uint64_t> g_next_id{1};
+
+struct TlEntry {
+  uint64_t id;
+  int slot;
+};
+struct TlCache {
+  std::vector<TlEntry> v;
+  ~TlCache();
+};
+thread_local TlCache tl_cache;
+
+struct Retired {
+  uint64_t off;
+  uint64_t epoch;
+  const uint64_t* flush_word;  // the unlinked predecessor word (nullptr: none)
+  bool node;                   // a node (frees its value record too) or a value record
+};
+
+struct alignas(64) SlotState {
+  std::atomic<uint64_t> epoch{0};  // 0: quiescent, else (global epoch << 1) | 1
+  std::atomic<int64_t> delta{0};   // records inserted - removed through this slot
+  std::atomic<bool> owned{false};
+  uint64_t ops = 0;  // owner thread only
+  std::mutex limbo_mu;
+  std::vector<Retired> limbo;
+};
+
+struct Pos {
+  uint64_t* pp_word = nullptr;  // word pointing to prev (nullptr: prev is the start dummy)
+  uint64_t pp_raw = 0;          // its value when we passed it
+  uint64_t* prev_word = nullptr;
+  uint64_t curr_raw = 0;  // *prev_word as loaded (exact, for CAS)
+  Node* curr = nullptr;
+  bool found = false;
+};
+
+enum class PutMode { kInsert, kUpdate, kUpsert };
+
+class NvcHashmap final : public Index {
+ public:
+  NvcHashmap(std::unique_ptr<pm::Pool> pool, Fix fix, uint64_t lf)
+      : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), id_(g_next_id.fetch_add(1)) {
+    root_ = pool_->root<Root>();
+    std::lock_guard<std::mutex> g(g_reg_mu);
+    Registry_()[id_] = this;
+  }
+  ~NvcHashmap() override {
+    Close();
+    std::lock_guard<std::mutex> g(g_reg_mu);
+    Registry_().erase(id_);
+  }
+
+  static Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out);
+  static Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out);
+
+  std::string_view Name() const override { return "nvc_hashmap"; }
+  KeyKind key_kind() const override { return kk_; }
+  ValueKind value_kind() const override { return vk_; }
+
+  Status Insert(Slice key, Slice value) override { return Put(key, value, PutMode::kInsert); }
+  Status Update(Slice key, Slice value) override { return Put(key, value, PutMode::kUpdate); }
+  Status Upsert(Slice key, Slice value) override { return Put(key, value, PutMode::kUpsert); }
+  Status Find(Slice key, std::string* value) override;
+  Status Remove(Slice key) override;
+  Status Scan(Slice, size_t, ScanCallback, size_t* count) override {
+    if (count) *count = 0;
+    return Status::Unsupported("nvc_hashmap is a hash index: no ordered scan");
+  }
+  uint64_t Size() override {
+    int64_t n = int64_t(base_count_);
+    for (auto& s : slots_) n += s.delta.load(std::memory_order_relaxed);
+    return n < 0 ? 0 : uint64_t(n);
+  }
+  Status Check() override;
+  Status ForEachOwnedBlock(const std::function<void(uint64_t offset)>& fn) override;
+  IndexStats Stats() override;
+  pm::Pool* pool() override { return pool_.get(); }
+  Status Close() override;
+
+  void ReleaseSlot(int s) { slots_[s].owned.store(false, std::memory_order_release); }
+
+ private:
+  struct Ctx {
+    int slot;
+    SlotState* st;
+    PSlot* ps;
+  };
+  class Op {
+   public:
+    explicit Op(NvcHashmap* h) : h_(h), slot_(h->AcquireSlot()) {
+      if (slot_ >= 0) h_->Enter(slot_);
+    }
+    ~Op() {
+      if (slot_ >= 0) h_->Exit(slot_);
+    }
+    bool ok() const { return slot_ >= 0; }
+    Ctx ctx() const { return Ctx{slot_, &h_->slots_[slot_], &h_->root_->slots[slot_]}; }
+
+   private:
+    NvcHashmap* h_;
+    int slot_;
+  };
+
+  Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
+  uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
+  static char* KeyPtr(Node* n) { return reinterpret_cast<char*>(n) + kHeader; }
+  uint64_t InlineValueOff(const Node* n) const { return Off(n) + kHeader + A8(n->klen); }
+  bool IsInline(const Node* n, uint64_t voff) const { return voff == InlineValueOff(n); }
+  size_t ValueRecSize(Slice v) const { return vk_ == ValueKind::kU64 ? 8 : 8 + v.size(); }
+
+  Fix fix() const { return PMINDEX_FAULT("nvc.erratum.no_fix") ? Fix::kNone : fix_; }
+  bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
+
+  int AcquireSlot();
+  void Enter(int s);
+  void Exit(int s) { slots_[s].epoch.store(0, std::memory_order_release); }
+
+  Status Validate(Slice key, Slice value) const {
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
+    return ValidateValue(vk_, max_value_, value);
+  }
+  int Cmp(const Node* n, uint64_t so, Slice key) const {
+    if (n->so != so) return n->so < so ? -1 : 1;
+    if (!(so & 1)) return 0;
+    return CompareKeys(kk_, Slice(reinterpret_cast<const char*>(n) + kHeader, n->klen), key);
+  }
+
+  // Erratum helpers.
+  void ClearDirty(uint64_t* w, uint64_t v) {
+    uint64_t e = v;
+    pm::Cas(w, &e, v & ~kDirty);
+  }
+  void EnsureWordDurable(uint64_t* w, uint64_t seen);
+  void EnsureDelDurable(Node* n);
+
+  // Bucket table.
+  void SegOf(uint64_t b, int* s, uint64_t* i) const {
+    if (b < seg0_) {
+      *s = 0;
+      *i = b;
+      return;
+    }
+    uint64_t q = b >> log_seg0_;
+    int w = 64 - __builtin_clzll(q);
+    *s = w;
+    *i = b - (seg0_ << (w - 1));
+  }
+  uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
+  uint64_t* BucketEntry(uint64_t b, bool create);
+  Node* StartFor(uint64_t h, const Ctx& c);
+  Node* InitBucket(uint64_t b, const Ctx& c, int depth);
+
+  void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
+  bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
+  void HelpDelete(Node* n) {
+    uint64_t v = pm::LoadAcquire(&n->next);
+    if (!(v & kMark)) pm::FetchOr(&n->next, kMark);
+  }
+  Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next, Node** out);
+  Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
+  Status Put(Slice key, Slice value, PutMode mode);
+  void ReadValue(uint64_t rec, std::string* out) const {
+    const char* p = base_ + rec;
+    if (vk_ == ValueKind::kU64) {
+      out->assign(p, 8);
+    } else {
+      uint64_t len;
+      std::memcpy(&len, p, 8);
+      out->assign(p + 8, len);
+    }
+  }
+  void MaybeGrow(const Ctx& c);
+
+  // Reclamation.
+  void Retire(const Ctx& c, uint64_t off, const uint64_t* flush_word, bool node);
+  void TryAdvance();
+  void Reclaim(int slot, bool all);
+  void FreeRetired(PSlot* ps, const Retired& r);
+  bool ReclaimForSpace(const Ctx& c);
+
+  Status InitNew(const Options& o, uint64_t initial_buckets);
+  Status LoadRoot(bool* needs_recovery);
+  Status Recover();
+
+  std::unique_ptr<pm::Pool> pool_;
+  char* base_;
+  Root* root_ = nullptr;
+  Fix fix_;
+  uint64_t lf_;
+  uint64_t id_;
+  KeyKind kk_ = KeyKind::kU64;
+  ValueKind vk_ = ValueKind::kU64;
+  size_t max_key_ = kMaxKeySize, max_value_ = kMaxValueSize;
+  uint64_t seg0_ = 256;
+  int log_seg0_ = 8;
+  std::atomic<uint64_t> bucket_count_{1};
+  std::atomic<uint64_t*> segs_[kMaxSegments] = {};
+  std::mutex seg_mu_;
+  uint64_t base_count_ = 0;
+  std::atomic<uint64_t> global_epoch_{1};
+  SlotState slots_[kMaxSlots];
+  double recovery_seconds_ = 0;
+  bool closed_ = false;
+};
+
+TlCache::~TlCache() {
+  std::lock_guard<std::mutex> g(g_reg_mu);
+  for (const auto& e : v) {
+    auto it = Registry_().find(e.id);
+    if (it != Registry_().end()) it->second->ReleaseSlot(e.slot);
+  }
+}
+
+int NvcHashmap::AcquireSlot() {
+  for (const auto& e : tl_cache.v)
+    if (e.id == id_) return e.slot;
+  std::lock_guard<std::mutex> g(g_reg_mu);
+  auto& v = tl_cache.v;
+  v.erase(std::remove_if(v.begin(), v.end(), [](const TlEntry& e) { return Registry_().count(e.id) == 0; }), v.end());
+  for (int i = 0; i < kMaxSlots; i++) {
+    bool f = false;
+    if (slots_[i].owned.compare_exchange_strong(f, true)) {
+      v.push_back({id_, i});
+      return i;
+    }
+  }
+  return -1;
+}
+
+void NvcHashmap::Enter(int s) {
+  uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
+  for (;;) {
+    slots_[s].epoch.store((e << 1) | 1, std::memory_order_seq_cst);
+    uint64_t e2 = global_epoch_.load(std::memory_order_seq_cst);
+    if (e2 == e) return;
+    e = e2;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Erratum fixes.
+
+// Makes the value of *w that the caller is about to act on durable.
+void NvcHashmap::EnsureWordDurable(uint64_t* w, uint64_t seen) {
+  if (!w) return;
+  switch (fix()) {
+    case Fix::kNone:
+      return;
+    case Fix::kFlushOnRead:
+      pm::LoadAcquire(w);
+      pm::Persist(w, 8);
+      return;
+    case Fix::kDirtyBit: {
+      uint64_t v = pm::LoadAcquire(w);
+      if ((v | seen) & kDirty) {
+        pm::Persist(w, 8);
+        if (v & kDirty) ClearDirty(w, v);
+      }
+      return;
+    }
+  }
+}
+
+// A logically deleted node: its kDel (and mark) must be durable before anyone
+// reports the key absent or unlinks the node.
+void NvcHashmap::EnsureDelDurable(Node* n) {
+  switch (fix()) {
+    case Fix::kNone:
+      return;
+    case Fix::kFlushOnRead:
+      pm::LoadAcquire(&n->value);
+      pm::Persist(n, kHeader);
+      return;
+    case Fix::kDirtyBit: {
+      uint64_t v = pm::LoadAcquire(&n->value);
+      uint64_t x = pm::LoadAcquire(&n->next);
+      if ((v | x) & kDirty) {
+        pm::Persist(n, kHeader);
+        if (v & kDirty) ClearDirty(&n->value, v);
+      }
+      return;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bucket table.
+
+uint64_t* NvcHashmap::BucketEntry(uint64_t b, bool create) {
+  int s;
+  uint64_t i;
+  SegOf(b, &s, &i);
+  if (s >= kMaxSegments) return nullptr;
+  uint64_t* seg = segs_[s].load(std::memory_order_acquire);
+  if (!seg) {
+    if (!create) return nullptr;
+    std::lock_guard<std::mutex> g(seg_mu_);
+    seg = segs_[s].load(std::memory_order_acquire);
+    if (!seg) {
+      if (!pool_->allocator().AllocateZeroed(&root_->seg[s], SegSize(s) * 8).ok()) return nullptr;
+      seg = reinterpret_cast<uint64_t*>(base_ + root_->seg[s]);
+      segs_[s].store(seg, std::memory_order_release);
+    }
+  }
+  return seg + i;
+}
+
+// The dummy to start a search for hash h: its bucket's, initialised on
+// demand; if that fails (pool full), the nearest initialised ancestor's,
+// which is correct (the list is complete) but walks further.
+Node* NvcHashmap::StartFor(uint64_t h, const Ctx& c) {
+  uint64_t b = h & (bucket_count_.load(std::memory_order_relaxed) - 1);
+  if (uint64_t* e = BucketEntry(b, false)) {
+    uint64_t d = LoadW(e);
+    if (d) return N(d);
+  }
+  if (Node* d = InitBucket(b, c, 0)) return d;
+  while (b) {
+    b = ParentBucket(b);
+    if (uint64_t* e = BucketEntry(b, false)) {
+      uint64_t d = LoadW(e);
+      if (d) return N(d);
+    }
+  }
+  return N(root_->head);
+}
+
+Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c, int depth) {
+  uint64_t* e = BucketEntry(b, true);
+  if (!e) return nullptr;
+  uint64_t d = LoadW(e);
+  if (d) return N(d);
+  if (b == 0) return N(root_->head);  // never reached: entry 0 is set at creation
+  uint64_t pb = ParentBucket(b);
+  Node* parent = nullptr;
+  if (uint64_t* pe = BucketEntry(pb, false)) {
+    uint64_t pd = LoadW(pe);
+    if (pd) parent = N(pd);
+  }
+  if (!parent) parent = InitBucket(pb, c, depth + 1);
+  if (!parent) return nullptr;
+  const uint64_t so = SoDummy(b);
+  Node* fresh = nullptr;
+  Node* dummy = nullptr;
+  Pos pos;
+  for (;;) {
+    Search(parent, so, Slice(), c, &pos);
+    if (pos.found) {
+      dummy = pos.curr;
+      EnsureWordDurable(pos.prev_word, pos.curr_raw);
+      break;
+    }
+    const uint64_t succ = pos.curr_raw & ~kLow;
+    if (!fresh) {
+      if (!AllocNode(c, so, Slice(), Slice(), true, succ, &fresh).ok()) return nullptr;
+    } else if (fresh->next != succ) {
+      pm::StoreAtomic(&fresh->next, succ);
+      pm::Persist(&fresh->next, 8);
+    }
+    EnsureWordDurable(pos.pp_word, pos.pp_raw);
+    uint64_t exp = pos.curr_raw;
+    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0);
+    if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
+    if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
+    pm::Persist(pos.prev_word, 8);
+    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
+    pm::StoreAtomic(&c.ps->pending, uint64_t(0));
+    dummy = fresh;
+    fresh = nullptr;
+    break;
+  }
+  if (fresh) pool_->allocator().Free(&c.ps->pending);
+  // Publish only after the dummy's link is durable (it is: persisted above).
+  uint64_t exp = 0;
+  pm::Cas(e, &exp, Off(dummy));
+  pm::Flush(e, 8);
+  return dummy;
+}
+
+void NvcHashmap::MaybeGrow(const Ctx& c) {
+  if ((++c.st->ops & 63) != 0) return;
+  uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
+  if (bc >= kMaxBuckets || Size() <= bc * lf_) return;
+  if (!bucket_count_.compare_exchange_strong(bc, bc * 2)) return;
+  uint64_t cur = pm::LoadRelaxed(&root_->bucket_count);
+  while (cur < bc * 2 && !pm::Cas(&root_->bucket_count, &cur, bc * 2)) {
+  }
+  pm::Flush(&root_->bucket_count, 8);
+}
+
+// ---------------------------------------------------------------------------
+// The list (Michael's lock-free list in split order).
+
+void NvcHashmap::Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
+retry:
+  pos->pp_word = nullptr;
+  pos->pp_raw = 0;
+  pos->prev_word = &start->next;
+  pos->curr_raw = LoadW(pos->prev_word) & ~kMark;  // dummies are never marked
+  for (;;) {
+    Node* curr = N(pos->curr_raw);
+    pos->curr = curr;
+    if (!curr) {
+      pos->found = false;
+      return;
+    }
+    const uint64_t next_raw = LoadW(&curr->next);
+    if (next_raw & kMark) {
+      if (!HelpUnlink(pos->prev_word, pos->curr_raw, curr, next_raw, c)) goto retry;
+      pos->curr_raw = next_raw & ~kLow;
+      continue;
+    }
+    const int r = Cmp(curr, so, key);
+    if (r < 0) {
+      pos->pp_word = pos->prev_word;
+      pos->pp_raw = pos->curr_raw;
+      pos->prev_word = &curr->next;
+      pos->curr_raw = next_raw;
+      continue;
+    }
+    pos->found = (r == 0);
+    return;
+  }
+}
+
+// Unlinks the marked node curr from *prev_word. False if *prev_word changed.
+bool NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c) {
+  // The deletion (and curr's own next, which the new link copies) must be
+  // durable before the node disappears from the volatile list.
+  EnsureDelDurable(curr);
+  uint64_t exp = curr_raw;
+  if (!pm::Cas(prev_word, &exp, next_raw & ~kLow)) return false;
+  pm::Flush(prev_word, 8);
+  Retire(c, Off(curr), prev_word, true);
+  return true;
+}
+
+Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next,
+                             Node** out) {
+  const uint64_t vsize = dummy ? 0 : ValueRecSize(value);
+  uint64_t size = kHeader + A8(key.size()) + vsize;
+  size = (size + 63) & ~uint64_t(63);
+  Status s = pool_->allocator().Allocate(&c.ps->pending, size);
+  if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending, size);
+  if (!s.ok()) return s;
+  Node* n = N(c.ps->pending);
+  static thread_local std::vector<char> buf;
+  buf.assign(size, 0);
+  Node h{};
+  h.next = next;
+  h.so = so;
+  h.klen = uint32_t(key.size());
+  h.flags = dummy ? kDummyFlag : 0;
+  const uint64_t voff = kHeader + A8(key.size());
+  h.value = dummy ? 0 : Off(n) + voff;
+  std::memcpy(buf.data(), &h, kHeader);
+  if (!key.empty()) std::memcpy(buf.data() + kHeader, key.data(), key.size());
+  if (!dummy) {
+    if (vk_ == ValueKind::kU64) {
+      std::memcpy(buf.data() + voff, value.data(), 8);
+    } else {
+      uint64_t len = value.size();
+      std::memcpy(buf.data() + voff, &len, 8);
+      if (len) std::memcpy(buf.data() + voff + 8, value.data(), len);
+    }
+  }
+  const size_t used = voff + vsize;
+  pm::Copy(n, buf.data(), used);
+  if (!PMINDEX_FAULT("nvc.insert.skip_node_persist")) pm::Persist(n, used);
+  *out = n;
+  return Status::OK();
+}
+
+Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
+  const size_t size = ValueRecSize(value);
+  Status s = pool_->allocator().Allocate(&c.ps->pending_val, size);
+  if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending_val, size);
+  if (!s.ok()) return s;
+  char* p = base_ + c.ps->pending_val;
+  if (vk_ == ValueKind::kU64) {
+    pm::Copy(p, value.data(), 8);
+  } else {
+    static thread_local std::vector<char> buf;
+    uint64_t len = value.size();
+    buf.resize(8 + len);
+    std::memcpy(buf.data(), &len, 8);
+    if (len) std::memcpy(buf.data() + 8, value.data(), len);
+    pm::Copy(p, buf.data(), 8 + len);
+  }
+  pm::Persist(p, size);
+  *out = c.ps->pending_val;
+  return Status::OK();
+}
+
+Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
+  PMINDEX_RETURN_IF_ERROR(Validate(key, value));
+  Op op(this);
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  const Ctx c = op.ctx();
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  Node* start = StartFor(h, c);
+  Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
+  uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
+  Status result;
+  Pos pos;
+  for (;;) {
+    Search(start, so, key, c, &pos);
+    if (pos.found) {
+      Node* cur = pos.curr;
+      uint64_t v = pm::LoadAcquire(&cur->value);
+      if (v & kDel) {
+        HelpDelete(cur);
+        continue;
+      }
+      if (mode == PutMode::kInsert) {
+        EnsureWordDurable(pos.prev_word, pos.curr_raw);
+        result = Status::AlreadyExists();
+        break;
+      }
+      if (!fresh_val) {
+        result = AllocValue(c, value, &fresh_val);
+        if (!result.ok()) break;
+      }
+      // The update acts on the node being present: its link must be durable.
+      EnsureWordDurable(pos.prev_word, pos.curr_raw);
+      const uint64_t desired = fresh_val | (dirty_mode() ? kDirty : 0);
+      bool done = false;
+      while (!(v & kDel)) {
+        if (pm::Cas(&cur->value, &v, desired)) {
+          done = true;
+          break;
+        }
+      }
+      if (!done) {
+        if (mode == PutMode::kUpdate) {
+          EnsureDelDurable(cur);
+          result = Status::NotFound();
+          break;
+        }
+        HelpDelete(cur);
+        continue;
+      }
+      pm::Persist(&cur->value, 8);
+      if (dirty_mode()) ClearDirty(&cur->value, desired);
+      pm::StoreAtomic(&c.ps->pending_val, uint64_t(0));
+      fresh_val = 0;
+      const uint64_t old = v & ~kLow;
+      if (!IsInline(cur, old)) Retire(c, old, nullptr, false);
+      result = Status::OK();
+      break;
+    }
+    if (mode == PutMode::kUpdate) {
+      result = Status::NotFound();
+      break;
+    }
+    const uint64_t succ = pos.curr_raw & ~kLow;
+    if (!fresh) {
+      result = AllocNode(c, so, key, value, false, succ, &fresh);
+      if (!result.ok()) break;
+    } else if (fresh->next != succ) {
+      pm::StoreAtomic(&fresh->next, succ);
+      if (!PMINDEX_FAULT("nvc.insert.skip_node_persist")) pm::Persist(&fresh->next, 8);
+    }
+    // Erratum: we are about to link behind prev; the link to prev must be
+    // durable, or a crash could keep our node but lose prev.
+    EnsureWordDurable(pos.pp_word, pos.pp_raw);
+    uint64_t exp = pos.curr_raw;
+    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0);
+    if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
+    if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(key);
+    if (!PMINDEX_FAULT("nvc.insert.skip_link_persist")) pm::Persist(pos.prev_word, 8);
+    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
+    pm::StoreAtomic(&c.ps->pending, uint64_t(0));
+    fresh = nullptr;
+    c.st->delta.fetch_add(1, std::memory_order_relaxed);
+    MaybeGrow(c);
+    result = Status::OK();
+    break;
+  }
+  if (fresh) pool_->allocator().Free(&c.ps->pending);
+  if (fresh_val) pool_->allocator().Free(&c.ps->pending_val);
+  return result;
+}
+
+Status NvcHashmap::Find(Slice key, std::string* value) {
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
+  Op op(this);
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  const Ctx c = op.ctx();
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  Pos pos;
+  Search(StartFor(h, c), so, key, c, &pos);
+  if (!pos.found) return Status::NotFound();
+  Node* cur = pos.curr;
+  const uint64_t v = pm::LoadAcquire(&cur->value);
+  if (v & kDel) {
+    EnsureDelDurable(cur);
+    return Status::NotFound();
+  }
+  // The answer depends on the link to the node and on its value word.
+  switch (fix()) {
+    case Fix::kNone:
+      break;
+    case Fix::kFlushOnRead:
+      pm::LoadAcquire(pos.prev_word);
+      pm::Flush(pos.prev_word, 8);
+      pm::Flush(&cur->value, 8);
+      pm::Fence();
+      break;
+    case Fix::kDirtyBit:
+      EnsureWordDurable(pos.prev_word, pos.curr_raw);
+      if (v & kDirty) {
+        pm::Persist(&cur->value, 8);
+        ClearDirty(&cur->value, v);
+      }
+      break;
+  }
+  if (value) ReadValue(v & ~kLow, value);
+  return Status::OK();
+}
+
+Status NvcHashmap::Remove(Slice key) {
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
+  Op op(this);
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  const Ctx c = op.ctx();
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  Node* start = StartFor(h, c);
+  Pos pos;
+  Search(start, so, key, c, &pos);
+  if (!pos.found) return Status::NotFound();
+  Node* cur = pos.curr;
+  uint64_t v = pm::LoadAcquire(&cur->value);
+  uint64_t desired;
+  for (;;) {
+    if (v & kDel) {
+      EnsureDelDurable(cur);
+      return Status::NotFound();
+    }
+    desired = (v & ~kDirty) | kDel | (dirty_mode() ? kDirty : 0);
+    if (pm::Cas(&cur->value, &v, desired)) break;  // linearization point
+  }
+  c.st->delta.fetch_sub(1, std::memory_order_relaxed);
+  uint64_t n = pm::LoadAcquire(&cur->next);
+  if (!(n & kMark)) n = pm::FetchOr(&cur->next, kMark) | kMark;
+  if (!PMINDEX_FAULT("nvc.remove.skip_mark_persist")) pm::Persist(cur, kHeader);
+  if (dirty_mode()) ClearDirty(&cur->value, desired);
+  // Physical unlink: one attempt here; otherwise a search unlinks it.
+  uint64_t exp = pos.curr_raw;
+  if (pm::Cas(pos.prev_word, &exp, n & ~kLow)) {
+    pm::Flush(pos.prev_word, 8);
+    Retire(c, Off(cur), pos.prev_word, true);
+  } else {
+    Search(start, so, key, c, &pos);
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------
+// Epoch-based reclamation. A node retired in epoch e is freed once the global
+// epoch reached e + 2: every operation active when it was unlinked has ended.
+
+void NvcHashmap::Retire(const Ctx& c, uint64_t off, const uint64_t* flush_word, bool node) {
+  {
+    std::lock_guard<std::mutex> g(c.st->limbo_mu);
+    c.st->limbo.push_back({off, global_epoch_.load(std::memory_order_seq_cst), flush_word, node});
+    if (c.st->limbo.size() % kRetireBatch != 0) return;
+  }
+  TryAdvance();
+  Reclaim(c.slot, false);
+}
+
+void NvcHashmap::TryAdvance() {
+  uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
+  for (auto& s : slots_) {
+    uint64_t l = s.epoch.load(std::memory_order_seq_cst);
+    if ((l & 1) && (l >> 1) != e) return;
+  }
+  global_epoch_.compare_exchange_strong(e, e + 1, std::memory_order_seq_cst);
+}
+
+void NvcHashmap::FreeRetired(PSlot* ps, const Retired& r) {
+  pm::Allocator& a = pool_->allocator();
+  if (r.node) {
+    const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
+    const uint64_t v = n->value & ~kLow;
+    if (!(n->flags & kDummyFlag) && v && !IsInline(n, v)) {
+      pm::StoreAtomic(&ps->scratch, v);
+      a.Free(&ps->scratch);
+    }
+  }
+  pm::StoreAtomic(&ps->scratch, r.off);
+  a.Free(&ps->scratch);
+}
+
+void NvcHashmap::Reclaim(int slot, bool all) {
+  SlotState& st = slots_[slot];
+  PSlot* ps = &root_->slots[slot];
+  std::lock_guard<std::mutex> g(st.limbo_mu);
+  const uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
+  auto ready = [&](const Retired& r) { return all || r.epoch + 2 <= e; };
+  // The unlinks of the nodes we free must be durable first.
+  bool any = false;
+  for (const auto& r : st.limbo)
+    if (ready(r)) {
+      any = true;
+      if (r.flush_word) pm::Flush(r.flush_word, 8);
+    }
+  if (!any) return;
+  pm::Fence();
+  size_t keep = 0;
+  for (size_t i = 0; i < st.limbo.size(); i++) {
+    if (ready(st.limbo[i])) FreeRetired(ps, st.limbo[i]);
+    else st.limbo[keep++] = st.limbo[i];
+  }
+  st.limbo.resize(keep);
+}
+
+// On PoolFull: push the epoch forward and free what this thread retired.
+bool NvcHashmap::ReclaimForSpace(const Ctx& c) {
+  size_t before;
+  {
+    std::lock_guard<std::mutex> g(c.st->limbo_mu);
+    before = c.st->limbo.size();
+  }
+  if (before == 0) return false;
+  for (int i = 0; i < 3; i++) {
+    TryAdvance();
+    Reclaim(c.slot, false);
+  }
+  std::lock_guard<std::mutex> g(c.st->limbo_mu);
+  return c.st->limbo.size() < before;
+}
+
+// ---------------------------------------------------------------------------
+// Whole-structure operations.
+
+Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
+  if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
+  fn(*pool_->root_slot());
+  for (int s = 0; s < kMaxSegments; s++)
+    if (root_->seg[s]) fn(root_->seg[s]);
+  for (uint64_t raw = root_->head; N(raw); raw = LoadW(&N(raw)->next)) {
+    Node* n = N(raw);
+    fn(Off(n));
+    if (!(n->flags & kDummyFlag)) {
+      const uint64_t v = LoadW(&n->value) & ~kLow;
+      if (!IsInline(n, v)) fn(v);
+    }
+  }
+  for (auto& st : slots_) {
+    std::lock_guard<std::mutex> g(st.limbo_mu);
+    for (const auto& r : st.limbo) {
+      fn(r.off);
+      if (r.node) {
+        const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
+        const uint64_t v = n->value & ~kLow;
+        if (!(n->flags & kDummyFlag) && v && !IsInline(n, v)) fn(v);
+      }
+    }
+  }
+  return Status::OK();
+}
+
+Status NvcHashmap::Check() {
+  if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
+  pm::Allocator& a = pool_->allocator();
+  auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
+  std::unordered_map<uint64_t, uint64_t> dummies;  // offset -> split-order key
+  uint64_t count = 0;
+  Node* prev = N(root_->head);
+  if (!prev || !(prev->flags & kDummyFlag) || prev->so != 0) return bad("head is not bucket 0's dummy");
+  dummies[Off(prev)] = 0;
+  const uint64_t psize = pool_->size();
+  for (;;) {
+    const uint64_t raw = LoadW(&prev->next);
+    if (raw & kMark) return bad("reachable node at " + std::to_string(Off(prev)) + " is marked deleted");
+    if (raw & kDirty) return bad("next word at " + std::to_string(Off(prev)) + " still carries the write-pending bit");
+    Node* n = N(raw);
+    if (!n) break;
+    const uint64_t off = Off(n);
+    if (off % 64 || off >= psize || !a.IsAllocated(off))
+      return bad("next pointer " + std::to_string(off) + " does not point to an allocated node");
+    const bool dummy = n->flags & kDummyFlag;
+    if (dummy != !(n->so & 1)) return bad("node " + std::to_string(off) + " dummy flag disagrees with its split-order key");
+    if (prev->so > n->so) return bad("split order violated at node " + std::to_string(off));
+    if (prev->so == n->so) {
+      if (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)
+        return bad("duplicate or unordered keys at node " + std::to_string(off));
+    }
+    if (dummy) {
+      dummies[off] = n->so;
+    } else {
+      if (kk_ == KeyKind::kU64 ? n->klen != 8 : (n->klen == 0 || n->klen > max_key_))
+        return bad("bad key length at node " + std::to_string(off));
+      if (SoRegular(HashKey(kk_, Slice(KeyPtr(n), n->klen))) != n->so)
+        return bad("node " + std::to_string(off) + " split-order key does not match its key's hash");
+      const uint64_t v = LoadW(&n->value);
+      if (v & kDel) return bad("reachable node " + std::to_string(off) + " is logically deleted");
+      if (v & kDirty) return bad("value word of node " + std::to_string(off) + " still carries the write-pending bit");
+      const uint64_t rec = v & ~kLow;
+      if (!IsInline(n, rec)) {
+        if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
+      }
+      if (vk_ == ValueKind::kBytes) {
+        uint64_t len;
+        std::memcpy(&len, base_ + rec, 8);
+        if (len > max_value_) return bad("value length out of range at node " + std::to_string(off));
+      }
+      count++;
+    }
+    prev = n;
+  }
+  // Bucket entries: every initialised bucket's dummy is in the list.
+  for (int s = 0; s < kMaxSegments; s++) {
+    uint64_t* seg = segs_[s].load(std::memory_order_acquire);
+    if (!seg) continue;
+    const uint64_t first = s == 0 ? 0 : seg0_ << (s - 1);
+    for (uint64_t i = 0; i < SegSize(s); i++) {
+      const uint64_t d = LoadW(&seg[i]);
+      if (!d) continue;
+      auto it = dummies.find(d);
+      if (it == dummies.end()) return bad("bucket " + std::to_string(first + i) + " points to a node not in the list");
+      if (it->second != SoDummy(first + i)) return bad("bucket " + std::to_string(first + i) + " points to another bucket's dummy");
+    }
+  }
+  if (count != Size())
+    return bad("list holds " + std::to_string(count) + " records but the count says " + std::to_string(Size()));
+  for (int i = 0; i < kMaxSlots; i++) {
+    const PSlot& ps = root_->slots[i];
+    if (ps.pending || ps.pending_val || ps.scratch)
+      return bad("thread slot " + std::to_string(i) + " holds a pending block after quiescence");
+  }
+  return Status::OK();
+}
+
+IndexStats NvcHashmap::Stats() {
+  IndexStats s;
+  s.records = Size();
+  if (!closed_) s.pm_bytes = pool_->allocator().BytesInUse();
+  s.dram_bytes = sizeof(*this);
+  for (auto& st : slots_) {
+    std::lock_guard<std::mutex> g(st.limbo_mu);
+    s.dram_bytes += st.limbo.capacity() * sizeof(Retired);
+  }
+  s.recovery_seconds = recovery_seconds_;
+  return s;
+}
+
+Status NvcHashmap::Close() {
+  if (closed_) return Status::OK();
+  for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  pm::StoreAtomic(&root_->count, Size());
+  pm::Persist(&root_->count, 8);
+  pm::StoreAtomic(&root_->clean, uint64_t(1));
+  pm::Persist(&root_->clean, 8);
+  closed_ = true;
+  return pool_->Close();
+}
+
+// ---------------------------------------------------------------------------
+// Creation, opening and recovery.
+
+Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
+  pm::Allocator& a = pool_->allocator();
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
+  root_ = pool_->root<Root>();
+  kk_ = o.key_kind;
+  vk_ = o.value_kind;
+  max_key_ = o.max_key_size;
+  max_value_ = o.max_value_size;
+  seg0_ = std::max<uint64_t>(256, initial_buckets);
+  log_seg0_ = 63 - __builtin_clzll(seg0_);
+  pm::Store(&root_->version, kVersion);
+  pm::Store(&root_->key_kind, uint8_t(kk_));
+  pm::Store(&root_->value_kind, uint8_t(vk_));
+  pm::Store(&root_->max_key, uint64_t(max_key_));
+  pm::Store(&root_->max_value, uint64_t(max_value_));
+  pm::Store(&root_->seg0, seg0_);
+  pm::Store(&root_->bucket_count, initial_buckets);
+  bucket_count_.store(initial_buckets);
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->head, 64));
+  Node* head = N(root_->head);
+  pm::Store(&head->flags, kDummyFlag);
+  pm::Persist(head, kHeader);
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * 8));
+  segs_[0].store(reinterpret_cast<uint64_t*>(base_ + root_->seg[0]));
+  pm::StoreAtomic(&segs_[0].load()[0], root_->head);
+  pm::Persist(segs_[0].load(), 8);
+  pm::Persist(root_, 2 * pm::kCacheLine);
+  pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
+  pm::Persist(&root_->magic, 8);
+  return Status::OK();
+}
+
+Status NvcHashmap::LoadRoot(bool* needs_recovery) {
+  if (!root_) return Status::Corrupt("nvc_hashmap: the pool has no root object (creation interrupted?)");
+  if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
+  if (root_->version != kVersion)
+    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version));
+  if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
+  kk_ = KeyKind(root_->key_kind);
+  vk_ = ValueKind(root_->value_kind);
+  max_key_ = root_->max_key;
+  max_value_ = root_->max_value;
+  seg0_ = root_->seg0;
+  if (seg0_ == 0 || (seg0_ & (seg0_ - 1)) || seg0_ > (1ull << 30)) return Status::Corrupt("nvc_hashmap: bad segment size");
+  log_seg0_ = 63 - __builtin_clzll(seg0_);
+  if (!root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing list head or bucket table");
+  for (int s = 0; s < kMaxSegments; s++)
+    if (root_->seg[s]) segs_[s].store(reinterpret_cast<uint64_t*>(base_ + root_->seg[s]));
+  uint64_t bc = root_->bucket_count;
+  if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
+  bucket_count_.store(bc);
+  *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();
+  if (!*needs_recovery) base_count_ = root_->count;
+  return Status::OK();
+}
+
+Status NvcHashmap::Recover() {
+  const auto t0 = std::chrono::steady_clock::now();
+  pm::Allocator& a = pool_->allocator();
+  const uint64_t psize = pool_->size();
+  auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); };
+  std::vector<uint64_t> owned;
+  owned.push_back(*pool_->root_slot());
+  for (int s = 0; s < kMaxSegments; s++)
+    if (root_->seg[s]) owned.push_back(root_->seg[s]);
+  owned.push_back(root_->head);
+  uint64_t count = 0;
+  Node* prev = N(root_->head);
+  if (!a.IsAllocated(root_->head)) return bad("list head not allocated");
+  for (;;) {
+    uint64_t* pw = &prev->next;
+    uint64_t raw = *pw;
+    if (raw & (kDirty | kMark)) {
+      // prev is live (deleted nodes are unlinked below before we step on
+      // them); a mark without kDel belongs to a remove that never reached
+      // its linearization durably, and kDirty is moot now.
+      raw &= ~(kDirty | kMark);
+      pm::StoreAtomic(pw, raw);
+      pm::Flush(pw, 8);
+    }
+    Node* n = N(raw);
+    if (!n) break;
+    const uint64_t off = Off(n);
+    if (off % 64 || off >= psize || !a.IsAllocated(off))
+      return bad("dangling next pointer " + std::to_string(off) + " in node " + std::to_string(Off(prev)));
+    const bool dummy = n->flags & kDummyFlag;
+    uint64_t v = n->value;
+    if (!dummy && (v & kDel)) {
+      // Complete the remove: unlink; the node is freed by the sweep below.
+      pm::StoreAtomic(pw, n->next & ~kLow);
+      pm::Flush(pw, 8);
+      continue;
+    }
+    if (!dummy && (v & kDirty)) {
+      v &= ~kDirty;
+      pm::StoreAtomic(&n->value, v);
+      pm::Flush(&n->value, 8);
+    }
+    if (prev->so > n->so || (prev->so == n->so && (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
+      return bad("list out of split order at node " + std::to_string(off));
+    owned.push_back(off);
+    if (!dummy) {
+      count++;
+      const uint64_t rec = v & ~kLow;
+      if (!IsInline(n, rec)) {
+        if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
+        owned.push_back(rec);
+      }
+    }
+    prev = n;
+  }
+  pm::Fence();
+  std::sort(owned.begin(), owned.end());
+  if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
+  auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
+  // Bucket entries must name reachable dummies of their own bucket.
+  for (int s = 0; s < kMaxSegments; s++) {
+    uint64_t* seg = segs_[s].load();
+    if (!seg) continue;
+    const uint64_t first = s == 0 ? 0 : seg0_ << (s - 1);
+    for (uint64_t i = 0; i < SegSize(s); i++) {
+      const uint64_t d = seg[i];
+      if (!d) continue;
+      if (is_owned(d) && d % 64 == 0 && (N(d)->flags & kDummyFlag) && N(d)->so == SoDummy(first + i)) continue;
+      pm::StoreAtomic(&seg[i], uint64_t(0));
+      pm::Flush(&seg[i], 8);
+    }
+  }
+  pm::Fence();
+  // Blocks nobody owns: nodes and value records of unfinished inserts and
+  // updates (still in a pending slot), removed nodes that waited for their
+  // epoch, replaced value records.
+  std::vector<uint64_t> unowned;
+  a.ForEachAllocated([&](uint64_t off, size_t) {
+    if (!is_owned(off)) unowned.push_back(off);
+  });
+  std::sort(unowned.begin(), unowned.end());
+  std::vector<bool> freed(unowned.size(), false);
+  // Pending slots: reachable -> clear; unreachable -> free (into the slot).
+  auto resolve = [&](uint64_t* w) {
+    if (!*w) return;
+    auto it = std::lower_bound(unowned.begin(), unowned.end(), *w);
+    if (it != unowned.end() && *it == *w && !freed[it - unowned.begin()]) {
+      freed[it - unowned.begin()] = true;
+      a.Free(w);
+    } else {
+      pm::StoreAtomic(w, uint64_t(0));
+      pm::Persist(w, 8);
+    }
+  };
+  for (auto& ps : root_->slots) {
+    resolve(&ps.pending);
+    resolve(&ps.pending_val);
+    resolve(&ps.scratch);
+  }
+  resolve(&root_->scratch);
+  for (size_t i = 0; i < unowned.size(); i++) {
+    if (freed[i]) continue;
+    pm::StoreAtomic(&root_->scratch, unowned[i]);
+    a.Free(&root_->scratch);
+  }
+  base_count_ = count;
+  recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::OK();
+}
+
+struct Config {
+  Fix fix = Fix::kDirtyBit;
+  long long initial_buckets = 1024;
+  long long load_factor = 2;
+};
+
+Status ParseConfig(const Options& o, Config* cfg) {
+  Params p(o.params);
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor"}));
+  std::string fix;
+  PMINDEX_RETURN_IF_ERROR(p.GetString("erratum_fix", "dirty_bit", &fix));
+  if (fix == "dirty_bit") cfg->fix = Fix::kDirtyBit;
+  else if (fix == "flush_on_read") cfg->fix = Fix::kFlushOnRead;
+  else if (fix == "none") cfg->fix = Fix::kNone;
+  else return Status::InvalidArgument("parameter erratum_fix=" + fix + " is not one of dirty_bit, flush_on_read, none");
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("initial_buckets", 1024, 1, 1 << 24, &cfg->initial_buckets));
+  if (cfg->initial_buckets & (cfg->initial_buckets - 1))
+    return Status::InvalidArgument("parameter initial_buckets must be a power of two");
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("load_factor", 2, 1, 64, &cfg->load_factor));
+  return Status::OK();
+}
+
+Status NvcHashmap::Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  Config cfg;
+  PMINDEX_RETURN_IF_ERROR(ParseConfig(o, &cfg));
+  if (o.read_only) return Status::Unsupported("nvc_hashmap cannot create a read-only pool");
+  if (o.max_key_size == 0 || o.max_key_size > (1u << 20) || o.max_value_size > (1u << 24))
+    return Status::InvalidArgument("nvc_hashmap: max_key_size/max_value_size out of range");
+  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor));
+  Status s = h->InitNew(o, uint64_t(cfg.initial_buckets));
+  if (!s.ok()) {
+    h->closed_ = true;
+    h->pool_->Close();
+    return s;
+  }
+  pm::StoreAtomic(&h->root_->clean, uint64_t(0));
+  pm::Persist(&h->root_->clean, 8);
+  *out = std::move(h);
+  return Status::OK();
+}
+
+Status NvcHashmap::Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  Config cfg;
+  PMINDEX_RETURN_IF_ERROR(ParseConfig(o, &cfg));
+  if (o.read_only || pool->read_only())
+    return Status::Unsupported("nvc_hashmap does not support read-only opens (recovery writes)");
+  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor));
+  bool recover = false;
+  Status s = h->LoadRoot(&recover);
+  if (s.ok() && recover) s = h->Recover();
+  if (!s.ok()) {
+    h->closed_ = true;
+    h->pool_->Close();
+    return s;
+  }
+  pm::StoreAtomic(&h->root_->clean, uint64_t(0));
+  pm::Persist(&h->root_->clean, 8);
+  *out = std::move(h);
+  return Status::OK();
+}
+
+}  // namespace
+
+void RegisterNvcHashmap(std::vector<IndexFactory>* r) {
+  IndexFactory f;
+  f.info = {"nvc_hashmap", /*persistent=*/true, /*ordered=*/false, /*concurrent=*/true,
+            "NVC-Hashmap: persistent lock-free split-ordered hash map (IMDM'15) with the erratum fixed"};
+  f.create = &NvcHashmap::Create;
+  f.open = &NvcHashmap::Open;
+  r->push_back(f);
+}
+
+}  // namespace internal
+
+namespace nvc_hashmap_testing {
+uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::SoRegular(internal::HashKey(kind, key)); }
+}  // namespace nvc_hashmap_testing
+
+}  // namespace pmindex

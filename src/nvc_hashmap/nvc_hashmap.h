@@ -1,0 +1,24 @@
+// nvc_hashmap.h: test hooks of the NVC-Hashmap (src/nvc_hashmap/nvc_hashmap.cc).
+//
+// The index itself is reached through OpenIndex("nvc_hashmap", ...); this
+// header only exposes what tests need to drive the erratum scenario
+// deterministically (docs/nvc_hashmap.md, "The erratum").
+#pragma once
+
+#include <cstdint>
+
+#include "pmindex/index.h"
+
+namespace pmindex::nvc_hashmap_testing {
+
+// Called by an inserting thread right after the compare-and-swap that links
+// its new node (or a bucket's dummy node: key is then empty) and before that
+// link is persisted. nullptr removes the hook. Process-wide; tests only.
+using LinkHook = void (*)(Slice key);
+void SetAfterLinkHook(LinkHook hook);
+
+// The split-order key of a user key (bit-reversed 63-bit hash with the low bit
+// set): nodes are sorted by it, so tests can pick keys that are neighbours.
+uint64_t SplitOrderKey(KeyKind kind, Slice key);
+
+}  // namespace pmindex::nvc_hashmap_testing

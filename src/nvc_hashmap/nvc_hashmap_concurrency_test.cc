@@ -1,0 +1,234 @@
+// NVC-Hashmap concurrency tests (label "concurrency", run under TSan in CI):
+// threads inserting, updating, removing and finding overlapping keys, in
+// every erratum mode and both key kinds. Disjoint keys: every result and the
+// final state equal a model built from the per-thread histories. Shared keys:
+// every read returns a value some writer wrote for that key; exactly one
+// concurrent insert of a key wins. Afterwards: check(), no leak, reopen.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "nvc_hashmap/nvc_test_util.h"
+
+namespace pmindex {
+namespace {
+
+using nvc_test::ExpectNoLeak;
+using nvc_test::MakeKey;
+using nvc_test::PoolFile;
+
+int Threads() { return std::getenv("PMINDEX_LONG") ? 4 : 3; }
+int OpsPerThread() { return std::getenv("PMINDEX_LONG") ? 200000 : 15000; }
+
+struct Case {
+  KeyKind kk;
+  std::string fix;
+};
+
+class NvcConcurrency : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    opts_.pool_path = pf_.path;
+    opts_.pool_size = 64ull << 20;
+    opts_.key_kind = GetParam().kk;
+    opts_.value_kind = ValueKind::kBytes;
+    opts_.params = {{"erratum_fix", GetParam().fix}, {"initial_buckets", "2"}};
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", opts_, &idx_).ok());
+  }
+  void Reopen() {
+    ASSERT_TRUE(idx_->Close().ok());
+    idx_.reset();
+    Options o = opts_;
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("", o, &idx_).ok());
+  }
+  PoolFile pf_{"conc"};
+  Options opts_;
+  std::unique_ptr<Index> idx_;
+};
+
+// Values written by writer t for key id, sequence s: "id/t/s/padding".
+std::string Val(uint64_t id, int t, uint64_t s) {
+  std::string v = std::to_string(id) + "/" + std::to_string(t) + "/" + std::to_string(s) + "/";
+  v.append(s % 40, 'x');
+  return v;
+}
+bool ParseVal(const std::string& v, uint64_t* id, int* t, uint64_t* s) {
+  unsigned long long a, c;
+  int b;
+  if (std::sscanf(v.c_str(), "%llu/%d/%llu/", &a, &b, &c) != 3) return false;
+  *id = a;
+  *t = b;
+  *s = c;
+  return v == Val(a, b, c);
+}
+
+TEST_P(NvcConcurrency, DisjointKeysMatchPerThreadModels) {
+  const int T = Threads(), kOps = OpsPerThread();
+  const KeyKind kk = GetParam().kk;
+  std::vector<std::unordered_map<std::string, std::string>> models(T);
+  std::vector<std::string> errors(T);
+  std::vector<std::thread> th;
+  for (int t = 0; t < T; t++)
+    th.emplace_back([&, t] {
+      std::mt19937_64 rng(t + 1);
+      auto& m = models[t];
+      std::string v;
+      for (int i = 0; i < kOps && errors[t].empty(); i++) {
+        const uint64_t id = (rng() % 800) * T + t;  // thread t owns ids == t mod T
+        const std::string k = MakeKey(kk, id), val = Val(id, t, i);
+        const bool present = m.count(k) != 0;
+        Status s;
+        switch (rng() % 5) {
+          case 0:
+            s = idx_->Insert(k, val);
+            if (s.ok() == present) errors[t] = "insert " + s.ToString();
+            if (!present) m[k] = val;
+            break;
+          case 1:
+            s = idx_->Update(k, val);
+            if (s.ok() != present) errors[t] = "update " + s.ToString();
+            if (present) m[k] = val;
+            break;
+          case 2:
+            if (!idx_->Upsert(k, val).ok()) errors[t] = "upsert";
+            m[k] = val;
+            break;
+          case 3:
+            s = idx_->Remove(k);
+            if (s.ok() != present) errors[t] = "remove " + s.ToString();
+            m.erase(k);
+            break;
+          case 4:
+            s = idx_->Find(k, &v);
+            if (s.ok() != present || (present && v != m[k])) errors[t] = "find " + s.ToString();
+            break;
+        }
+      }
+    });
+  for (auto& x : th) x.join();
+  for (int t = 0; t < T; t++) ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+  auto verify = [&] {
+    Status c = idx_->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    size_t total = 0;
+    std::string v;
+    for (const auto& m : models) {
+      total += m.size();
+      for (const auto& [k, val] : m) {
+        ASSERT_TRUE(idx_->Find(k, &v).ok());
+        ASSERT_EQ(v, val);
+      }
+    }
+    ASSERT_EQ(idx_->Size(), total);
+    ExpectNoLeak(idx_.get());
+  };
+  verify();
+  Reopen();
+  verify();
+}
+
+TEST_P(NvcConcurrency, SharedKeysReadOnlyWrittenValues) {
+  const int T = Threads(), kOps = OpsPerThread();
+  const KeyKind kk = GetParam().kk;
+  const uint64_t kKeys = 64;
+  std::vector<std::string> errors(T + 1);
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> max_seq(T, 0);
+  std::vector<std::thread> th;
+  for (int t = 0; t < T; t++)
+    th.emplace_back([&, t] {
+      std::mt19937_64 rng(100 + t);
+      std::string v;
+      for (int i = 0; i < kOps && errors[t].empty(); i++) {
+        const uint64_t id = rng() % kKeys;
+        const std::string k = MakeKey(kk, id);
+        Status s;
+        switch (rng() % 5) {
+          case 0: s = idx_->Insert(k, Val(id, t, i)); if (!s.ok() && !s.IsAlreadyExists()) errors[t] = s.ToString(); break;
+          case 1: s = idx_->Update(k, Val(id, t, i)); if (!s.ok() && !s.IsNotFound()) errors[t] = s.ToString(); break;
+          case 2: s = idx_->Upsert(k, Val(id, t, i)); if (!s.ok()) errors[t] = s.ToString(); break;
+          case 3: s = idx_->Remove(k); if (!s.ok() && !s.IsNotFound()) errors[t] = s.ToString(); break;
+          case 4: {
+            s = idx_->Find(k, &v);
+            uint64_t rid, rs;
+            int rt;
+            if (s.ok() && (!ParseVal(v, &rid, &rt, &rs) || rid != id || rt < 0 || rt >= T || rs >= uint64_t(kOps)))
+              errors[t] = "read a value nobody wrote: " + v;
+            else if (!s.ok() && !s.IsNotFound())
+              errors[t] = s.ToString();
+            break;
+          }
+        }
+      }
+    });
+  // A pure reader alongside.
+  th.emplace_back([&] {
+    std::string v;
+    std::mt19937_64 rng(7);
+    while (!stop.load() && errors[T].empty()) {
+      const uint64_t id = rng() % kKeys;
+      Status s = idx_->Find(MakeKey(kk, id), &v);
+      uint64_t rid, rs;
+      int rt;
+      if (s.ok() && (!ParseVal(v, &rid, &rt, &rs) || rid != id)) errors[T] = "reader saw " + v;
+    }
+  });
+  for (int t = 0; t < T; t++) th[t].join();
+  stop = true;
+  th[T].join();
+  for (int t = 0; t <= T; t++) ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+  Status c = idx_->Check();
+  ASSERT_TRUE(c.ok()) << c.ToString();
+  uint64_t found = 0;
+  std::string v;
+  for (uint64_t id = 0; id < kKeys; id++) found += idx_->Find(MakeKey(kk, id), &v).ok();
+  EXPECT_EQ(idx_->Size(), found);
+  ExpectNoLeak(idx_.get());
+  Reopen();
+  ASSERT_TRUE(idx_->Check().ok());
+  EXPECT_EQ(idx_->Size(), found);
+}
+
+TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
+  const int T = Threads();
+  const KeyKind kk = GetParam().kk;
+  const uint64_t kKeys = 3000;
+  std::vector<std::vector<uint64_t>> won(T);
+  std::vector<std::thread> th;
+  for (int t = 0; t < T; t++)
+    th.emplace_back([&, t] {
+      for (uint64_t id = 0; id < kKeys; id++) {
+        const uint64_t k = (t % 2) ? kKeys - 1 - id : id;
+        if (idx_->Insert(MakeKey(kk, k), Val(k, t, 0)).ok()) won[t].push_back(k);
+      }
+    });
+  for (auto& x : th) x.join();
+  std::vector<int> winner(kKeys, -1);
+  for (int t = 0; t < T; t++)
+    for (uint64_t k : won[t]) {
+      ASSERT_EQ(winner[k], -1) << "key " << k << " inserted twice";
+      winner[k] = t;
+    }
+  std::string v;
+  for (uint64_t k = 0; k < kKeys; k++) {
+    ASSERT_NE(winner[k], -1) << "key " << k << " inserted by nobody";
+    ASSERT_TRUE(idx_->Find(MakeKey(kk, k), &v).ok());
+    ASSERT_EQ(v, Val(k, winner[k], 0));
+  }
+  EXPECT_EQ(idx_->Size(), kKeys);
+  ASSERT_TRUE(idx_->Check().ok()) << idx_->Check().ToString();
+  ExpectNoLeak(idx_.get());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, NvcConcurrency,
+                         testing::Values(Case{KeyKind::kU64, "dirty_bit"}, Case{KeyKind::kBytes, "dirty_bit"},
+                                         Case{KeyKind::kU64, "flush_on_read"}, Case{KeyKind::kU64, "none"}),
+                         [](const testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.kk == KeyKind::kU64 ? "u64_" : "bytes_") + i.param.fix;
+                         });
+
+}  // namespace
+}  // namespace pmindex

@@ -1,0 +1,108 @@
+// Test helpers for the NVC-Hashmap tests: pool paths, key/value generators,
+// a leak check, and DurableImage, a pm::Observer that maintains the image a
+// power failure would leave (only lines written back by a flush that a later
+// fence of the same thread ordered).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pmindex/index.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex::nvc_test {
+
+inline std::string PoolPath(const std::string& tag) {
+  static std::atomic<int> n{0};
+  return "/dev/shm/nvc_hashmap-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".pool";
+}
+
+// Removes the pool file when the test ends.
+struct PoolFile {
+  std::string path;
+  explicit PoolFile(const std::string& tag) : path(PoolPath(tag)) { pm::Pool::Remove(path); }
+  ~PoolFile() { pm::Pool::Remove(path); ::unlink(path.c_str()); }
+};
+
+inline std::string U64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+
+// Keys for id: 8 bytes for u64 keys; variable-length strings for byte keys
+// (shared prefixes, lengths 3..~60).
+inline std::string MakeKey(KeyKind kk, uint64_t id) {
+  if (kk == KeyKind::kU64) return U64(id * 0x9E3779B97F4A7C15ull + 7);
+  std::string s = "key" + std::to_string(id);
+  s.append(id % 7 * 8, char('a' + id % 26));
+  return s;
+}
+inline std::string MakeValue(ValueKind vk, uint64_t id, uint64_t version) {
+  if (vk == ValueKind::kU64) return U64((id << 20) ^ version);
+  std::string s((id * 13 + version) % 200, char('A' + (id + version) % 26));
+  std::string tag = std::to_string(id) + ":" + std::to_string(version) + ";";
+  return tag + s;
+}
+
+// Owned blocks == allocated blocks (no leak, nothing owned twice).
+inline void ExpectNoLeak(Index* idx) {
+  std::set<uint64_t> owned, allocated;
+  ASSERT_TRUE(idx->ForEachOwnedBlock([&](uint64_t off) { EXPECT_TRUE(owned.insert(off).second) << "reported twice: " << off; }).ok());
+  idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
+  EXPECT_EQ(owned.size(), allocated.size());
+  EXPECT_TRUE(owned == allocated) << "owned " << owned.size() << " blocks, allocator has " << allocated.size();
+}
+
+// The durable image of a pool: starts as a copy of the pool (call when all
+// earlier stores are durable), then applies each flushed line (content at
+// flush time) when the flushing thread fences.
+class DurableImage : public pm::Observer {
+ public:
+  explicit DurableImage(pm::Pool* p) : base_(p->base()), size_(p->size()), img_(p->base(), p->base() + p->size()) {}
+  void OnStore(const void*, size_t) override {}
+  void OnLoad(const void*, size_t) override {}
+  void OnNonTemporalStore(const void* addr, size_t n) override {
+    const char* a = static_cast<const char*>(addr);
+    if (a < base_ || a + n > base_ + size_) return;
+    std::lock_guard<std::mutex> g(mu_);
+    staged_[std::this_thread::get_id()].push_back({uint64_t(a - base_), std::string(a, n)});
+  }
+  void OnFlush(const void* line) override {
+    const char* a = static_cast<const char*>(line);
+    if (a < base_ || a + pm::kCacheLine > base_ + size_) return;
+    std::lock_guard<std::mutex> g(mu_);
+    staged_[std::this_thread::get_id()].push_back({uint64_t(a - base_), std::string(a, pm::kCacheLine)});
+  }
+  void OnFence() override {
+    std::lock_guard<std::mutex> g(mu_);
+    auto& v = staged_[std::this_thread::get_id()];
+    for (const auto& [off, bytes] : v) std::memcpy(img_.data() + off, bytes.data(), bytes.size());
+    v.clear();
+  }
+  std::vector<char> Snapshot() {
+    std::lock_guard<std::mutex> g(mu_);
+    return img_;
+  }
+  static void Write(const std::vector<char>& img, const std::string& path) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(img.data(), std::streamsize(img.size()));
+  }
+
+ private:
+  const char* base_;
+  size_t size_;
+  std::vector<char> img_;
+  std::mutex mu_;
+  std::map<std::thread::id, std::vector<std::pair<uint64_t, std::string>>> staged_;
+};
+
+}  // namespace pmindex::nvc_test
