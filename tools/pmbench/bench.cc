@@ -377,7 +377,11 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
   std::vector<double> rates;
   for (const auto& w : res.windows)
     if (w.seconds >= 0.5 * wnom) rates.push_back(double(w.ops) / w.seconds);
-  if (!rates.empty()) {
+  res.full_windows = rates.size();
+  if (rates.empty()) {
+    // Shorter than one window: the phase is its own (only) window.
+    res.window_mean = res.seconds > 0 ? double(d) / res.seconds : 0;
+  } else {
     double m = 0;
     for (double r : rates) m += r;
     m /= double(rates.size());

@@ -91,6 +91,7 @@ struct PhaseResult {
   double throughput() const { return seconds > 0 ? double(total_completed()) / seconds : 0; }
   std::vector<Window> windows;
   double window_mean = 0, window_stddev = 0;  // ops/s over full windows
+  size_t full_windows = 0;  // windows of at least half the nominal length
   LatencySummary latency;                     // all sampled operations
   LatencySummary latency_by_type[kNumOpTypes];
   pmindex::pm::Counters pm;  // summed over workers

@@ -60,9 +60,11 @@ static void SummarizePhase(std::ostringstream& os, const PhaseResult& p, int sam
     return;
   }
   os << p.total_completed() << " ops in " << F("%.3f", p.seconds) << " s: " << FormatRate(p.throughput());
-  if (!p.windows.empty())
-    os << " (" << p.windows.size() << " windows of " << sampling_ms << " ms: mean " << FormatRate(p.window_mean) << ", stddev "
+  if (p.full_windows >= 2)
+    os << " (" << p.full_windows << " windows of " << sampling_ms << " ms: mean " << FormatRate(p.window_mean) << ", stddev "
        << FormatRate(p.window_stddev) << ")";
+  else
+    os << " (shorter than two " << sampling_ms << " ms windows: no stddev)";
   os << "\n";
   os << "    ops:";
   for (int t = 0; t < kNumOpTypes; t++)
@@ -224,7 +226,8 @@ static json PhaseJson(const PhaseResult& p, int sampling_ms) {
   j["scanned_records"] = p.scanned_records;
   json w = json::array();
   for (const auto& x : p.windows) w.push_back(json{{"end_s", x.end_seconds}, {"seconds", x.seconds}, {"ops", x.ops}, {"ops_per_sec", x.seconds > 0 ? double(x.ops) / x.seconds : 0}});
-  j["windows"] = json{{"sampling_ms", sampling_ms}, {"mean_ops_per_sec", p.window_mean}, {"stddev_ops_per_sec", p.window_stddev}, {"list", w}};
+  j["windows"] = json{{"sampling_ms", sampling_ms}, {"mean_ops_per_sec", p.window_mean}, {"stddev_ops_per_sec", p.window_stddev},
+                     {"full_windows", p.full_windows}, {"list", w}};
   json lat;
   lat["all"] = LatencyJson(p.latency);
   for (int t = 0; t < kNumOpTypes; t++)
