@@ -201,6 +201,7 @@ class PoolAllocator final : public Allocator {
   bool TakeBlock(Run* r, uint32_t* idx);
   Status Refill(ThreadCache* tc, int cls, Run** out);
   void ReleaseRun(ThreadCache* tc, Run* r);
+  void Reclaim(ThreadCache* tc);  // no locks held
   Status NewChunks(uint64_t span, uint64_t* first);  // heap_mu_ held
   void SyncChunkCount();                             // heap_mu_ held
   Run* MakeRun(uint64_t chunk, int cls, bool from_pm);
@@ -509,9 +510,28 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
     }
   }
   uint64_t chunk;
-  {
-    std::lock_guard<std::mutex> g(heap_mu_);
-    PMINDEX_RETURN_IF_ERROR(NewChunks(1, &chunk));
+  for (int attempt = 0;; attempt++) {
+    Status s;
+    {
+      std::lock_guard<std::mutex> g(heap_mu_);
+      s = NewChunks(1, &chunk);
+    }
+    if (s.ok()) break;
+    if (!s.IsPoolFull() || attempt == 1) return s;
+    Reclaim(tc);
+    // Reclaiming may have republished blocks of this class.
+    std::lock_guard<std::mutex> g(cs.mu);
+    while (!cs.partial.empty()) {
+      Run* r = cs.partial.back();
+      cs.partial.pop_back();
+      r->in_list = false;
+      if (r->free_count.load(std::memory_order_relaxed) > 0) {
+        r->owner.store(tc, std::memory_order_relaxed);
+        tc->cur[cls] = r;
+        *out = r;
+        return Status::OK();
+      }
+    }
   }
   // Format: zero the bitmap, persist, then the header (the chunk is ours).
   const ClassGeom& geom = Classes().geom[cls];
@@ -525,6 +545,48 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
   tc->cur[cls] = r;
   *out = r;
   return Status::OK();
+}
+
+// Returns entirely free runs (unowned ones, and this thread's own current
+// runs) to the heap, so that chunks can change size class or serve large
+// blocks. Called when the pool is full.
+void PoolAllocator::Reclaim(ThreadCache* tc) {
+  Fence();  // orders this thread's last lane clear: its pending block may be reused
+  PublishPending(tc);
+  std::vector<Run*> freed;
+  for (int c = 0; c < kNumClasses; c++) {
+    ClassState& cs = classes_[c];
+    std::lock_guard<std::mutex> g(cs.mu);
+    Run* cur = tc->cur[c];
+    if (cur && cur->free_count.load(std::memory_order_relaxed) == int64_t(cur->nblocks)) {
+      cur->owner.store(nullptr, std::memory_order_relaxed);
+      tc->cur[c] = nullptr;
+      if (cur->in_list) {
+        cs.partial.erase(std::find(cs.partial.begin(), cs.partial.end(), cur));
+        cur->in_list = false;
+      }
+      freed.push_back(cur);
+    }
+    for (size_t i = 0; i < cs.partial.size();) {
+      Run* r = cs.partial[i];
+      if (r->owner.load(std::memory_order_relaxed) == nullptr &&
+          r->free_count.load(std::memory_order_relaxed) == int64_t(r->nblocks)) {
+        r->in_list = false;
+        cs.partial[i] = cs.partial.back();
+        cs.partial.pop_back();
+        freed.push_back(r);
+      } else {
+        i++;
+      }
+    }
+  }
+  std::lock_guard<std::mutex> g(heap_mu_);
+  for (Run* r : freed) {
+    Slot(r->chunk).kind.store(kFreeChunk, std::memory_order_release);
+    Slot(r->chunk).run.store(nullptr, std::memory_order_release);
+    chunk_free_[r->chunk] = 1;
+    delete r;
+  }
 }
 
 // Makes a freed block available for reuse. Called only after a fence that
@@ -626,9 +688,18 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
 Status PoolAllocator::AllocLarge(ThreadCache* tc, uint64_t* dest, size_t size, bool zero) {
   const uint64_t span = (size + 64 + C - 1) / C;
   uint64_t first;
+  for (int attempt = 0;; attempt++) {
+    Status s;
+    {
+      std::lock_guard<std::mutex> g(heap_mu_);
+      s = NewChunks(span, &first);
+    }
+    if (s.ok()) break;
+    if (!s.IsPoolFull() || attempt == 1) return s;
+    Reclaim(tc);
+  }
   {
     std::lock_guard<std::mutex> g(heap_mu_);
-    PMINDEX_RETURN_IF_ERROR(NewChunks(span, &first));
     Slot(first).span.store(span, std::memory_order_relaxed);
     Slot(first).kind.store(kLargeHead, std::memory_order_release);
     for (uint64_t i = 1; i < span; i++) Slot(first + i).kind.store(kLargeInterior, std::memory_order_release);

@@ -1,11 +1,21 @@
-// Allocator tests.
+// Allocator tests: random alloc/free against a model, enumeration and
+// accounting, argument checks, per-operation persist cost, pool-full
+// behaviour, and crash safety by SIGKILLing a child at random moments.
 #include "pmindex/pm/allocator.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <map>
 #include <random>
+#include <set>
+#include <thread>
 
+#include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 #include "test_util.h"
 
@@ -13,36 +23,278 @@ namespace pmindex::pm {
 namespace {
 using testing::PoolFile;
 
-TEST(Allocator, Basic) {
-  PoolFile f("alloc");
-  std::unique_ptr<Pool> p;
+PoolOptions Opts(uint64_t size, uint64_t max = 0) {
   PoolOptions o;
-  o.size = 1 << 20;
-  ASSERT_TRUE(Pool::Create(f.path, "test", o, &p).ok());
+  o.size = size;
+  o.max_size = max;
+  return o;
+}
+
+// Blocks reported by ForEachAllocated.
+std::map<uint64_t, size_t> Enumerate(const Allocator& a) {
+  std::map<uint64_t, size_t> m;
+  a.ForEachAllocated([&](uint64_t off, size_t size) { EXPECT_TRUE(m.emplace(off, size).second) << "reported twice"; });
+  return m;
+}
+
+size_t RandomSize(std::mt19937_64& rng) {
+  switch (rng() % 10) {
+    case 0: return 1 + rng() % 16;
+    case 1: return 1 + rng() % 64;
+    case 2: case 3: case 4: return 1 + rng() % 512;
+    case 5: case 6: return 1 + rng() % 4096;
+    case 7: return 1 + rng() % Allocator::kMaxRunBlock;
+    case 8: return 1024;
+    default: return rng() % 50 == 0 ? Allocator::kMaxRunBlock + 1 + rng() % 600000 : 1 + rng() % 200;
+  }
+}
+
+TEST(Allocator, RandomAgainstModel) {
+  PoolFile f("model");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
+  constexpr int kSlots = 2000;
+  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), kSlots * 8).ok());
+  std::mt19937_64 rng(42);
+  std::map<int, size_t> model;  // slot -> requested size
+  for (int round = 0; round < 3; round++) {
+    Allocator& a = p->allocator();
+    auto* slots = p->root<uint64_t>();
+    for (int i = 0; i < 20000; i++) {
+      int s = int(rng() % kSlots);
+      if (slots[s]) {
+        ASSERT_TRUE(model.count(s));
+        a.Free(&slots[s]);
+        EXPECT_EQ(slots[s], 0u);
+        model.erase(s);
+      } else {
+        size_t sz = RandomSize(rng);
+        Status st = (rng() & 1) ? a.Allocate(&slots[s], sz) : a.AllocateZeroed(&slots[s], sz);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        ASSERT_NE(slots[s], 0u);
+        EXPECT_GE(a.UsableSize(slots[s]), sz);
+        EXPECT_TRUE(a.IsAllocated(slots[s]));
+        if (sz > 48) {
+          EXPECT_EQ(slots[s] % 64, 0u);
+        } else {
+          EXPECT_EQ(slots[s] % 16, 0u);
+        }
+        // Fill the block: overlapping blocks would be caught by the checks below.
+        Set(p->base() + slots[s], s & 0xff, std::min<size_t>(sz, 256));
+        model[s] = sz;
+      }
+    }
+    // Enumeration == model (plus the root array), accounting consistent.
+    auto blocks = Enumerate(a);
+    std::map<uint64_t, size_t> expect;
+    expect[*p->root_slot()] = a.UsableSize(*p->root_slot());
+    uint64_t bytes = 0;
+    for (auto& [s, sz] : model) {
+      expect[slots[s]] = a.UsableSize(slots[s]);
+      EXPECT_EQ(uint8_t(p->base()[slots[s]]), uint8_t(s & 0xff)) << "block of slot " << s << " was overwritten";
+    }
+    for (auto& [off, sz] : expect) bytes += sz;
+    EXPECT_EQ(blocks, expect);
+    EXPECT_EQ(a.BlocksInUse(), expect.size());
+    EXPECT_EQ(a.BytesInUse(), bytes);
+    Status c = a.Check();
+    EXPECT_TRUE(c.ok()) << c.ToString();
+    // Reopen: the same after recovery.
+    p.reset();
+    ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+    EXPECT_EQ(Enumerate(p->allocator()), expect);
+    EXPECT_EQ(p->allocator().BytesInUse(), bytes);
+    EXPECT_TRUE(p->allocator().Check().ok());
+  }
+}
+
+TEST(Allocator, BadArguments) {
+  PoolFile f("args");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
   Allocator& a = p->allocator();
-  uint64_t* slots = nullptr;
-  ASSERT_TRUE(a.AllocateZeroed(p->root_slot(), 4096 * 8).ok());
-  slots = p->root<uint64_t>();
-  for (int i = 0; i < 4096; i++) EXPECT_EQ(slots[i], 0u);
-  std::mt19937_64 rng(1);
-  for (int i = 0; i < 4096; i++) {
-    size_t sz = 1 + rng() % 2000;
-    if (i % 100 == 0) sz = 40000 + rng() % 600000;
-    ASSERT_TRUE(a.Allocate(&slots[i], sz).ok()) << i;
-    EXPECT_GE(a.UsableSize(slots[i]), sz);
-    if (sz >= 64) {
-      EXPECT_EQ(slots[i] % 64, 0u);
+  ASSERT_TRUE(a.AllocateZeroed(p->root_slot(), 64).ok());
+  auto* slots = p->root<uint64_t>();
+  uint64_t dram = 0;
+  EXPECT_TRUE(a.Allocate(&dram, 10).IsInvalidArgument());
+  EXPECT_TRUE(a.Allocate(&slots[0], 0).IsInvalidArgument());
+  EXPECT_TRUE(a.Allocate(&slots[0], Allocator::kMaxAllocation + 1).IsInvalidArgument());
+  EXPECT_TRUE(a.Allocate(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(&slots[0]) + 1), 8).IsInvalidArgument());
+  EXPECT_TRUE(a.Allocate(reinterpret_cast<uint64_t*>(p->base() + 4096), 8).IsInvalidArgument());  // a lane
+  EXPECT_EQ(slots[0], 0u);
+  // A too-large request that fits the limit but not the pool: PoolFull.
+  PoolFile g("args2");
+  std::unique_ptr<Pool> q;
+  ASSERT_TRUE(Pool::Create(g.path, "t", Opts(1 << 20, 4 << 20), &q).ok());
+  ASSERT_TRUE(q->allocator().AllocateZeroed(q->root_slot(), 64).ok());
+  Status s = q->allocator().Allocate(q->root<uint64_t>(), 8 << 20);
+  EXPECT_TRUE(s.IsPoolFull()) << s.ToString();
+  EXPECT_EQ(q->root<uint64_t>()[0], 0u);
+  // Frees of things that are not blocks are ignored (with a message).
+  ASSERT_TRUE(a.Allocate(&slots[1], 100).ok());
+  slots[2] = slots[1] + 8;
+  a.Free(&slots[2]);
+  EXPECT_EQ(slots[2], slots[1] + 8);
+  slots[2] = 0;
+  a.Free(&slots[2]);  // null: no-op
+  uint64_t copy = slots[1];
+  a.Free(&slots[1]);
+  slots[3] = copy;
+  a.Free(&slots[3]);  // double free: ignored
+  EXPECT_EQ(a.BlocksInUse(), 1u);
+  EXPECT_TRUE(a.Check().ok());
+  EXPECT_EQ(a.UsableSize(0), 0u);
+  EXPECT_EQ(a.UsableSize(1ull << 40), 0u);
+  EXPECT_FALSE(a.IsAllocated(12345));
+}
+
+// The documented cost: Allocate and Free each flush 4 lines and fence twice.
+TEST(Allocator, PersistCostPerOperation) {
+  PoolFile f("cost");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
+  Allocator& a = p->allocator();
+  ASSERT_TRUE(a.AllocateZeroed(p->root_slot(), 64 * 8).ok());
+  auto* slots = p->root<uint64_t>();
+  for (size_t sz : {size_t(16), size_t(1024), size_t(100000)}) {
+    ASSERT_TRUE(a.Allocate(&slots[0], sz).ok());  // warm: the run and the lane exist
+    a.Free(&slots[0]);
+    Counters before = ThreadCounters();
+    ASSERT_TRUE(a.Allocate(&slots[1], sz).ok());
+    Counters d = ThreadCounters() - before;
+    EXPECT_EQ(d.allocs, 1u);
+    if (sz <= 1024) {
+      EXPECT_EQ(d.lines_flushed, 4u) << sz;
+      EXPECT_EQ(d.fences, 2u) << sz;
+    }
+    before = ThreadCounters();
+    a.Free(&slots[1]);
+    d = ThreadCounters() - before;
+    EXPECT_EQ(d.frees, 1u);
+    if (sz <= 1024) {
+      EXPECT_EQ(d.lines_flushed, 4u) << sz;
+      EXPECT_EQ(d.fences, 2u) << sz;
     }
   }
-  EXPECT_TRUE(a.Check().ok()) << a.Check().ToString();
-  for (int i = 0; i < 4096; i += 2) a.Free(&slots[i]);
-  EXPECT_TRUE(a.Check().ok()) << a.Check().ToString();
-  uint64_t bytes = a.BytesInUse(), blocks = a.BlocksInUse();
-  ASSERT_TRUE(p->Close().ok());
-  ASSERT_TRUE(Pool::Open(f.path, "test", o, &p).ok());
-  EXPECT_EQ(p->allocator().BytesInUse(), bytes);
-  EXPECT_EQ(p->allocator().BlocksInUse(), blocks);
+}
+
+TEST(Allocator, PoolFullThenRoomAgain) {
+  PoolFile f("full");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(512 << 10, 2 << 20), &p).ok());
+  Allocator& a = p->allocator();
+  constexpr int kSlots = 8192;
+  ASSERT_TRUE(a.AllocateZeroed(p->root_slot(), kSlots * 8).ok());
+  auto* slots = p->root<uint64_t>();
+  std::mt19937_64 rng(3);
+  int n = 0;
+  Status s;
+  for (; n < kSlots; n++) {
+    s = a.Allocate(&slots[n], (rng() & 1) ? 200 + rng() % 56 : 1000 + rng() % 24);  // two classes
+    if (!s.ok()) break;
+  }
+  ASSERT_TRUE(s.IsPoolFull()) << s.ToString();
+  EXPECT_GT(n, 100);
+  EXPECT_EQ(slots[n], 0u);  // untouched
+  EXPECT_EQ(p->size(), 2u << 20);
+  EXPECT_TRUE(a.Check().ok());
+  EXPECT_EQ(a.BlocksInUse(), uint64_t(n) + 1);
+  EXPECT_TRUE(a.Allocate(&slots[n], 100000).IsPoolFull());
+  // Free everything: a large block fits again, and small ones.
+  for (int i = 0; i < n; i++) a.Free(&slots[i]);
+  EXPECT_EQ(a.BlocksInUse(), 1u);
+  Status big = a.Allocate(&slots[0], 600000);
+  EXPECT_TRUE(big.ok()) << big.ToString();
+  for (int i = 1; i < 100; i++) ASSERT_TRUE(a.Allocate(&slots[i], 500).ok());
+  EXPECT_TRUE(a.Check().ok());
+  // After a reopen, all free runs are back in the heap.
+  for (int i = 0; i < 100; i++) a.Free(&slots[i]);
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  slots = p->root<uint64_t>();
+  EXPECT_TRUE(p->allocator().Allocate(&slots[0], (2 << 20) - 3 * Allocator::kChunkSize).ok());
   EXPECT_TRUE(p->allocator().Check().ok());
+}
+
+// ---------------------------------------------------------------------------
+// Crash safety: a child allocates and frees into a persistent slot array in
+// a loop; the parent SIGKILLs it at random moments, reopens and checks that
+// every allocated block is owned by exactly one slot and vice versa.
+
+void ChildLoop(const std::string& path, uint64_t seed) {
+  std::unique_ptr<Pool> p;
+  if (!Pool::Open(path, "crash", PoolOptions{}, &p).ok()) _exit(3);
+  Allocator& a = p->allocator();
+  auto* slots = p->root<uint64_t>();
+  const int n = int(a.UsableSize(*p->root_slot()) / 8);
+  std::mt19937_64 rng(seed);
+  for (;;) {
+    int s = int(rng() % n);
+    if (slots[s]) {
+      a.Free(&slots[s]);
+    } else {
+      size_t sz = rng() % 64 == 0 ? 40000 + rng() % 300000 : 1 + rng() % 3000;
+      Status st = a.Allocate(&slots[s], sz);
+      if (!st.ok() && !st.IsPoolFull()) _exit(4);
+    }
+  }
+}
+
+void VerifyOwnership(Pool* p) {
+  Allocator& a = p->allocator();
+  Status c = a.Check();
+  ASSERT_TRUE(c.ok()) << c.ToString();
+  auto blocks = Enumerate(a);
+  const uint64_t root = *p->root_slot();
+  ASSERT_TRUE(blocks.count(root));
+  auto* slots = p->root<uint64_t>();
+  const size_t n = a.UsableSize(root) / 8;
+  std::set<uint64_t> owned{root};
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!slots[i]) continue;
+    EXPECT_TRUE(blocks.count(slots[i])) << "slot " << i << " references a free block " << slots[i];
+    EXPECT_TRUE(owned.insert(slots[i]).second) << "block " << slots[i] << " owned twice";
+  }
+  for (auto& [off, sz] : blocks) {
+    EXPECT_TRUE(owned.count(off)) << "leaked block " << off << " (" << sz << " bytes)";
+    bytes += sz;
+  }
+  EXPECT_EQ(a.BlocksInUse(), blocks.size());
+  EXPECT_EQ(a.BytesInUse(), bytes);
+}
+
+TEST(Allocator, CrashSafetyUnderSigkill) {
+  const int kills = std::getenv("PMINDEX_LONG") ? 500 : 60;
+  PoolFile f("crash");
+  {
+    std::unique_ptr<Pool> p;
+    ASSERT_TRUE(Pool::Create(f.path, "crash", Opts(1 << 20, 32 << 20), &p).ok());
+    ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 512 * 8).ok());
+  }
+  std::mt19937_64 rng(7);
+  int recovered = 0;
+  std::set<uint64_t> states;  // distinct (blocks in use) seen: the child made progress
+  for (int k = 0; k < kills; k++) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ChildLoop(f.path, rng());
+    std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 8000));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ASSERT_TRUE(WIFSIGNALED(st)) << "child exited with " << WEXITSTATUS(st);
+    std::unique_ptr<Pool> p;
+    Status s = Pool::Open(f.path, "crash", PoolOptions{}, &p);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    recovered += p->recovered_from_crash();
+    VerifyOwnership(p.get());
+    states.insert(p->allocator().BlocksInUse());
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_EQ(recovered, kills);
+  EXPECT_GT(states.size(), size_t(kills / 4)) << "the child hardly ran";
+  std::printf("%d kills, %zu distinct states\n", kills, states.size());
 }
 
 }  // namespace

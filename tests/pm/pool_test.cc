@@ -1,36 +1,432 @@
-// Pool tests: create/open/close, header fields, growth in place, and every
-// kind of bad file giving a clear error (never a crash or SIGBUS).
+// Pool tests: create/open/close, header fields surviving a reopen, growth in
+// place, and every kind of bad or busy file giving a clear error (never a
+// crash, a SIGBUS or a silent success).
 #include "pmindex/pm/pool.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
 
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/persist.h"
 #include "test_util.h"
 
 namespace pmindex::pm {
 namespace {
 using testing::PoolFile;
 
+PoolOptions Small(uint64_t size = 1 << 20, uint64_t max = 0) {
+  PoolOptions o;
+  o.size = size;
+  o.max_size = max;
+  return o;
+}
+
+// Flips one byte of the file at `off`.
+void PokeByte(const std::string& path, uint64_t off, uint8_t x) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, off_t(off)), 1);
+  b ^= x;
+  ASSERT_EQ(::pwrite(fd, &b, 1, off_t(off)), 1);
+  ::close(fd);
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+bool Contains(std::string_view hay, std::string_view needle) { return hay.find(needle) != std::string_view::npos; }
+
 TEST(Pool, CreateCloseReopen) {
   PoolFile f("pool");
   std::unique_ptr<Pool> p;
-  PoolOptions o;
-  o.size = 1 << 20;
-  ASSERT_TRUE(Pool::Create(f.path, "fptree", o, &p).ok());
+  ASSERT_TRUE(Pool::Create(f.path, "fptree", Small(), &p).ok());
   EXPECT_EQ(p->type(), "fptree");
   EXPECT_EQ(p->size(), 1u << 20);
+  EXPECT_EQ(p->max_size(), kDefaultMaxPoolSize);
   EXPECT_FALSE(p->recovered_from_crash());
+  EXPECT_EQ(*p->root_slot(), 0u);
   ASSERT_TRUE(p->allocator().Allocate(p->root_slot(), 100).ok());
   uint64_t root = *p->root_slot();
-  std::string uuid = p->Info().uuid;
+  EXPECT_NE(root, 0u);
+  std::strcpy(p->root<char>(), "hello");
+  Persist(p->root<char>(), 6);
+  PoolInfo info = p->Info();
+  EXPECT_EQ(info.uuid.size(), 32u);
+  EXPECT_EQ(info.type, "fptree");
+  EXPECT_EQ(info.root, root);
   ASSERT_TRUE(p->Close().ok());
-  ASSERT_TRUE(Pool::Open(f.path, "fptree", o, &p).ok());
+  ASSERT_TRUE(p->Close().ok());  // idempotent
+
+  PoolInfo ri;
+  ASSERT_TRUE(Pool::ReadInfo(f.path, &ri).ok());
+  EXPECT_EQ(ri.uuid, info.uuid);
+  EXPECT_EQ(ri.root, root);
+  EXPECT_TRUE(ri.clean_shutdown);
+
+  ASSERT_TRUE(Pool::Open(f.path, "fptree", PoolOptions{}, &p).ok());
   EXPECT_EQ(*p->root_slot(), root);
-  EXPECT_EQ(p->Info().uuid, uuid);
+  EXPECT_STREQ(p->root<char>(), "hello");
+  EXPECT_EQ(p->Info().uuid, info.uuid);
+  EXPECT_EQ(p->size(), 1u << 20);
+  EXPECT_EQ(p->max_size(), kDefaultMaxPoolSize);
   EXPECT_FALSE(p->recovered_from_crash());
   EXPECT_TRUE(p->allocator().IsAllocated(root));
   EXPECT_EQ(p->allocator().BlocksInUse(), 1u);
   EXPECT_TRUE(p->allocator().Check().ok());
+  // Empty expected type: any owner.
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "", PoolOptions{}, &p).ok());
+  EXPECT_NE(p->instance_id(), 0u);
+}
+
+TEST(Pool, InstanceIdsAreUnique) {
+  PoolFile f("ids");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  uint64_t a = p->instance_id();
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  EXPECT_NE(p->instance_id(), a);
+}
+
+TEST(Pool, CreateArguments) {
+  PoolFile f("args");
+  std::unique_ptr<Pool> p;
+  EXPECT_TRUE(Pool::Create(f.path, "", Small(), &p).IsInvalidArgument());
+  EXPECT_TRUE(Pool::Create(f.path, std::string(32, 'x'), Small(), &p).IsInvalidArgument());
+  EXPECT_TRUE(Pool::Create("", "t", Small(), &p).IsInvalidArgument());
+  EXPECT_TRUE(Pool::Create(f.path, "t", Small(4 << 20, 1 << 20), &p).IsInvalidArgument());
+  EXPECT_FALSE(Pool::Exists(f.path));
+  ASSERT_TRUE(Pool::Create(f.path, std::string(31, 'x'), Small(1000), &p).ok());
+  EXPECT_EQ(p->size() % Allocator::kChunkSize, 0u);
+  EXPECT_GE(p->size(), 2 * Allocator::kChunkSize);
+  p.reset();
+  Status s = Pool::Create(f.path, "t", Small(), &p);
+  EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+  EXPECT_TRUE(Pool::Open(f.path + ".missing", "t", Small(), &p).IsNotFound());
+  EXPECT_TRUE(Pool::Remove(f.path).ok());
+  EXPECT_TRUE(Pool::Remove(f.path).IsNotFound());
+}
+
+TEST(Pool, WrongOwnerType) {
+  PoolFile f("owner");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "fastfair", Small(), &p).ok());
+  p.reset();
+  Status s = Pool::Open(f.path, "fptree", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsInvalidArgument()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "fastfair")) << s.ToString();
+  EXPECT_EQ(p, nullptr);
+  // The failed open released the lock.
+  EXPECT_TRUE(Pool::Open(f.path, "fastfair", PoolOptions{}, &p).ok());
+}
+
+TEST(Pool, GrowInPlace) {
+  PoolFile f("grow");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(1 << 20, 8 << 20), &p).ok());
+  char* base = p->base();
+  ASSERT_TRUE(p->allocator().Allocate(p->root_slot(), 1000).ok());
+  std::memset(p->root<char>(), 'a', 1000);
+  Persist(p->root<char>(), 1000);
+  ASSERT_TRUE(p->Grow(3 << 20).ok());
+  EXPECT_EQ(p->base(), base);
+  EXPECT_EQ(p->size(), 3u << 20);
+  p->base()[(3 << 20) - 1] = 7;  // the new range is mapped
+  EXPECT_EQ(p->root<char>()[999], 'a');
+  EXPECT_TRUE(p->Grow(2 << 20).ok());  // shrinking is a no-op
+  EXPECT_EQ(p->size(), 3u << 20);
+  ASSERT_TRUE(p->Grow(5 * Allocator::kChunkSize * 4 + 1).ok());  // rounded to whole chunks
+  EXPECT_EQ(p->size() % Allocator::kChunkSize, 0u);
+  Status s = p->Grow(9 << 20);
+  EXPECT_TRUE(s.IsPoolFull()) << s.ToString();
+  uint64_t size = p->size();
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  EXPECT_EQ(p->size(), size);
+  EXPECT_EQ(p->max_size(), 8u << 20);
+  EXPECT_EQ(p->root<char>()[999], 'a');
+  EXPECT_EQ(p->base()[(3 << 20) - 1], 7);
+}
+
+TEST(Pool, AllocatorGrowsPool) {
+  PoolFile f("agrow");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(512 << 10, 16 << 20), &p).ok());
+  char* base = p->base();
+  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 64 * 8).ok());
+  auto* slots = p->root<uint64_t>();
+  for (int i = 0; i < 40; i++) ASSERT_TRUE(p->allocator().Allocate(&slots[i], 100000).ok()) << i;
+  EXPECT_GT(p->size(), 512u << 10);
+  EXPECT_EQ(p->base(), base);
+  uint64_t size = p->size();
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  EXPECT_EQ(p->size(), size);
+  EXPECT_EQ(p->allocator().BlocksInUse(), 41u);
+  EXPECT_TRUE(p->allocator().Check().ok());
+}
+
+TEST(Pool, BadMagic) {
+  PoolFile f("magic");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  PokeByte(f.path, 0, 0x20);
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "magic")) << s.ToString();
+  PoolInfo info;
+  EXPECT_TRUE(Pool::ReadInfo(f.path, &info).IsCorrupt());
+}
+
+TEST(Pool, BadChecksum) {
+  PoolFile f("sum");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  for (uint64_t off : {16u, 50u, 64u, 104u, 112u}) {  // type, uuid, max size, time, checksum itself
+    PokeByte(f.path, off, 0x01);
+    Status s = Pool::Open(f.path, "", PoolOptions{}, &p);
+    EXPECT_TRUE(s.IsCorrupt()) << off << " " << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "checksum")) << s.ToString();
+    PokeByte(f.path, off, 0x01);
+  }
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+}
+
+TEST(Pool, UnknownVersion) {
+  PoolFile f("ver");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  PokeByte(f.path, 8, 0x7);
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "version")) << s.ToString();
+}
+
+TEST(Pool, BadMutableWords) {
+  PoolFile f("words");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  // size not chunk aligned
+  PokeByte(f.path, 128, 0x01);
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).IsCorrupt());
+  PokeByte(f.path, 128, 0x01);
+  // size > max
+  PokeByte(f.path, 128 + 6, 0x10);
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).IsCorrupt());
+  PokeByte(f.path, 128 + 6, 0x10);
+  // root outside the pool
+  PokeByte(f.path, 192 + 5, 0x01);
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "root")) << s.ToString();
+  PokeByte(f.path, 192 + 5, 0x01);
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+}
+
+TEST(Pool, TruncatedFile) {
+  PoolFile f("trunc");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(4 << 20), &p).ok());
+  p.reset();
+  ASSERT_EQ(::truncate(f.path.c_str(), 1 << 20), 0);
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "truncated")) << s.ToString();
+  ASSERT_EQ(::truncate(f.path.c_str(), 100), 0);
+  s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "too small")) << s.ToString();
+  ASSERT_EQ(::truncate(f.path.c_str(), 0), 0);
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).IsCorrupt());
+}
+
+TEST(Pool, LargerFileIsFine) {
+  PoolFile f("larger");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  ASSERT_EQ(::truncate(f.path.c_str(), 3 << 20), 0);  // e.g. a Grow interrupted before the size word
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  EXPECT_EQ(p->size(), 1u << 20);
+  EXPECT_TRUE(p->Grow(2 << 20).ok());
+}
+
+TEST(Pool, InterruptedCreationFiles) {
+  PoolFile f("interrupted");
+  std::unique_ptr<Pool> p;
+  // Zero-filled file (fallocated, nothing written).
+  WriteFile(f.path, std::string(1 << 20, '\0'));
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "creation was interrupted")) << s.ToString();
+  // A header written up to (not including) the magic.
+  {
+    PoolFile g("donor");
+    ASSERT_TRUE(Pool::Create(g.path, "t", Small(), &p).ok());
+    p.reset();
+    std::string img = ReadFile(g.path);
+    std::memset(img.data(), 0, 8);
+    WriteFile(f.path, img);
+    s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+    EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+    EXPECT_TRUE(Contains(s.message(), "creation was interrupted")) << s.ToString();
+    // Partial header: magic but nothing else.
+    std::string part(4096, '\0');
+    std::memcpy(part.data(), img.data(), 8);
+    std::memcpy(part.data(), "PMINDEX1", 8);
+    WriteFile(f.path, part);
+    s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+    EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  }
+  // Random junk, and a text file.
+  std::mt19937_64 rng(5);
+  std::string junk(8192, '\0');
+  for (auto& c : junk) c = char(rng());
+  WriteFile(f.path, junk);
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).IsCorrupt());
+  WriteFile(f.path, "hello world\n");
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).IsCorrupt());
+  // A directory is not a pool either.
+  EXPECT_FALSE(Pool::Open("/dev/shm", "t", PoolOptions{}, &p).ok());
+}
+
+// A child creating pools is SIGKILLed at random moments; whatever is left at
+// the path opens cleanly or gives a clear error, never a SIGBUS.
+TEST(Pool, KilledDuringCreate) {
+  std::mt19937_64 rng(11);
+  int created = 0, missing = 0;
+  for (int round = 0; round < 20; round++) {
+    PoolFile f("killcreate");
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      std::unique_ptr<Pool> p;
+      PoolOptions o;
+      o.size = 32 << 20;
+      Status s = Pool::Create(f.path, "t", o, &p);
+      _exit(s.ok() ? 0 : 1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 25000));
+    kill(pid, SIGKILL);
+    int st;
+    waitpid(pid, &st, 0);
+    std::unique_ptr<Pool> p;
+    Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+    if (s.ok()) {
+      created++;
+      EXPECT_TRUE(p->allocator().Check().ok());
+      EXPECT_EQ(p->allocator().BlocksInUse(), 0u);
+    } else {
+      missing++;
+      EXPECT_TRUE(s.IsNotFound()) << s.ToString();
+    }
+    p.reset();
+    // A later Create removes the dead child's temporary file.
+    ::unlink(f.path.c_str());
+    ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+    p.reset();
+    const std::string tmp = f.path + ".creating." + std::to_string(pid);
+    EXPECT_FALSE(Pool::Exists(tmp)) << tmp;
+  }
+  std::printf("killed during create: %d complete, %d not created\n", created, missing);
+}
+
+// Another process holds the pool open: Busy, with a clear message.
+TEST(Pool, AlreadyOpenElsewhere) {
+  PoolFile f("busy");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p.reset();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::unique_ptr<Pool> c;
+    char ok = Pool::Open(f.path, "t", PoolOptions{}, &c).ok() ? 'y' : 'n';
+    (void)!write(fds[1], &ok, 1);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  char ok = 0;
+  ASSERT_EQ(read(fds[0], &ok, 1), 1);
+  close(fds[0]);
+  ASSERT_EQ(ok, 'y');
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsBusy()) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "already open")) << s.ToString();
+  PoolOptions ro;
+  ro.read_only = true;
+  EXPECT_TRUE(Pool::Open(f.path, "t", ro, &p).IsBusy());
+  kill(pid, SIGKILL);
+  int st;
+  waitpid(pid, &st, 0);
+  // The holder died: the pool opens, and reports the unclean shutdown.
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
+  EXPECT_TRUE(p->recovered_from_crash());
+  EXPECT_FALSE(p->Info().clean_shutdown);
+  // Same process, second open: also Busy.
+  std::unique_ptr<Pool> q;
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &q).IsBusy());
+  p.reset();
+  ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &q).ok());
+  EXPECT_FALSE(q->recovered_from_crash());
+}
+
+TEST(Pool, ReadOnly) {
+  PoolFile f("ro");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  ASSERT_TRUE(p->allocator().Allocate(p->root_slot(), 64).ok());
+  p.reset();
+  PoolOptions ro;
+  ro.read_only = true;
+  ASSERT_TRUE(Pool::Open(f.path, "t", ro, &p).ok());
+  EXPECT_TRUE(p->read_only());
+  std::unique_ptr<Pool> q;
+  EXPECT_TRUE(Pool::Open(f.path, "t", ro, &q).ok());  // shared lock
+  EXPECT_EQ(q->allocator().BlocksInUse(), 1u);
+  EXPECT_TRUE(q->allocator().Check().ok());
+  EXPECT_FALSE(q->allocator().Allocate(q->root_slot(), 64).ok());
+  EXPECT_TRUE(q->Grow(4 << 20).IsUnsupported());
+  std::unique_ptr<Pool> w;
+  EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &w).IsBusy());
+}
+
+TEST(Pool, RemoveOnClose) {
+  PoolFile f("tmp");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
+  p->RemoveOnClose();
+  EXPECT_TRUE(Pool::Exists(f.path));
+  p.reset();
+  EXPECT_FALSE(Pool::Exists(f.path));
 }
 
 }  // namespace
