@@ -1,0 +1,1809 @@
+// fptree.cc: the FPTree family of hybrid SCM-DRAM B+-trees (Oukid et al.,
+// SIGMOD'16): `fptree` (concurrent, sec. 4.4/5), `fptree_single`
+// (single-threaded with amortised leaf groups, sec. 4.3 + appendix B) and
+// `ptree` (sec. 5: selective persistence + unsorted leaves only, keys and
+// values in separate arrays). Fixed u64 keys or variable-size keys (sec. 5 +
+// appendix C: persistent pointers to key blocks); u64 or variable values
+// (persistent pointer to an out-of-line value block).
+//
+// Layout. Leaves live in PM; inner nodes in DRAM (selective persistence,
+// sec. 4.1), rebuilt at open. Leaf (fptree variants, m <= 56 slots):
+//   line 0      : 8-byte validity bitmap, then m one-byte fingerprints
+//   lines 1..   : m slots of {key word, value word} (16 bytes, 4 per line)
+//   trailer line: next leaf (pptr), lock/version word (never flushed)
+// ptree leaf (m <= 64): line 0 = bitmap only, a key array, a value array,
+// the trailer. A key word is the u64 key or the offset of a key block
+// {u64 len, bytes}; a value word is the u64 value or the offset of a value
+// block {u64 len, bytes}. Leaf groups (fptree_single): one allocation of
+// {next group, G leaves}, linked from the root.
+//
+// Invariants: a slot is a record iff its bitmap bit is set; the records of
+// leaf i precede those of leaf i+1 (the linked list is in key order); every
+// invalid slot has null key/value pointers once no operation or log is in
+// flight; every PM block is owned by exactly one persistent word (root slot,
+// leaf list/group list, a slot, or a micro-log).
+//
+// Persist ordering (2 lines + 2 fences per insert without split):
+//   insert: write KV slot (+ key/value blocks, allocated into the slot
+//           words), persist; store fingerprint, then set the bitmap bit (same
+//           line: the fingerprint reaches PM no later than the bitmap),
+//           persist line 0. The bitmap store is the commit.
+//   update: u64 values: one p-atomic 8-byte value store, persisted (1 line).
+//           Otherwise alg. 8: new slot written + persisted, then one p-atomic
+//           bitmap store clears the old bit and sets the new one; then the
+//           old slot's pointers are reset/freed (recovery finishes that).
+//   delete: clear the bit, persist line 0; then free the key/value blocks;
+//           a leaf left empty is unlinked with the delete micro-log (alg. 6).
+//   split : micro-log {cur, new} (alg. 3); the new leaf is allocated into
+//           log.new (allocate-into-destination), filled and persisted; the
+//           old leaf's bitmap shrink + next pointer (+ pointer cleanup) are
+//           persisted; the log is reset (new first, then cur, same line).
+// Recovery (alg. 9): group logs (alg. 11/13), split logs (alg. 4), delete
+// logs (alg. 7, unlinks of all logs before any free), then one pass over the
+// leaf list (parallel per leaf): reset locks, leak checks of alg. 17 for keys
+// and values, drop empty leaves, then a bulk build of the inner nodes.
+//
+// Concurrency (fptree): no HTM. DRAM inner nodes use optimistic lock
+// coupling (a version word per node: readers validate, writers upgrade by
+// CAS and never wait for a leaf lock while holding one). Each leaf has a
+// seqlock word in its trailer line (bit 0 locked, bit 1 obsolete, +4 per
+// write): finds and scans read leaves optimistically and validate, writers
+// lock the leaf by CAS and do the persistent work outside any inner-node
+// critical section. Deleted leaves are freed after an epoch grace period.
+// No thread ever blocks on a leaf lock while holding another lock except
+// with try-locks, so the scan/insert deadlock of a public FPTree cannot
+// happen (scans take no lock at all).
+#include "fptree/fptree.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/index_util.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define FPT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FPT_TSAN 1
+#endif
+#endif
+
+namespace pmindex::internal {
+
+namespace {
+thread_local uint64_t tl_probes = 0;
+std::atomic<uint64_t> g_skipped_deletions{0};
+}  // namespace
+
+uint64_t FPTreeKeyProbes() { return tl_probes; }
+uint64_t FPTreeSkippedLeafDeletions() { return g_skipped_deletions.load(); }
+
+namespace {
+
+constexpr uint64_t kMagic = 0x31305452544650ull;  // "PFTRT01"
+constexpr int kLogs = 64;
+enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
+const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
+
+inline void Pause() { _mm_pause(); }
+
+// ---------------------------------------------------------------------------
+// PM root object.
+struct alignas(64) SplitLog {
+  uint64_t cur, nw, pad[6];
+};
+struct alignas(64) DeleteLog {
+  uint64_t prev, cur, pad[6];  // prev is stored before cur (same line)
+};
+struct alignas(64) GroupLog {
+  uint64_t new_group, pad[7];
+};
+struct alignas(64) FreeGroupLog {
+  uint64_t prev, cur, pad[6];
+};
+struct alignas(64) Root {
+  uint64_t magic;
+  uint8_t variant, key_kind, value_kind, inplace_update;
+  uint32_t leaf_slots, inner_size, group_size, leaf_bytes;
+  uint32_t max_key, max_value;
+  uint64_t initialized;  // alg. 9 "Tree.Status"
+  alignas(64) uint64_t head;
+  alignas(64) uint64_t groups_head;
+  uint64_t groups_tail;
+  GroupLog get_log;
+  FreeGroupLog free_log;
+  SplitLog split[kLogs];
+  DeleteLog del[kLogs];
+};
+
+// ---------------------------------------------------------------------------
+// Epoch-based reclamation for deleted leaves (process-wide).
+struct alignas(64) EpochSlot {
+  std::atomic<uint64_t> e{0};
+  std::atomic<bool> used{false};
+};
+constexpr int kEpochSlots = 256;
+EpochSlot g_slots[kEpochSlots];
+std::atomic<uint64_t> g_epoch{1};
+struct TlsEpoch {
+  int idx = -1;
+  int depth = 0;
+  ~TlsEpoch() {
+    if (idx >= 0) g_slots[idx].used.store(false, std::memory_order_release);
+  }
+};
+thread_local TlsEpoch tl_epoch;
+EpochSlot* MySlot() {
+  if (tl_epoch.idx < 0) {
+    for (;;) {
+      for (int i = 0; i < kEpochSlots; i++) {
+        bool f = false;
+        if (!g_slots[i].used.load(std::memory_order_relaxed) && g_slots[i].used.compare_exchange_strong(f, true)) {
+          tl_epoch.idx = i;
+          return &g_slots[i];
+        }
+      }
+      std::this_thread::yield();
+    }
+  }
+  return &g_slots[tl_epoch.idx];
+}
+struct EpochGuard {
+  EpochSlot* s = nullptr;
+  bool active = false;
+  explicit EpochGuard(bool on) {
+    if (!on) return;
+    active = true;
+    if (tl_epoch.depth++ > 0) return;
+    s = MySlot();
+    s->e.exchange(g_epoch.load(std::memory_order_acquire), std::memory_order_seq_cst);
+  }
+  ~EpochGuard() {
+    if (!active) return;
+    if (--tl_epoch.depth == 0 && s) s->e.store(0, std::memory_order_release);
+  }
+  EpochGuard(const EpochGuard&) = delete;
+};
+// Waits until every thread that was inside an epoch guard when this was
+// called has left it. Must be called outside any guard.
+void Synchronize() {
+  uint64_t e = g_epoch.fetch_add(1, std::memory_order_seq_cst) + 1;
+  for (int i = 0; i < kEpochSlots; i++) {
+    if (!g_slots[i].used.load(std::memory_order_acquire)) continue;
+    int spins = 0;
+    for (;;) {
+      uint64_t x = g_slots[i].e.load(std::memory_order_acquire);
+      if (x == 0 || x >= e) break;
+      if (++spins > 64) std::this_thread::yield();
+      else Pause();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Hashes for fingerprints.
+inline uint64_t Fmix(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ull;
+  k ^= k >> 33;
+  return k;
+}
+inline uint8_t FpU64(uint64_t k) { return uint8_t(Fmix(k) >> 56); }
+inline uint8_t FpBytes(Slice s) {
+  uint64_t h = 0xcbf29ce484222325ull ^ s.size();
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = Fmix(h ^ w);
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, s.data() + i, s.size() - i);
+  h = Fmix(h ^ w ^ 0x9e3779b97f4a7c15ull);
+  return uint8_t(h >> 56);
+}
+
+// Fingerprint match mask over the 56 bytes following the bitmap (bit i set
+// if fingerprint i equals fp). SIMD (AVX2 when compiled for it, else SSE2).
+inline uint64_t FpMatch(const char* line, uint8_t fp) {
+#ifdef FPT_TSAN
+  alignas(64) uint64_t w[8];
+  for (int i = 0; i < 8; i++) w[i] = __atomic_load_n(reinterpret_cast<const uint64_t*>(line) + i, __ATOMIC_RELAXED);
+  const char* p = reinterpret_cast<const char*>(w);
+#else
+  const char* p = line;
+#endif
+#ifdef __AVX2__
+  __m256i f = _mm256_set1_epi8(char(fp));
+  uint64_t lo = uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)), f)));
+  uint64_t hi = uint32_t(_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32)), f)));
+  return (lo | (hi << 32)) >> 8;
+#else
+  __m128i f = _mm_set1_epi8(char(fp));
+  uint64_t m = 0;
+  for (int i = 0; i < 4; i++)
+    m |= uint64_t(uint16_t(_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 16 * i)), f)))) << (16 * i);
+  return m >> 8;
+#endif
+}
+
+inline uint64_t Ld(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline uint8_t Ld8(const uint8_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+
+// A search key with its fingerprint.
+struct SKey {
+  uint64_t u = 0;
+  Slice s;
+  uint8_t fp = 0;
+};
+
+// DRAM copy of a byte key (inner-node separators). Immutable.
+struct KeyBlob {
+  uint32_t len;
+  char data[1];
+  Slice slice() const { return Slice(data, len); }
+};
+KeyBlob* NewBlob(Slice s) {
+  auto* b = static_cast<KeyBlob*>(std::malloc(sizeof(KeyBlob) + s.size()));
+  b->len = uint32_t(s.size());
+  if (!s.empty()) std::memcpy(b->data, s.data(), s.size());
+  return b;
+}
+
+// DRAM inner node: count keys, count+1 children, sorted. Child i holds keys
+// k with keys[i-1] <= k < keys[i]. Children of a bottom node are leaf
+// offsets. Version: bit 1 locked, +4 per unlock (bit 0 unused: inner nodes
+// are never freed while the tree is open).
+struct Inner {
+  std::atomic<uint64_t> version;
+  std::atomic<uint32_t> count;
+  uint32_t cap;
+  uint32_t bottom;
+  uint32_t pad;
+  std::atomic<uint64_t>* keys() { return reinterpret_cast<std::atomic<uint64_t>*>(this + 1); }
+  std::atomic<uint64_t>* child() { return keys() + cap; }
+  static size_t Bytes(uint32_t cap) { return sizeof(Inner) + 8 * (2 * size_t(cap) + 1); }
+};
+static_assert(sizeof(Inner) % 8 == 0);
+
+template <bool kConc, bool kBytes>
+class FPTree final : public Index {
+ public:
+  struct Rec {
+    uint64_t k = 0, v = 0;
+    std::string ks, vs;
+  };
+
+  FPTree(std::unique_ptr<pm::Pool> pool, const Options& o) : pool_(std::move(pool)), opts_(o) { base_ = pool_->base(); }
+  ~FPTree() override { Close(); }
+
+  std::string_view Name() const override { return VariantName(variant_); }
+  KeyKind key_kind() const override { return kBytes ? KeyKind::kBytes : KeyKind::kU64; }
+  ValueKind value_kind() const override { return vbytes_ ? ValueKind::kBytes : ValueKind::kU64; }
+  pm::Pool* pool() override { return pool_.get(); }
+
+  // ---- setup --------------------------------------------------------------
+  Status Format(uint8_t variant, const Options& o, uint32_t m, uint32_t inner, uint32_t group, bool inplace) {
+    uint64_t* rs = pool_->root_slot();
+    if (*rs == 0) PMINDEX_RETURN_IF_ERROR(pool_->allocator().AllocateZeroed(rs, sizeof(Root)));
+    root_ = pool_->root<Root>();
+    Root* r = root_;
+    pm::Store(&r->magic, kMagic);
+    pm::Store(&r->variant, variant);
+    pm::Store(&r->key_kind, uint8_t(o.key_kind));
+    pm::Store(&r->value_kind, uint8_t(o.value_kind));
+    pm::Store(&r->inplace_update, uint8_t(inplace));
+    pm::Store(&r->leaf_slots, m);
+    pm::Store(&r->inner_size, inner);
+    pm::Store(&r->group_size, group);
+    pm::Store(&r->max_key, uint32_t(o.max_key_size));
+    pm::Store(&r->max_value, uint32_t(o.max_value_size));
+    LoadConfig();
+    pm::Store(&r->leaf_bytes, lay_.bytes);
+    pm::Persist(r, 64);
+    if (groups_ && r->get_log.new_group) LinkNewGroup();  // crashed inside GetLeaf
+    if (r->head == 0) {
+      if (groups_) {
+        // One group holding the first leaf (alg. 10 path without a free vector).
+        uint64_t leaf = 0;
+        PMINDEX_RETURN_IF_ERROR(GetLeaf(&leaf));
+        pm::StorePersist(&r->head, leaf);
+      } else {
+        PMINDEX_RETURN_IF_ERROR(pool_->allocator().AllocateZeroed(&r->head, lay_.bytes));
+      }
+    }
+    pm::StorePersist(&r->initialized, uint64_t(1));
+    return Recover();
+  }
+
+  Status Open() {
+    root_ = pool_->root<Root>();
+    if (!root_ || root_->magic != kMagic) return Status::Corrupt("fptree root object missing or bad magic");
+    if (VariantName(root_->variant) != pool_->type())
+      return Status::Corrupt("fptree root variant does not match the pool type");
+    LoadConfig();
+    if (root_->leaf_bytes != lay_.bytes) return Status::Corrupt("fptree leaf size mismatch");
+    return Recover();
+  }
+
+  void LoadConfig() {
+    Root* r = root_;
+    variant_ = r->variant;
+    groups_ = variant_ == kSingle;
+    vbytes_ = r->value_kind == uint8_t(ValueKind::kBytes);
+    inplace_ = r->inplace_update && !vbytes_;
+    max_key_ = r->max_key;
+    max_value_ = r->max_value;
+    inner_cap_ = r->inner_size;
+    group_size_ = r->group_size;
+    uint32_t m = r->leaf_slots;
+    lay_.m = m;
+    lay_.fp = variant_ != kPTree;
+    lay_.full = m == 64 ? ~0ull : ((1ull << m) - 1);
+    if (lay_.fp) {
+      lay_.key_off = 64;
+      lay_.key_stride = 16;
+      lay_.val_off = 72;
+      lay_.val_stride = 16;
+      lay_.trailer = 64 + ((16 * m + 63) / 64) * 64;
+    } else {
+      lay_.key_off = 64;
+      lay_.key_stride = 8;
+      lay_.val_off = 64 + ((8 * m + 63) / 64) * 64;
+      lay_.val_stride = 8;
+      lay_.trailer = lay_.val_off + ((8 * m + 63) / 64) * 64;
+    }
+    lay_.bytes = lay_.trailer + 64;
+    pointers_ = kBytes || vbytes_;
+  }
+
+  // ---- leaf accessors ------------------------------------------------------
+  struct Layout {
+    uint32_t m, key_off, key_stride, val_off, val_stride, trailer, bytes;
+    uint64_t full;
+    bool fp;
+  };
+  char* L(uint64_t off) const { return base_ + off; }
+  static uint64_t* Bm(char* l) { return reinterpret_cast<uint64_t*>(l); }
+  static uint8_t* Fp(char* l, int i) { return reinterpret_cast<uint8_t*>(l) + 8 + i; }
+  uint64_t* Key(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.key_off + i * lay_.key_stride); }
+  uint64_t* Val(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.val_off + i * lay_.val_stride); }
+  uint64_t* Next(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer); }
+  uint64_t* Ver(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer + 8); }
+
+  // ---- PM blocks (key/value) ------------------------------------------------
+  // Block: {u64 len, data padded to 8}. Written with 8-byte atomic stores so
+  // optimistic readers never race with plain writes.
+  Status WriteBlock(uint64_t* dest, Slice s) {
+    PMINDEX_RETURN_IF_ERROR(pool_->allocator().Allocate(dest, 8 + s.size()));
+    auto* w = reinterpret_cast<uint64_t*>(base_ + *dest);
+    pm::StoreAtomic(w, uint64_t(s.size()), __ATOMIC_RELAXED);
+    size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      uint64_t x;
+      std::memcpy(&x, s.data() + i, 8);
+      pm::StoreAtomic(w + 1 + i / 8, x, __ATOMIC_RELAXED);
+    }
+    if (i < s.size()) {
+      uint64_t x = 0;
+      std::memcpy(&x, s.data() + i, s.size() - i);
+      pm::StoreAtomic(w + 1 + i / 8, x, __ATOMIC_RELAXED);
+    }
+    pm::Flush(w, 8 + s.size());
+    return Status::OK();
+  }
+  // Reads a block; false if the offset/length are not plausible (a racing
+  // reader saw a stale pointer; the caller's validation then fails).
+  bool ReadBlock(uint64_t off, size_t maxlen, std::string* out) const {
+    if (off == 0 || off % 8) return false;
+    uint64_t psize = pool_->size();
+    if (off + 8 > psize) return false;
+    const auto* w = reinterpret_cast<const uint64_t*>(base_ + off);
+    uint64_t len = Ld(w);
+    if (len > maxlen || off + 8 + len > psize) return false;
+    out->resize(len);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+      uint64_t x = Ld(w + 1 + i / 8);
+      std::memcpy(out->data() + i, &x, 8);
+    }
+    if (i < len) {
+      uint64_t x = Ld(w + 1 + i / 8);
+      std::memcpy(out->data() + i, &x, len - i);
+    }
+    return true;
+  }
+  bool BlockEquals(uint64_t off, Slice s) const {
+    if (off == 0 || off % 8 || off + 8 + s.size() > pool_->size()) return false;
+    const auto* w = reinterpret_cast<const uint64_t*>(base_ + off);
+    if (Ld(w) != s.size()) return false;
+    size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      uint64_t x;
+      std::memcpy(&x, s.data() + i, 8);
+      if (Ld(w + 1 + i / 8) != x) return false;
+    }
+    if (i < s.size()) {
+      uint64_t x = Ld(w + 1 + i / 8), y = 0;
+      std::memcpy(&y, s.data() + i, s.size() - i);
+      uint64_t mask = (s.size() - i) == 8 ? ~0ull : ((1ull << (8 * (s.size() - i))) - 1);
+      if ((x & mask) != y) return false;
+    }
+    return true;
+  }
+  int CompareBlock(uint64_t off, Slice s) const {  // block vs s
+    std::string tmp;
+    if (!ReadBlock(off, max_key_, &tmp)) return -1;
+    return CompareKeys(KeyKind::kBytes, tmp, s);
+  }
+
+  // ---- key helpers -----------------------------------------------------------
+  SKey MakeKey(Slice k) const {
+    SKey sk;
+    if constexpr (kBytes) {
+      sk.s = k;
+      sk.fp = FpBytes(k);
+    } else {
+      sk.u = SliceToU64(k);
+      sk.fp = FpU64(sk.u);
+    }
+    return sk;
+  }
+  bool SlotKeyEq(char* l, int i, const SKey& k) const {
+    tl_probes++;
+    uint64_t w = Ld(Key(l, i));
+    if constexpr (kBytes) return BlockEquals(w, k.s);
+    else return w == k.u;
+  }
+  // Matching slot among the valid ones, or -1.
+  int FindSlot(char* l, uint64_t bm, const SKey& k) const {
+    uint64_t mask = lay_.fp ? (FpMatch(l, k.fp) & bm) : bm;
+    while (mask) {
+      int i = __builtin_ctzll(mask);
+      mask &= mask - 1;
+      if (SlotKeyEq(l, i, k)) return i;
+    }
+    return -1;
+  }
+  // Inner-node key compare: stored word vs search key.
+  static int CmpInner(uint64_t w, const SKey& k) {
+    if constexpr (kBytes) {
+      const KeyBlob* b = reinterpret_cast<const KeyBlob*>(w);
+      Slice bs = b ? b->slice() : Slice();
+      return CompareKeys(KeyKind::kBytes, bs, k.s);
+    } else {
+      return w < k.u ? -1 : (w > k.u ? 1 : 0);
+    }
+  }
+  // Number of keys <= k (the child index).
+  static uint32_t UpperBound(Inner* n, const SKey& k) {
+    uint32_t c = n->count.load(std::memory_order_relaxed);
+    if (c > n->cap) c = n->cap;
+    uint32_t lo = 0, hi = c;
+    auto* keys = n->keys();
+    while (lo < hi) {
+      uint32_t mid = (lo + hi) / 2;
+      if (CmpInner(keys[mid].load(std::memory_order_relaxed), k) <= 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  // Reads slot i's key as an SKey-comparable owned record key.
+  bool ReadSlotKey(char* l, int i, Rec* r) const {
+    uint64_t w = Ld(Key(l, i));
+    if constexpr (kBytes) return ReadBlock(w, max_key_, &r->ks);
+    r->k = w;
+    return true;
+  }
+  bool ReadSlotVal(char* l, int i, Rec* r) const {
+    uint64_t w = Ld(Val(l, i));
+    if (vbytes_) return ReadBlock(w, max_value_, &r->vs);
+    r->v = w;
+    return true;
+  }
+  static int CmpRec(const Rec& a, const Rec& b) {
+    if constexpr (kBytes) return CompareKeys(KeyKind::kBytes, a.ks, b.ks);
+    else return a.k < b.k ? -1 : (a.k > b.k ? 1 : 0);
+  }
+  static int CmpRecKey(const Rec& a, const SKey& k) {
+    if constexpr (kBytes) return CompareKeys(KeyKind::kBytes, a.ks, k.s);
+    else return a.k < k.u ? -1 : (a.k > k.u ? 1 : 0);
+  }
+
+  // ---- inner nodes -------------------------------------------------------------
+  Inner* NewInner(bool bottom) {
+    size_t b = Inner::Bytes(inner_cap_);
+    auto* n = static_cast<Inner*>(std::calloc(1, b));
+    new (&n->version) std::atomic<uint64_t>(0);
+    new (&n->count) std::atomic<uint32_t>(0);
+    n->cap = inner_cap_;
+    n->bottom = bottom;
+    {
+      std::lock_guard<std::mutex> g(nodes_mu_);
+      nodes_.push_back(n);
+    }
+    dram_bytes_.fetch_add(b, std::memory_order_relaxed);
+    return n;
+  }
+  uint64_t KeyWordForInner(const SKey& k) {
+    if constexpr (kBytes) {
+      KeyBlob* b = NewBlob(k.s);
+      dram_bytes_.fetch_add(sizeof(KeyBlob) + k.s.size(), std::memory_order_relaxed);
+      std::lock_guard<std::mutex> g(nodes_mu_);
+      blobs_.push_back(b);
+      return reinterpret_cast<uint64_t>(b);
+    } else {
+      return k.u;
+    }
+  }
+
+  // OLC primitives (no-ops for the single-threaded variants).
+  static bool ReadLock(Inner* n, uint64_t* v) {
+    if constexpr (!kConc) return true;
+    *v = n->version.load(std::memory_order_acquire);
+    if (*v & 2) {
+      Pause();
+      return false;
+    }
+    return true;
+  }
+  static bool Validate(Inner* n, uint64_t v) {
+    if constexpr (!kConc) return true;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return n->version.load(std::memory_order_relaxed) == v;
+  }
+  static bool Upgrade(Inner* n, uint64_t v) {
+    if constexpr (!kConc) return true;
+    return n->version.compare_exchange_strong(v, v + 2, std::memory_order_acquire);
+  }
+  static void WriteUnlock(Inner* n) {
+    if constexpr (!kConc) return;
+    n->version.fetch_add(2, std::memory_order_release);
+  }
+
+  // Leaf seqlock (trailer word, never flushed).
+  uint64_t LeafVersion(char* l) const { return kConc ? __atomic_load_n(Ver(l), __ATOMIC_ACQUIRE) : 0; }
+  bool LeafValidate(char* l, uint64_t v) const {
+    if constexpr (!kConc) return true;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return __atomic_load_n(Ver(l), __ATOMIC_RELAXED) == v;
+  }
+  bool LeafTryLock(char* l, uint64_t v) {
+    if constexpr (!kConc) return true;
+    if (v & 3) return false;
+    return pm::Cas(Ver(l), &v, v | 1, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+  }
+  void LeafUnlock(char* l, bool obsolete = false) {
+    if constexpr (!kConc) return;
+    uint64_t v = __atomic_load_n(Ver(l), __ATOMIC_RELAXED);
+    pm::StoreAtomic(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
+  }
+
+  // Traverses to the leaf covering k. Returns its offset and (concurrent) an
+  // unlocked version read while the bottom parent was still valid.
+  // parent/idx/pv describe the bottom inner node.
+  struct Path {
+    Inner* parent = nullptr;
+    uint64_t pv = 0;
+    uint32_t idx = 0;
+    Inner* left = nullptr;  // deepest node where we went right of child 0
+    uint32_t left_idx = 0;
+  };
+  uint64_t FindLeaf(const SKey& k, uint64_t* lver, Path* path = nullptr) {
+    for (;;) {
+    restart:
+      Inner* n = root_inner_.load(std::memory_order_acquire);
+      uint64_t v = 0;
+      if (!ReadLock(n, &v)) continue;
+      if (kConc && n != root_inner_.load(std::memory_order_acquire)) continue;
+      Inner* left = nullptr;
+      uint32_t left_idx = 0;
+      for (;;) {
+        uint32_t i = UpperBound(n, k);
+        uint64_t c = n->child()[i].load(std::memory_order_relaxed);
+        if (!Validate(n, v)) goto restart;
+        if (i > 0) {
+          left = n;
+          left_idx = i - 1;
+        }
+        if (n->bottom) {
+          char* l = L(c);
+          uint64_t lv = LeafVersion(l);
+          if (kConc && (lv & 3)) {
+            // Locked (or being deleted): wait for it without holding anything.
+            for (int s = 0; s < 256 && (LeafVersion(l) & 1); s++) Pause();
+            if (LeafVersion(l) & 1) std::this_thread::yield();
+            goto restart;
+          }
+          if (!Validate(n, v)) goto restart;
+          *lver = lv;
+          if (path) {
+            path->parent = n;
+            path->pv = v;
+            path->idx = i;
+            path->left = left;
+            path->left_idx = left_idx;
+          }
+          return c;
+        }
+        Inner* cn = reinterpret_cast<Inner*>(c);
+        uint64_t cv = 0;
+        if (!ReadLock(cn, &cv)) goto restart;
+        if (!Validate(n, v)) goto restart;
+        n = cn;
+        v = cv;
+      }
+    }
+  }
+
+  // Inserts separator sep -> right leaf (whose left neighbour is `left_leaf`)
+  // into the bottom inner node covering sep, splitting full nodes on the way
+  // down (OLC insert; only inner-node locks are taken here).
+  void InsertSeparator(const SKey& sep, uint64_t kw, uint64_t right_leaf) {
+    for (;;) {
+    restart:
+      Inner* n = root_inner_.load(std::memory_order_acquire);
+      uint64_t v = 0;
+      if (!ReadLock(n, &v)) continue;
+      if (kConc && n != root_inner_.load(std::memory_order_acquire)) continue;
+      Inner* parent = nullptr;
+      uint64_t pv = 0;
+      for (;;) {
+        if (n->count.load(std::memory_order_relaxed) >= n->cap) {
+          if (parent && !Upgrade(parent, pv)) goto restart;
+          if (!Upgrade(n, v)) {
+            if (parent) WriteUnlock(parent);
+            goto restart;
+          }
+          if (!parent && n != root_inner_.load(std::memory_order_relaxed)) {
+            WriteUnlock(n);
+            goto restart;
+          }
+          SplitInner(n, parent);
+          WriteUnlock(n);
+          if (parent) WriteUnlock(parent);
+          goto restart;
+        }
+        if (parent && !Validate(parent, pv)) goto restart;
+        uint32_t i = UpperBound(n, sep);
+        if (n->bottom) {
+          if (!Upgrade(n, v)) goto restart;
+          InsertAt(n, i, kw, right_leaf);
+          WriteUnlock(n);
+          return;
+        }
+        uint64_t c = n->child()[i].load(std::memory_order_relaxed);
+        if (!Validate(n, v)) goto restart;
+        Inner* cn = reinterpret_cast<Inner*>(c);
+        uint64_t cv = 0;
+        if (!ReadLock(cn, &cv)) goto restart;
+        if (!Validate(n, v)) goto restart;
+        parent = n;
+        pv = v;
+        n = cn;
+        v = cv;
+      }
+    }
+  }
+  // keys[i] = kw, child[i+1] = c, shifting the rest right. Caller holds n.
+  static void InsertAt(Inner* n, uint32_t i, uint64_t kw, uint64_t c) {
+    uint32_t cnt = n->count.load(std::memory_order_relaxed);
+    auto* keys = n->keys();
+    auto* ch = n->child();
+    for (uint32_t j = cnt; j > i; j--) keys[j].store(keys[j - 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t j = cnt + 1; j > i + 1; j--) ch[j].store(ch[j - 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    keys[i].store(kw, std::memory_order_relaxed);
+    ch[i + 1].store(c, std::memory_order_relaxed);
+    n->count.store(cnt + 1, std::memory_order_release);
+  }
+  // Splits full node n (locked; parent locked or n is the root).
+  void SplitInner(Inner* n, Inner* parent) {
+    uint32_t cnt = n->count.load(std::memory_order_relaxed);
+    uint32_t mid = cnt / 2;
+    Inner* r = NewInner(n->bottom);
+    auto* keys = n->keys();
+    auto* ch = n->child();
+    uint64_t sep = keys[mid].load(std::memory_order_relaxed);
+    uint32_t rc = 0;
+    for (uint32_t j = mid + 1; j < cnt; j++) r->keys()[rc++].store(keys[j].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t j = mid + 1; j <= cnt; j++)
+      r->child()[j - mid - 1].store(ch[j].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    r->count.store(rc, std::memory_order_relaxed);
+    n->count.store(mid, std::memory_order_release);
+    if (parent) {
+      uint32_t i = 0;
+      uint32_t pc = parent->count.load(std::memory_order_relaxed);
+      while (i <= pc && parent->child()[i].load(std::memory_order_relaxed) != reinterpret_cast<uint64_t>(n)) i++;
+      InsertAt(parent, i, sep, reinterpret_cast<uint64_t>(r));
+    } else {
+      Inner* nr = NewInner(false);
+      nr->keys()[0].store(sep, std::memory_order_relaxed);
+      nr->child()[0].store(reinterpret_cast<uint64_t>(n), std::memory_order_relaxed);
+      nr->child()[1].store(reinterpret_cast<uint64_t>(r), std::memory_order_relaxed);
+      nr->count.store(1, std::memory_order_relaxed);
+      root_inner_.store(nr, std::memory_order_release);
+    }
+  }
+
+  // ---- micro-log slots (concurrent: a free mask; others: slot 0) ----------
+  int AcquireLog(std::atomic<uint64_t>* mask) {
+    if constexpr (!kConc) return 0;
+    for (;;) {
+      uint64_t m = mask->load(std::memory_order_relaxed);
+      if (m == 0) {
+        std::this_thread::yield();
+        continue;
+      }
+      int i = __builtin_ctzll(m);
+      if (mask->compare_exchange_weak(m, m & ~(1ull << i), std::memory_order_acquire)) return i;
+    }
+  }
+  void ReleaseLog(std::atomic<uint64_t>* mask, int i) {
+    if constexpr (!kConc) return;
+    mask->fetch_or(1ull << i, std::memory_order_release);
+  }
+
+  // ---- leaf groups (fptree_single, appendix B) -----------------------------------
+  uint64_t GroupBytes() const { return 64 + uint64_t(group_size_) * lay_.bytes; }
+  // Alg. 10: GetLeaf.
+  Status GetLeaf(uint64_t* out) {
+    if (free_leaves_.empty()) {
+      GroupLog* lg = &root_->get_log;
+      PMINDEX_RETURN_IF_ERROR(pool_->allocator().AllocateZeroed(&lg->new_group, GroupBytes()));
+      LinkNewGroup();
+    }
+    *out = free_leaves_.back();
+    free_leaves_.pop_back();
+    GroupOf(*out)->second++;
+    return Status::OK();
+  }
+  // Alg. 10 lines 4-9 (also the recovery continuation of alg. 11).
+  void LinkNewGroup() {
+    Root* r = root_;
+    uint64_t g = r->get_log.new_group;
+    if (r->groups_tail == 0) pm::StorePersist(&r->groups_head, g);
+    else pm::StorePersist(reinterpret_cast<uint64_t*>(L(r->groups_tail)), g);
+    pm::StorePersist(&r->groups_tail, g);
+    pm::StorePersist(&r->get_log.new_group, uint64_t(0));
+    group_used_[g] = 0;
+    for (uint32_t i = group_size_; i-- > 0;) free_leaves_.push_back(g + 64 + uint64_t(i) * lay_.bytes);
+  }
+  std::map<uint64_t, uint32_t>::iterator GroupOf(uint64_t leaf) {
+    auto it = group_used_.upper_bound(leaf);
+    --it;
+    return it;
+  }
+  // Alg. 12: FreeLeaf (the leaf is unlinked and clean).
+  void FreeLeaf(uint64_t leaf) {
+    auto it = GroupOf(leaf);
+    uint64_t g = it->first;
+    if (--it->second > 0) {
+      free_leaves_.push_back(leaf);
+      return;
+    }
+    // The whole group is free: drop its leaves from the vector, unlink, free.
+    uint64_t lo = g, hi = g + GroupBytes();
+    free_leaves_.erase(std::remove_if(free_leaves_.begin(), free_leaves_.end(), [&](uint64_t x) { return x >= lo && x < hi; }),
+                       free_leaves_.end());
+    group_used_.erase(it);
+    Root* r = root_;
+    uint64_t prev = 0;
+    for (uint64_t x = r->groups_head; x && x != g; x = *reinterpret_cast<uint64_t*>(L(x))) prev = x;
+    FreeGroupLog* lg = &r->free_log;
+    pm::Store(&lg->prev, prev);
+    pm::Store(&lg->cur, g);  // same line, after prev
+    pm::Persist(lg, 16);
+    FinishFreeGroup();
+  }
+  // Alg. 12 lines 8-19 / alg. 13. Idempotent. We log prev and cur together and
+  // also repair the tail pointer, which alg. 12 forgets.
+  void FinishFreeGroup() {
+    Root* r = root_;
+    FreeGroupLog* lg = &r->free_log;
+    uint64_t g = lg->cur, prev = lg->prev;
+    if (g) {
+      uint64_t gnext = *reinterpret_cast<uint64_t*>(L(g));
+      if (prev == 0) {
+        if (r->groups_head == g) pm::StorePersist(&r->groups_head, gnext);
+      } else {
+        uint64_t* pn = reinterpret_cast<uint64_t*>(L(prev));
+        if (*pn == g) pm::StorePersist(pn, gnext);
+      }
+      if (r->groups_tail == g) pm::StorePersist(&r->groups_tail, prev);
+      pool_->allocator().Free(&lg->cur);
+    }
+    pm::Store(&lg->prev, uint64_t(0));
+    pm::Persist(lg, 16);
+  }
+
+  // ---- split (alg. 3/4) ------------------------------------------------------------
+  // Chooses the upper half of the (full) leaf l: returns the bitmap of the
+  // slots that move and the separator (smallest moving key).
+  bool ChooseSplit(char* l, uint64_t* upper, Rec* sep) {
+    uint64_t bm = Ld(Bm(l));
+    std::vector<std::pair<Rec, int>> v;
+    for (uint64_t m = bm; m; m &= m - 1) {
+      int i = __builtin_ctzll(m);
+      Rec r;
+      if (!ReadSlotKey(l, i, &r)) return false;
+      v.emplace_back(std::move(r), i);
+    }
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return CmpRec(a.first, b.first) < 0; });
+    size_t half = v.size() / 2;
+    *upper = 0;
+    for (size_t j = half; j < v.size(); j++) *upper |= 1ull << v[j].second;
+    *sep = v[half].first;
+    return true;
+  }
+  // Copy phase (alg. 3 lines 6-10): new leaf n gets all of l, keeps `upper`.
+  void SplitCopy(char* l, char* n, uint64_t upper) {
+    pm::Copy(n, l, lay_.bytes);
+    pm::Store(Bm(n), upper);
+    pm::Store(Ver(n), uint64_t(1));  // born locked; never persisted meaningfully
+    if (pointers_) {
+      for (uint32_t i = 0; i < lay_.m; i++) {
+        if (upper >> i & 1) continue;
+        if (kBytes) pm::Store(Key(n, i), uint64_t(0));
+        if (vbytes_) pm::Store(Val(n, i), uint64_t(0));
+      }
+    }
+    pm::Flush(n, lay_.bytes);
+    pm::Fence();
+  }
+  // Alg. 3 lines 11-14 plus the pointer cleanup of moved slots in l.
+  void SplitFinish(char* l, uint64_t noff, uint64_t upper) {
+    char* n = L(noff);
+    pm::StoreAtomic(Bm(l), lay_.full & ~upper);
+    pm::StoreAtomic(Next(l), noff);
+    pm::Flush(l, 8);
+    pm::Flush(Next(l), 8);
+    if (pointers_) {
+      for (uint32_t i = 0; i < lay_.m; i++) {
+        if (!(upper >> i & 1)) continue;
+        if (kBytes) {
+          pm::StoreAtomic(Key(l, i), uint64_t(0));
+          pm::Flush(Key(l, i), 8);
+        }
+        if (vbytes_) {
+          pm::StoreAtomic(Val(l, i), uint64_t(0));
+          pm::Flush(Val(l, i), 8);
+        }
+      }
+    }
+    (void)n;
+    pm::Fence();
+  }
+  void ResetSplitLog(SplitLog* lg) {
+    pm::Store(&lg->nw, uint64_t(0));
+    pm::Store(&lg->cur, uint64_t(0));
+    pm::Persist(lg, 16);
+  }
+  // Splits the full, locked leaf loff. On success *noff is the new right leaf
+  // (locked, linked after loff) and *sep its smallest key.
+  Status SplitLeaf(uint64_t loff, uint64_t* noff, Rec* sep) {
+    char* l = L(loff);
+    uint64_t upper = 0;
+    if (!ChooseSplit(l, &upper, sep)) return Status::Corrupt("fptree: unreadable key block in a locked leaf");
+    int li = AcquireLog(&split_free_);
+    SplitLog* lg = &root_->split[li];
+    if (!PMINDEX_FAULT("fptree.split.skip_log")) pm::Store(&lg->cur, loff);
+    Status st;
+    if (groups_) {
+      uint64_t leaf = 0;
+      st = GetLeaf(&leaf);
+      if (st.ok()) {
+        pm::Store(&lg->nw, leaf);
+        pm::Persist(lg, 16);
+      }
+    } else {
+      // Allocate-into-destination: log.new is the destination. log.cur sits in
+      // the same line, stored earlier, so it is durable no later than log.new.
+      st = pool_->allocator().Allocate(&lg->nw, lay_.bytes);
+    }
+    if (!st.ok()) {
+      ResetSplitLog(lg);
+      ReleaseLog(&split_free_, li);
+      return st;
+    }
+    *noff = lg->nw;
+    SplitCopy(l, L(*noff), upper);
+    SplitFinish(l, *noff, upper);
+    ResetSplitLog(lg);
+    ReleaseLog(&split_free_, li);
+    return Status::OK();
+  }
+
+  // ---- record writes (leaf locked) ---------------------------------------------------
+  // Writes key/value into free slot s of leaf l and commits with the bitmap.
+  Status InsertInto(char* l, int s, const SKey& k, Slice value) {
+    uint64_t* kw = Key(l, s);
+    uint64_t* vw = Val(l, s);
+    if constexpr (kBytes) {
+      PMINDEX_RETURN_IF_ERROR(WriteBlock(kw, k.s));
+    } else {
+      pm::StoreAtomic(kw, k.u, __ATOMIC_RELAXED);
+    }
+    if (vbytes_) {
+      Status st = WriteBlock(vw, value);
+      if (!st.ok()) {
+        if (kBytes) pool_->allocator().Free(kw);
+        return st;
+      }
+    } else {
+      pm::StoreAtomic(vw, SliceToU64(value), __ATOMIC_RELAXED);
+    }
+    if (lay_.fp) pm::StoreAtomic(Fp(l, s), k.fp, __ATOMIC_RELAXED);
+    uint64_t nb = Ld(Bm(l)) | (1ull << s);
+    if (PMINDEX_FAULT("fptree.insert.bitmap_before_kv")) {
+      pm::StoreAtomic(Bm(l), nb);
+      pm::Persist(l, 8);
+      pm::Flush(kw, 8);
+      pm::Flush(vw, 8);
+      pm::Fence();
+      return Status::OK();
+    }
+    if (!PMINDEX_FAULT("fptree.insert.skip_kv_flush")) {
+      pm::Flush(kw, 8);
+      if (!lay_.fp) pm::Flush(vw, 8);  // ptree: separate arrays
+      pm::Fence();
+    }
+    pm::StoreAtomic(Bm(l), nb);
+    pm::Persist(l, 8);
+    return Status::OK();
+  }
+  // Alg. 8 (bitmap flip) or the in-place p-atomic value store.
+  Status UpdateIn(char* l, int old, Slice value) {
+    if (inplace_) {
+      pm::StoreAtomic(Val(l, old), SliceToU64(value));
+      pm::Persist(Val(l, old), 8);
+      return Status::OK();
+    }
+    uint64_t bm = Ld(Bm(l));
+    uint64_t freem = ~bm & lay_.full;
+    int s = __builtin_ctzll(freem);  // caller guarantees a free slot
+    uint64_t* vw = Val(l, s);
+    if (vbytes_) {
+      PMINDEX_RETURN_IF_ERROR(WriteBlock(vw, value));
+    } else {
+      pm::StoreAtomic(vw, SliceToU64(value), __ATOMIC_RELAXED);
+    }
+    pm::StoreAtomic(Key(l, s), Ld(Key(l, old)), __ATOMIC_RELAXED);
+    if (lay_.fp) pm::StoreAtomic(Fp(l, s), Ld8(Fp(l, old)), __ATOMIC_RELAXED);
+    pm::Flush(Key(l, s), 8);
+    if (!lay_.fp) pm::Flush(vw, 8);
+    pm::Fence();
+    pm::StoreAtomic(Bm(l), uint64_t((bm & ~(1ull << old)) | (1ull << s)));
+    pm::Persist(l, 8);
+    // Cleanup of the old slot: its key pointer is now shared (reset), its value
+    // block is garbage (free). Recovery's alg. 17 check finishes this.
+    if (kBytes) {
+      pm::StoreAtomic(Key(l, old), uint64_t(0));
+      if (!vbytes_ || !lay_.fp) pm::Persist(Key(l, old), 8);
+    }
+    if (vbytes_) pool_->allocator().Free(Val(l, old));
+    return Status::OK();
+  }
+
+  // ---- public operations ----------------------------------------------------------------
+  enum class Mode { kInsert, kUpdate, kUpsert };
+
+  Status Insert(Slice key, Slice value) override { return Put(key, value, Mode::kInsert); }
+  Status Update(Slice key, Slice value) override { return Put(key, value, Mode::kUpdate); }
+  Status Upsert(Slice key, Slice value) override { return Put(key, value, Mode::kUpsert); }
+
+  Status Put(Slice key, Slice value, Mode mode) {
+    if (closed_) return Status::InvalidArgument("index closed");
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
+    PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
+    SKey k = MakeKey(key);
+    EpochGuard g(kConc);
+    for (;;) {
+      uint64_t lv = 0;
+      uint64_t loff = FindLeaf(k, &lv);
+      char* l = L(loff);
+      if (!LeafTryLock(l, lv)) {
+        Pause();
+        continue;
+      }
+      uint64_t bm = Ld(Bm(l));
+      int slot = FindSlot(l, bm, k);
+      if (slot >= 0 && mode == Mode::kInsert) {
+        LeafUnlock(l);
+        return Status::AlreadyExists();
+      }
+      if (slot < 0 && mode == Mode::kUpdate) {
+        LeafUnlock(l);
+        return Status::NotFound();
+      }
+      bool need_slot = slot < 0 || !inplace_;
+      uint64_t noff = 0;
+      Rec sep;
+      Status st;
+      char* target = l;
+      if (need_slot && bm == lay_.full) {
+        st = SplitLeaf(loff, &noff, &sep);
+        if (!st.ok()) {
+          LeafUnlock(l);
+          return st;
+        }
+        SKey sk;
+        if constexpr (kBytes) sk.s = sep.ks;
+        else sk.u = sep.k;
+        int c = kBytes ? CompareKeys(KeyKind::kBytes, k.s, sep.ks) : (k.u < sep.k ? -1 : (k.u > sep.k ? 1 : 0));
+        if (c >= 0) target = L(noff);
+        // Slots keep their index in the copy, so `slot` is valid in target.
+        if (slot >= 0) st = UpdateIn(target, slot, value);
+        else st = InsertInto(target, __builtin_ctzll(~Ld(Bm(target)) & lay_.full), k, value);
+        InsertSeparator(sk, KeyWordForInner(sk), noff);
+        LeafUnlock(L(noff));
+        LeafUnlock(l);
+        return st;
+      }
+      if (slot >= 0) st = UpdateIn(l, slot, value);
+      else st = InsertInto(l, __builtin_ctzll(~bm & lay_.full), k, value);
+      LeafUnlock(l);
+      return st;
+    }
+  }
+
+  Status Find(Slice key, std::string* value) override {
+    if (closed_) return Status::InvalidArgument("index closed");
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
+    SKey k = MakeKey(key);
+    EpochGuard g(kConc);
+    for (;;) {
+      uint64_t lv = 0;
+      char* l = L(FindLeaf(k, &lv));
+      uint64_t bm = Ld(Bm(l));
+      int slot = FindSlot(l, bm, k);
+      if (slot < 0) {
+        if (LeafValidate(l, lv)) return Status::NotFound();
+        continue;
+      }
+      uint64_t w = Ld(Val(l, slot));
+      if (vbytes_) {
+        std::string tmp;
+        bool ok = ReadBlock(w, max_value_, &tmp);
+        if (!LeafValidate(l, lv)) continue;
+        if (!ok) return Status::Corrupt("fptree: bad value block");
+        if (value) *value = std::move(tmp);
+        return Status::OK();
+      }
+      if (!LeafValidate(l, lv)) continue;
+      if (value) value->assign(reinterpret_cast<const char*>(&w), 8);
+      return Status::OK();
+    }
+  }
+
+  Status Remove(Slice key) override {
+    if (closed_) return Status::InvalidArgument("index closed");
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
+    SKey k = MakeKey(key);
+    int pending = -1;
+    {
+      EpochGuard g(kConc);
+      for (;;) {
+        uint64_t lv = 0;
+        Path path;
+        uint64_t loff = FindLeaf(k, &lv, &path);
+        char* l = L(loff);
+        if (!LeafTryLock(l, lv)) {
+          Pause();
+          continue;
+        }
+        uint64_t bm = Ld(Bm(l));
+        int slot = FindSlot(l, bm, k);
+        if (slot < 0) {
+          LeafUnlock(l);
+          return Status::NotFound();
+        }
+        bm &= ~(1ull << slot);
+        pm::StoreAtomic(Bm(l), bm);
+        if (!PMINDEX_FAULT("fptree.delete.skip_flush")) pm::Persist(l, 8);
+        if (kBytes) pool_->allocator().Free(Key(l, slot));
+        if (vbytes_) pool_->allocator().Free(Val(l, slot));
+        if (bm == 0) {
+          pending = TryDeleteLeaf(loff, k);
+          if (pending == -1) LeafUnlock(l);
+        } else {
+          LeafUnlock(l);
+        }
+        break;
+      }
+    }
+    if (pending >= 0) {
+      // Grace period before the unlinked leaf's memory may be reused.
+      if (kConc) Synchronize();
+      FinishDeleteLog(&root_->del[pending]);
+      ReleaseLog(&del_free_, pending);
+    }
+    return Status::OK();
+  }
+
+  // Leaf loff (locked, empty) is unlinked from the inner nodes and the list
+  // (alg. 5/6). Returns the delete log index to finish after the grace period,
+  // -1 if the deletion was skipped (leaf stays, still locked by the caller).
+  // On success the leaf is marked obsolete and unlocked.
+  int TryDeleteLeaf(uint64_t loff, const SKey& k) {
+    char* l = L(loff);
+    for (int attempt = 0; attempt < 64; attempt++) {
+      if (attempt) std::this_thread::yield();
+      // Locate the bottom parent and the left neighbour while holding l.
+      Path path;
+      Inner* n = root_inner_.load(std::memory_order_acquire);
+      uint64_t v = 0;
+      if (!ReadLock(n, &v)) continue;
+      bool bad = false;
+      while (!n->bottom) {
+        uint32_t i = UpperBound(n, k);
+        if (i > 0) {
+          path.left = n;
+          path.left_idx = i - 1;
+        }
+        Inner* c = reinterpret_cast<Inner*>(n->child()[i].load(std::memory_order_relaxed));
+        uint64_t cv = 0;
+        if (!Validate(n, v) || !ReadLock(c, &cv) || !Validate(n, v)) {
+          bad = true;
+          break;
+        }
+        n = c;
+        v = cv;
+      }
+      if (bad) continue;
+      uint32_t j = UpperBound(n, k);
+      if (j > 0) {
+        path.left = n;
+        path.left_idx = j - 1;
+      }
+      if (n->child()[j].load(std::memory_order_relaxed) != loff || !Validate(n, v)) continue;
+      if (n->count.load(std::memory_order_relaxed) == 0) break;  // only child: keep the leaf
+      // Left neighbour: rightmost leaf of the left subtree (verified below).
+      uint64_t prev = 0;
+      if (path.left) {
+        Inner* x = path.left;
+        uint64_t c = x->child()[path.left_idx].load(std::memory_order_relaxed);
+        while (!x->bottom && c) {
+          x = reinterpret_cast<Inner*>(c);
+          uint32_t cnt = std::min(x->count.load(std::memory_order_relaxed), x->cap);
+          c = x->child()[cnt].load(std::memory_order_relaxed);
+        }
+        prev = c;  // verified under its lock: prev.next == loff
+        if (!prev) continue;
+      }
+      char* p = prev ? L(prev) : nullptr;
+      if (p) {
+        if (prev == loff) continue;
+        if (!LeafTryLock(p, LeafVersion(p))) continue;
+        if (Ld(Next(p)) != loff) {
+          LeafUnlock(p);
+          continue;
+        }
+      } else if (__atomic_load_n(&root_->head, __ATOMIC_ACQUIRE) != loff) {
+        continue;
+      }
+      if (!Upgrade(n, v)) {
+        if (p) LeafUnlock(p);
+        continue;
+      }
+      // Persistent unlink (alg. 6 lines 3-13).
+      int li = AcquireLog(&del_free_);
+      DeleteLog* lg = &root_->del[li];
+      pm::Store(&lg->prev, prev);
+      pm::Store(&lg->cur, loff);
+      pm::Persist(lg, 16);
+      uint64_t nx = Ld(Next(l));
+      if (p) pm::StorePersist(Next(p), nx);
+      else pm::StorePersist(&root_->head, nx);
+      // DRAM unlink: drop child j and one neighbouring key.
+      RemoveAt(n, j);
+      WriteUnlock(n);
+      LeafUnlock(l, /*obsolete=*/true);
+      if (p) LeafUnlock(p);
+      return li;
+    }
+    g_skipped_deletions.fetch_add(1, std::memory_order_relaxed);
+    return -1;
+  }
+  static void RemoveAt(Inner* n, uint32_t j) {
+    uint32_t cnt = n->count.load(std::memory_order_relaxed);
+    auto* keys = n->keys();
+    auto* ch = n->child();
+    uint32_t kd = j > 0 ? j - 1 : 0;  // key removed
+    for (uint32_t x = kd; x + 1 < cnt; x++) keys[x].store(keys[x + 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t x = j; x < cnt; x++) ch[x].store(ch[x + 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    n->count.store(cnt - 1, std::memory_order_release);
+  }
+  // Alg. 6 line 14-15 / alg. 7 tail: free (or return to its group) the unlinked
+  // leaf and reset the log.
+  void FinishDeleteLog(DeleteLog* lg) {
+    if (lg->cur) {
+      if (groups_) {
+        uint64_t leaf = lg->cur;
+        pm::Store(&lg->cur, uint64_t(0));
+        pm::Persist(&lg->cur, 8);
+        FreeLeaf(leaf);
+      } else {
+        pool_->allocator().Free(&lg->cur);
+      }
+    }
+    pm::Store(&lg->prev, uint64_t(0));
+    pm::Persist(lg, 16);
+  }
+
+  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override {
+    if (count) *count = 0;
+    if (closed_) return Status::InvalidArgument("index closed");
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, start));
+    size_t done = 0;
+    Rec resume;
+    bool inclusive = true;
+    if constexpr (kBytes) resume.ks.assign(start.data(), start.size());
+    else resume.k = SliceToU64(start);
+    std::vector<Rec> out, leafrecs;
+    while (done < n) {
+      out.clear();
+      bool end = false;
+      {
+        EpochGuard g(kConc);
+        SKey k;
+        if constexpr (kBytes) k.s = resume.ks;
+        else k.u = resume.k;
+        uint64_t lv = 0;
+        uint64_t loff = FindLeaf(k, &lv);
+        size_t want = std::min<size_t>(n - done, 512);
+        while (out.size() < want) {
+          char* l = L(loff);
+          uint64_t nx = 0;
+          if (!ReadLeafRecs(l, lv, k, inclusive, &leafrecs, &nx)) break;  // changed: re-traverse
+          for (auto& r : leafrecs) out.push_back(std::move(r));
+          if (nx == 0) {
+            end = true;
+            break;
+          }
+          // Continue along the list; an obsolete/locked next leaf re-traverses.
+          char* nl = L(nx);
+          uint64_t nv = LeafVersion(nl);
+          if (kConc && (nv & 3)) break;
+          loff = nx;
+          lv = nv;
+        }
+      }
+      size_t emit = std::min(out.size(), n - done);
+      for (size_t i = 0; i < emit; i++) {
+        Rec& r = out[i];
+        Slice ks = kBytes ? Slice(r.ks) : U64Slice(r.k);
+        Slice vs = vbytes_ ? Slice(r.vs) : U64Slice(r.v);
+        done++;
+        if (!cb(ks, vs)) {
+          if (count) *count = done;
+          return Status::OK();
+        }
+      }
+      if (emit > 0) {
+        resume = std::move(out[emit - 1]);
+        inclusive = false;
+      }
+      if (end && emit == out.size()) break;
+    }
+    if (count) *count = done;
+    return Status::OK();
+  }
+  // Snapshot of leaf l's records >= k (> k if !inclusive), sorted. False if the
+  // leaf changed meanwhile (the caller re-traverses).
+  bool ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bool inclusive, std::vector<Rec>* recs, uint64_t* next) {
+    for (int attempt = 0;; attempt++) {
+      recs->clear();
+      uint64_t bm = Ld(Bm(l));
+      bool ok = true;
+      for (uint64_t m = bm; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        Rec r;
+        if (!ReadSlotKey(l, i, &r)) {
+          ok = false;
+          break;
+        }
+        int c = CmpRecKey(r, k);
+        if (c < 0 || (c == 0 && !inclusive)) continue;
+        if (!ReadSlotVal(l, i, &r)) {
+          ok = false;
+          break;
+        }
+        recs->push_back(std::move(r));
+      }
+      *next = Ld(Next(l));
+      if (LeafValidate(l, lv) && ok) break;
+      return false;
+    }
+    std::sort(recs->begin(), recs->end(), [](const Rec& a, const Rec& b) { return CmpRec(a, b) < 0; });
+    return true;
+  }
+
+  uint64_t Size() override {
+    if (closed_) return 0;
+    EpochGuard g(kConc);
+    uint64_t n = 0;
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) n += __builtin_popcountll(Ld(Bm(L(x))));
+    return n;
+  }
+
+  // ---- check / blocks / stats ---------------------------------------------------------
+  Status Check() override {
+    if (closed_) return Status::InvalidArgument("index closed");
+    std::vector<uint64_t> leaves;
+    for (uint64_t x = root_->head; x; x = *Next(L(x))) {
+      if (x % 64 || x + lay_.bytes > pool_->size()) return Status::Corrupt("leaf offset out of range");
+      leaves.push_back(x);
+      if (leaves.size() > (pool_->size() / lay_.bytes) + 1) return Status::Corrupt("leaf list has a cycle");
+    }
+    if (leaves.empty()) return Status::Corrupt("no leaves");
+    Rec prev_max;
+    bool have_prev = false;
+    for (uint64_t off : leaves) {
+      char* l = L(off);
+      uint64_t bm = *Bm(l);
+      if (bm & ~lay_.full) return Status::Corrupt("bitmap has bits beyond the leaf size");
+      if (kConc && (*Ver(l) & 3)) return Status::Corrupt("leaf left locked");
+      std::vector<Rec> recs;
+      for (uint32_t i = 0; i < lay_.m; i++) {
+        bool valid = bm >> i & 1;
+        if (!valid) {
+          if ((kBytes && *Key(l, i)) || (vbytes_ && *Val(l, i))) return Status::Corrupt("invalid slot holds a block pointer (leak)");
+          continue;
+        }
+        Rec r;
+        if (!ReadSlotKey(l, i, &r) || !ReadSlotVal(l, i, &r)) return Status::Corrupt("unreadable key/value block");
+        if (kBytes && (r.ks.empty() || r.ks.size() > max_key_)) return Status::Corrupt("bad key length");
+        if (lay_.fp) {
+          uint8_t f = kBytes ? FpBytes(r.ks) : FpU64(r.k);
+          if (*Fp(l, i) != f) return Status::Corrupt("fingerprint mismatch");
+        }
+        recs.push_back(std::move(r));
+      }
+      std::sort(recs.begin(), recs.end(), [](const Rec& a, const Rec& b) { return CmpRec(a, b) < 0; });
+      for (size_t i = 1; i < recs.size(); i++)
+        if (CmpRec(recs[i - 1], recs[i]) == 0) return Status::Corrupt("duplicate key in a leaf");
+      if (!recs.empty()) {
+        if (have_prev && CmpRec(prev_max, recs.front()) >= 0) return Status::Corrupt("leaves out of key order");
+        prev_max = recs.back();
+        have_prev = true;
+      }
+    }
+    // Inner nodes: in-order leaves == list, keys sorted, ranges respected.
+    std::vector<uint64_t> inorder;
+    PMINDEX_RETURN_IF_ERROR(CheckInner(root_inner_.load(), nullptr, nullptr, &inorder, 0));
+    if (inorder != leaves) return Status::Corrupt("inner nodes do not index the leaf list in order");
+    for (int i = 0; i < kLogs; i++)
+      if (root_->split[i].cur || root_->split[i].nw || root_->del[i].cur || root_->del[i].prev)
+        return Status::Corrupt("micro-log left set");
+    if (groups_) {
+      if (root_->get_log.new_group || root_->free_log.cur) return Status::Corrupt("group log left set");
+      size_t total = 0;
+      for (uint64_t g = root_->groups_head; g; g = *reinterpret_cast<uint64_t*>(L(g))) {
+        if (!group_used_.count(g)) return Status::Corrupt("group list and DRAM group map differ");
+        total += group_size_;
+      }
+      if (total != leaves.size() + free_leaves_.size()) return Status::Corrupt("leaf group accounting mismatch");
+    }
+    return Status::OK();
+  }
+  // lo <= keys < hi for everything under n (null bounds: unbounded).
+  Status CheckInner(Inner* n, const uint64_t* lo, const uint64_t* hi, std::vector<uint64_t>* inorder, int depth) {
+    if (depth > 64) return Status::Corrupt("inner tree too deep");
+    uint32_t c = n->count.load();
+    if (c > n->cap) return Status::Corrupt("inner count over capacity");
+    auto* keys = n->keys();
+    for (uint32_t i = 0; i < c; i++) {
+      uint64_t kw = keys[i].load();
+      if (i > 0 && CmpWords(keys[i - 1].load(), kw) >= 0) return Status::Corrupt("inner keys not sorted");
+      if (lo && CmpWords(kw, *lo) < 0) return Status::Corrupt("inner key below its range");
+      if (hi && CmpWords(kw, *hi) >= 0) return Status::Corrupt("inner key above its range");
+    }
+    for (uint32_t i = 0; i <= c; i++) {
+      uint64_t ch = n->child()[i].load();
+      uint64_t klo = i > 0 ? keys[i - 1].load() : 0, khi = i < c ? keys[i].load() : 0;
+      const uint64_t* clo = i > 0 ? &klo : lo;
+      const uint64_t* chi = i < c ? &khi : hi;
+      if (n->bottom) {
+        inorder->push_back(ch);
+        // Every record of the leaf must be within [clo, chi).
+        char* l = L(ch);
+        uint64_t bm = *Bm(l);
+        for (uint64_t m = bm; m; m &= m - 1) {
+          int s = __builtin_ctzll(m);
+          Rec r;
+          if (!ReadSlotKey(l, s, &r)) return Status::Corrupt("unreadable key");
+          SKey sk;
+          if constexpr (kBytes) sk.s = r.ks;
+          else sk.u = r.k;
+          if (clo && CmpInner(*clo, sk) > 0) return Status::Corrupt("record below its leaf's separator");
+          if (chi && CmpInner(*chi, sk) <= 0) return Status::Corrupt("record above its leaf's separator");
+        }
+      } else {
+        PMINDEX_RETURN_IF_ERROR(CheckInner(reinterpret_cast<Inner*>(ch), clo, chi, inorder, depth + 1));
+      }
+    }
+    return Status::OK();
+  }
+  static int CmpWords(uint64_t a, uint64_t b) {
+    if constexpr (kBytes) {
+      return CompareKeys(KeyKind::kBytes, reinterpret_cast<KeyBlob*>(a)->slice(), reinterpret_cast<KeyBlob*>(b)->slice());
+    } else {
+      return a < b ? -1 : (a > b ? 1 : 0);
+    }
+  }
+
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override {
+    if (closed_) return Status::InvalidArgument("index closed");
+    fn(*pool_->root_slot());
+    if (groups_) {
+      for (uint64_t g = root_->groups_head; g; g = *reinterpret_cast<uint64_t*>(L(g))) fn(g);
+    }
+    for (uint64_t x = root_->head; x; x = *Next(L(x))) {
+      if (!groups_) fn(x);
+      char* l = L(x);
+      for (uint32_t i = 0; i < lay_.m; i++) {
+        if (kBytes && *Key(l, i)) fn(*Key(l, i));
+        if (vbytes_ && *Val(l, i)) fn(*Val(l, i));
+      }
+    }
+    for (int i = 0; i < kLogs; i++) {
+      if (root_->split[i].nw && !groups_) fn(root_->split[i].nw);
+      if (root_->del[i].cur && !groups_) fn(root_->del[i].cur);
+    }
+    return Status::OK();
+  }
+
+  IndexStats Stats() override {
+    IndexStats s;
+    if (closed_) return s;
+    s.records = Size();
+    s.pm_bytes = pool_->allocator().BytesInUse();
+    s.dram_bytes = dram_bytes_.load() + free_leaves_.capacity() * 8 + group_used_.size() * 48;
+    s.recovery_seconds = recovery_seconds_;
+    return s;
+  }
+
+  Status Close() override {
+    if (closed_) return Status::OK();
+    closed_ = true;
+    for (Inner* n : nodes_) std::free(n);
+    for (KeyBlob* b : blobs_) std::free(b);
+    nodes_.clear();
+    blobs_.clear();
+    Status s = pool_ ? pool_->Close() : Status::OK();
+    return s;
+  }
+
+  // ---- recovery (alg. 9) -----------------------------------------------------------------
+  Status Recover() {
+    auto t0 = std::chrono::steady_clock::now();
+    Root* r = root_;
+    split_free_.store(~0ull);
+    del_free_.store(~0ull);
+    // Leaf groups: rebuild the DRAM map first (logs may need it).
+    if (groups_) {
+      if (r->get_log.new_group) {
+        // Alg. 11.
+        if (r->groups_tail == r->get_log.new_group) pm::StorePersist(&r->get_log.new_group, uint64_t(0));
+        else LinkNewGroup();
+      }
+      FinishFreeGroup();  // alg. 13 (no-op if the log is clear)
+      group_used_.clear();
+      free_leaves_.clear();
+      for (uint64_t g = r->groups_head; g; g = *reinterpret_cast<uint64_t*>(L(g))) group_used_[g] = 0;
+    }
+    // Split logs (alg. 4).
+    for (int i = 0; i < kLogs; i++) {
+      SplitLog* lg = &r->split[i];
+      if (lg->cur == 0) {
+        // nw is reset before cur (same line), so nw != 0 here only if the log
+        // was never written properly (fault injection): reset, never free a
+        // block that may already be linked.
+        if (lg->nw) ResetSplitLog(lg);
+        continue;
+      }
+      if (lg->nw == 0) {
+        ResetSplitLog(lg);
+        continue;
+      }
+      char* l = L(lg->cur);
+      uint64_t upper = 0;
+      if ((*Bm(l) & lay_.full) == lay_.full) {
+        Rec sep;
+        if (!ChooseSplit(l, &upper, &sep)) return Status::Corrupt("split recovery: unreadable key");
+        SplitCopy(l, L(lg->nw), upper);
+      } else {
+        upper = *Bm(L(lg->nw));
+      }
+      SplitFinish(l, lg->nw, upper);
+      ResetSplitLog(lg);
+    }
+    // Delete logs (alg. 7): every unlink first, then the frees.
+    for (int i = 0; i < kLogs; i++) {
+      DeleteLog* lg = &r->del[i];
+      if (!lg->cur) continue;
+      uint64_t nx = *Next(L(lg->cur));
+      if (lg->prev == 0) {
+        if (r->head == lg->cur) pm::StorePersist(&r->head, nx);
+      } else if (*Next(L(lg->prev)) == lg->cur) {
+        pm::StorePersist(Next(L(lg->prev)), nx);
+      }
+    }
+    // Collect the leaf list.
+    std::vector<uint64_t> leaves;
+    for (uint64_t x = r->head; x; x = *Next(L(x))) leaves.push_back(x);
+    if (groups_) {
+      for (uint64_t x : leaves) GroupOf(x)->second++;
+    }
+    for (int i = 0; i < kLogs; i++) {
+      DeleteLog* lg = &r->del[i];
+      if (!lg->cur && !lg->prev) continue;
+      if (groups_ && lg->cur) {
+        pm::Store(&lg->cur, uint64_t(0));
+      } else if (lg->cur) {
+        pool_->allocator().Free(&lg->cur);
+      }
+      pm::Store(&lg->prev, uint64_t(0));
+      pm::Persist(lg, 16);
+    }
+    // Per leaf (parallel): reset the lock word, leak checks (alg. 17 for keys
+    // and values), min key, emptiness.
+    size_t nl = leaves.size();
+    std::vector<Rec> minkey(nl);
+    std::vector<uint8_t> empty(nl, 0);
+    std::vector<std::vector<std::pair<uint64_t*, bool>>> fixes(nl);  // (word, free?)
+    auto work = [&](size_t from, size_t to) {
+      for (size_t j = from; j < to; j++) {
+        char* l = L(leaves[j]);
+        pm::Store(Ver(l), uint64_t(0));
+        uint64_t bm = *Bm(l) & lay_.full;
+        if (bm != *Bm(l)) pm::Store(Bm(l), bm);
+        empty[j] = bm == 0;
+        bool first = true;
+        for (uint64_t m = bm; m; m &= m - 1) {
+          int i = __builtin_ctzll(m);
+          Rec rr;
+          if (!ReadSlotKey(l, i, &rr)) continue;
+          if (first || CmpRec(rr, minkey[j]) < 0) minkey[j] = std::move(rr);
+          first = false;
+        }
+        if (!pointers_) continue;
+        for (uint32_t i = 0; i < lay_.m; i++) {
+          if (bm >> i & 1) continue;
+          if (kBytes && *Key(l, i)) {
+            bool shared = false;
+            for (uint64_t m = bm; m; m &= m - 1)
+              if (*Key(l, __builtin_ctzll(m)) == *Key(l, i)) shared = true;
+            fixes[j].push_back({Key(l, i), !shared});
+          }
+          if (vbytes_ && *Val(l, i)) {
+            bool shared = false;
+            for (uint64_t m = bm; m; m &= m - 1)
+              if (*Val(l, __builtin_ctzll(m)) == *Val(l, i)) shared = true;
+            fixes[j].push_back({Val(l, i), !shared});
+          }
+        }
+      }
+    };
+    int threads = opts_.recovery_threads > 0 ? opts_.recovery_threads : int(std::thread::hardware_concurrency());
+    threads = std::max(1, std::min(threads, 16));
+    if (nl < 4096) threads = 1;
+    if (threads == 1) {
+      work(0, nl);
+    } else {
+      std::vector<std::thread> ts;
+      size_t per = (nl + threads - 1) / threads;
+      for (int t = 0; t < threads; t++) {
+        size_t a = std::min(nl, t * per), b = std::min(nl, (t + 1) * per);
+        if (a < b) ts.emplace_back(work, a, b);
+      }
+      for (auto& t : ts) t.join();
+    }
+    for (auto& fl : fixes)
+      for (auto& [w, fr] : fl) {
+        if (fr) pool_->allocator().Free(w);
+        else pm::StorePersist(w, uint64_t(0));
+      }
+    if (pointers_) pm::Fence();
+    // Drop empty leaves (keep at least one): deletions left for later or
+    // interrupted ones.
+    std::vector<uint64_t> keep;
+    std::vector<Rec> keepmin;
+    size_t nonempty = 0;
+    for (size_t j = 0; j < nl; j++) nonempty += !empty[j];
+    for (size_t j = 0; j < nl; j++) {
+      bool drop = empty[j] && !(nonempty == 0 && keep.empty());
+      if (!drop) {
+        keep.push_back(leaves[j]);
+        keepmin.push_back(std::move(minkey[j]));
+        continue;
+      }
+      uint64_t prev = keep.empty() ? 0 : keep.back();
+      DeleteLog* lg = &r->del[0];
+      pm::Store(&lg->prev, prev);
+      pm::Store(&lg->cur, leaves[j]);
+      pm::Persist(lg, 16);
+      uint64_t nx = *Next(L(leaves[j]));
+      if (prev) pm::StorePersist(Next(L(prev)), nx);
+      else pm::StorePersist(&r->head, nx);
+      FinishDeleteLog(lg);
+    }
+    if (groups_) {
+      // Free leaves: group members not in the list.
+      std::vector<uint64_t> sorted = keep;
+      std::sort(sorted.begin(), sorted.end());
+      free_leaves_.clear();
+      for (auto& [g, used] : group_used_) {
+        for (uint32_t i = 0; i < group_size_; i++) {
+          uint64_t leaf = g + 64 + uint64_t(i) * lay_.bytes;
+          if (std::binary_search(sorted.begin(), sorted.end(), leaf)) continue;
+          char* l = L(leaf);
+          if (*Bm(l)) pm::StorePersist(Bm(l), uint64_t(0));
+          free_leaves_.push_back(leaf);
+        }
+      }
+    }
+    // Rebuild the inner nodes (bulk load, ~75% full).
+    BuildInner(keep, keepmin);
+    recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return Status::OK();
+  }
+
+  void BuildInner(const std::vector<uint64_t>& leaves, std::vector<Rec>& mins) {
+    uint32_t fill = std::max<uint32_t>(1, inner_cap_ * 3 / 4);
+    std::vector<uint64_t> level = leaves;
+    std::vector<uint64_t> seps(leaves.size());  // seps[i]: lower bound of child i (i>0)
+    for (size_t i = 1; i < leaves.size(); i++) {
+      SKey sk;
+      if constexpr (kBytes) sk.s = mins[i].ks;
+      else sk.u = mins[i].k;
+      seps[i] = KeyWordForInner(sk);
+    }
+    bool bottom = true;
+    for (;;) {
+      std::vector<uint64_t> up, upseps;
+      size_t i = 0;
+      while (i < level.size()) {
+        Inner* n = NewInner(bottom);
+        size_t take = std::min<size_t>(fill + 1, level.size() - i);
+        // Avoid a last node with a single child when it can be balanced.
+        if (level.size() - i - take == 1 && take > 2) take--;
+        n->child()[0].store(level[i], std::memory_order_relaxed);
+        for (size_t j = 1; j < take; j++) {
+          n->keys()[j - 1].store(seps[i + j], std::memory_order_relaxed);
+          n->child()[j].store(level[i + j], std::memory_order_relaxed);
+        }
+        n->count.store(uint32_t(take - 1), std::memory_order_relaxed);
+        up.push_back(reinterpret_cast<uint64_t>(n));
+        upseps.push_back(seps[i]);
+        i += take;
+      }
+      bottom = false;
+      if (up.size() == 1) {
+        root_inner_.store(reinterpret_cast<Inner*>(up[0]), std::memory_order_release);
+        return;
+      }
+      level = std::move(up);
+      seps = std::move(upseps);
+    }
+  }
+
+ private:
+  std::unique_ptr<pm::Pool> pool_;
+  Options opts_;
+  char* base_ = nullptr;
+  Root* root_ = nullptr;
+  Layout lay_{};
+  uint8_t variant_ = 0;
+  bool groups_ = false, vbytes_ = false, inplace_ = false, pointers_ = false, closed_ = false;
+  uint32_t max_key_ = 0, max_value_ = 0, inner_cap_ = 0, group_size_ = 0;
+  std::atomic<Inner*> root_inner_{nullptr};
+  std::mutex nodes_mu_;
+  std::vector<Inner*> nodes_;
+  std::vector<KeyBlob*> blobs_;
+  std::atomic<uint64_t> dram_bytes_{0};
+  std::atomic<uint64_t> split_free_{~0ull}, del_free_{~0ull};
+  std::vector<uint64_t> free_leaves_;
+  std::map<uint64_t, uint32_t> group_used_;
+  double recovery_seconds_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Factories.
+template <uint8_t V>
+Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out, bool create) {
+  if (o.read_only) return Status::Unsupported("fptree recovers on open and cannot open a pool read-only");
+  Params p(o.params);
+  PMINDEX_RETURN_IF_ERROR(V == kSingle ? p.Expect({"leaf_size", "inner_size", "group_size", "update"})
+                                       : p.Expect({"leaf_size", "inner_size", "update"}));
+  KeyKind kk = o.key_kind;
+  ValueKind vk = o.value_kind;
+  const Root* existing = nullptr;
+  if (!create) {
+    existing = pool->root<Root>();
+    if (existing && existing->magic == kMagic && existing->initialized == 1) {
+      kk = KeyKind(existing->key_kind);
+      vk = ValueKind(existing->value_kind);
+    } else {
+      create = true;  // crashed during initialisation (alg. 9 line 1)
+    }
+  }
+  Options eff = o;
+  eff.key_kind = kk;
+  eff.value_kind = vk;
+  if (existing && !create) {
+    eff.max_key_size = existing->max_key;
+    eff.max_value_size = existing->max_value;
+  }
+  if (eff.max_key_size == 0 || eff.max_key_size > (1u << 20)) return Status::InvalidArgument("max_key_size out of range");
+  if (eff.max_value_size > (64u << 20)) return Status::InvalidArgument("max_value_size out of range");
+  bool bytes = kk == KeyKind::kBytes;
+  long long leaf = 0, inner = 0, group = 0;
+  long long def_leaf = V == kPTree ? 32 : 56;
+  long long def_inner = V == kConcurrent ? (bytes ? 64 : 128) : V == kSingle ? (bytes ? 2048 : 4096) : (bytes ? 256 : 4096);
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", def_leaf, 2, V == kPTree ? 64 : 56, &leaf));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("inner_size", def_inner, 3, 65536, &inner));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("group_size", 8, 1, 64, &group));
+  std::string upd;
+  PMINDEX_RETURN_IF_ERROR(p.GetString("update", "inplace", &upd));
+  if (upd != "inplace" && upd != "flip") return Status::InvalidArgument("parameter update must be 'inplace' or 'flip'");
+  std::unique_ptr<Index> idx;
+  auto build = [&](auto* t) -> Status {
+    idx.reset(t);
+    if (create) return t->Format(V, eff, uint32_t(leaf), uint32_t(inner), uint32_t(group), upd == "inplace");
+    return t->Open();
+  };
+  Status st;
+  constexpr bool C = V == kConcurrent;
+  if (bytes) st = build(new FPTree<C, true>(std::move(pool), eff));
+  else st = build(new FPTree<C, false>(std::move(pool), eff));
+  if (!st.ok()) {
+    idx->Close();
+    return st;
+  }
+  *out = std::move(idx);
+  return Status::OK();
+}
+template <uint8_t V>
+Status CreateV(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return Make<V>(std::move(pool), o, out, true);
+}
+template <uint8_t V>
+Status OpenV(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return Make<V>(std::move(pool), o, out, false);
+}
+
+}  // namespace
+
+void RegisterFPTree(std::vector<IndexFactory>* r) {
+  IndexFactory f;
+  f.info = {"fptree", true, true, true,
+            "FPTree (SIGMOD'16), concurrent: PM leaves with fingerprints, DRAM inner nodes, optimistic locking"};
+  f.create = &CreateV<kConcurrent>;
+  f.open = &OpenV<kConcurrent>;
+  r->push_back(f);
+  f.info = {"fptree_single", true, true, false, "FPTree (SIGMOD'16), single-threaded with amortised leaf groups"};
+  f.create = &CreateV<kSingle>;
+  f.open = &OpenV<kSingle>;
+  r->push_back(f);
+  f.info = {"ptree", true, true, false, "PTree (FPTree paper sec. 5): selective persistence and unsorted leaves only"};
+  f.create = &CreateV<kPTree>;
+  f.open = &OpenV<kPTree>;
+  r->push_back(f);
+}
+
+}  // namespace pmindex::internal
