@@ -31,6 +31,7 @@
 //   pmcheck_toy.update.skip_flush        update value never flushed
 //   pmcheck_toy.insert.unlogged_store    value written with memcpy, bypassing pm::
 //   pmcheck_toy.remove.redundant_flush   flushes the bitmap twice (perf lint)
+//   pmcheck_toy.recover.lose_data        recovery drops the node list (kill mode)
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -93,6 +94,10 @@ class Toy final : public pmindex::Index {
 
   Status Recover() {
     if (pm::LoadRelaxed(&h_->magic) != kMagic) return Status::Corrupt("pmcheck_toy: no magic (not formatted)");
+    if (PMINDEX_FAULT("pmcheck_toy.recover.lose_data") && h_->head) {
+      pm::Store(&h_->head, uint64_t(0));
+      pm::Persist(&h_->head, 8);
+    }
     uint64_t ln = h_->log_node;
     if (ln) {
       if (ln > kMaxNodes) return Status::Corrupt("pmcheck_toy: bad log");

@@ -1,0 +1,172 @@
+// pmcheck with several threads (labelled "concurrency": CI also runs it under
+// TSan): crash images taken while 2+ threads mutate the index, and the
+// recorder's lint rules exercised directly, including the NVC-Hashmap
+// erratum pattern (acting on another thread's unflushed line).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "pmcheck.h"
+#include "pmindex/pm/persist.h"
+#include "recorder.h"
+
+namespace pmcheck {
+namespace {
+
+namespace pm = pmindex::pm;
+
+bool Long() { return std::getenv("PMINDEX_LONG") != nullptr; }
+
+TEST(PmcheckThreads, ToyWithTwoThreadsHasNoFailures) {
+  Config c;
+  c.index = "pmcheck_toy";
+  c.threads = 2;
+  c.ops = Long() ? 400 : 100;
+  c.points = Long() ? -1 : 300;
+  c.lint = true;
+  Report r;
+  ASSERT_TRUE(pmcheck::Run(c, &r).ok());
+  EXPECT_EQ(r.total_failures(), 0u) << FormatReport(c, r);
+  EXPECT_EQ(r.ops_recorded, 1u + 2 * c.ops);
+}
+
+TEST(PmcheckThreads, DroppedFlushCaughtWithTwoThreads) {
+  Config c;
+  c.index = "pmcheck_toy";
+  c.threads = 2;
+  c.ops = 100;
+  c.points = 300;
+  c.faults = {"pmcheck_toy.insert.skip_kv_flush"};
+  Report r;
+  ASSERT_TRUE(pmcheck::Run(c, &r).ok());
+  EXPECT_GT(r.total_failures(), 0u) << FormatReport(c, r);
+}
+
+// A 64 KiB fake PM region observed by a Recorder.
+class RecorderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    region_ = static_cast<char*>(std::aligned_alloc(4096, kSize));
+    std::memset(region_, 0, kSize);
+    rec_ = std::make_unique<Recorder>(region_, kSize, [] { return kSize; }, true);
+    pm::SetObserver(rec_.get());
+  }
+  void TearDown() override {
+    pm::SetObserver(nullptr);
+    Recorder::SetThreadId(0);
+    std::free(region_);
+  }
+  size_t Count(FailKind k) const {
+    size_t n = 0;
+    for (const auto& f : rec_->findings) n += f.kind == k;
+    return n;
+  }
+  uint64_t* Word(size_t line, size_t i = 0) { return reinterpret_cast<uint64_t*>(region_ + line * 64) + i; }
+  static constexpr uint64_t kSize = 64 * 1024;
+  char* region_ = nullptr;
+  std::unique_ptr<Recorder> rec_;
+};
+
+TEST_F(RecorderTest, ErratumReadIsReported) {
+  // Thread 1 publishes a word in line 1 without flushing it; thread 2 reads it
+  // with LoadAcquire and links behind it durably (the NVC-Hashmap erratum).
+  std::thread a([&] {
+    Recorder::SetThreadId(1);
+    pm::StoreAtomic(Word(1), uint64_t(42));
+  });
+  a.join();
+  std::thread b([&] {
+    Recorder::SetThreadId(2);
+    Op op;
+    op.type = OpType::kInsert;
+    size_t r = rec_->BeginOp(op);
+    uint64_t v = pm::LoadAcquire(Word(1));
+    pm::Store(Word(2), v);
+    pm::Persist(Word(2), 8);
+    rec_->EndOp(r, pmindex::Status::Code::kOk);
+  });
+  b.join();
+  EXPECT_EQ(Count(FailKind::kErratum), 1u);
+  EXPECT_EQ(rec_->erratum_reads, 1u);
+}
+
+TEST_F(RecorderTest, ReaderThatFlushesFirstIsClean) {
+  std::thread a([&] {
+    Recorder::SetThreadId(1);
+    pm::StoreAtomic(Word(1), uint64_t(42));
+  });
+  a.join();
+  std::thread b([&] {
+    Recorder::SetThreadId(2);
+    Op op;
+    op.type = OpType::kInsert;
+    size_t r = rec_->BeginOp(op);
+    uint64_t v = pm::LoadAcquire(Word(1));
+    pm::Persist(Word(1), 8);  // the erratum's fix: make what you read durable first
+    pm::Store(Word(2), v);
+    pm::Persist(Word(2), 8);
+    rec_->EndOp(r, pmindex::Status::Code::kOk);
+  });
+  b.join();
+  EXPECT_EQ(Count(FailKind::kErratum), 0u);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 0u);
+}
+
+TEST_F(RecorderTest, MissingFlushFenceRedundantFlushEmptyFence) {
+  Recorder::SetThreadId(0);
+  Op op;
+  op.type = OpType::kUpdate;
+  size_t r = rec_->BeginOp(op);
+  pm::Store(Word(3), uint64_t(1));  // never flushed
+  pm::Store(Word(4), uint64_t(1));
+  pm::Flush(Word(4), 8);  // flushed, never fenced
+  rec_->EndOp(r, pmindex::Status::Code::kOk);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 1u);
+  EXPECT_EQ(Count(FailKind::kMissingFence), 1u);
+  EXPECT_EQ(rec_->missing_flushes["update"], 1u);
+
+  op.type = OpType::kRemove;
+  r = rec_->BeginOp(op);
+  pm::Store(Word(5), uint64_t(1));
+  pm::Persist(Word(5), 8);
+  pm::Persist(Word(5), 8);  // nothing stored since: redundant flush
+  pm::Fence();              // nothing to order
+  rec_->EndOp(r, pmindex::Status::Code::kOk);
+  EXPECT_EQ(rec_->redundant_flushes["remove"], 1u);
+  EXPECT_EQ(rec_->empty_fences["remove"], 1u);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 1u);
+}
+
+TEST_F(RecorderTest, UnloggedStoreIsReportedAtFlushAndAtTheEnd) {
+  Recorder::SetThreadId(0);
+  *Word(6) = 7;  // bypasses the primitives
+  pm::Persist(Word(6), 8);
+  EXPECT_EQ(Count(FailKind::kUnloggedStore), 1u);
+  *Word(8, 3) = 9;  // never flushed: the final comparison finds it
+  rec_->FinalCheck();
+  EXPECT_EQ(Count(FailKind::kUnloggedStore), 2u);
+  EXPECT_NE(rec_->findings.back().what.find("@" + std::to_string(8 * 64 + 24)), std::string::npos) << rec_->findings.back().what;
+}
+
+TEST_F(RecorderTest, LogsStoresWithTheirBytes) {
+  Recorder::SetThreadId(0);
+  char msg[40];
+  for (int i = 0; i < 40; ++i) msg[i] = char('a' + i % 26);
+  pm::Copy(region_ + 100, msg, sizeof msg);  // [100, 140): lines 64 and 128
+  pm::Persist(region_ + 100, sizeof msg);
+  ASSERT_EQ(rec_->events.size(), 4u);
+  const Event& e = rec_->events[0];
+  EXPECT_EQ(e.kind, Ev::kStore);
+  EXPECT_EQ(e.off, 100u);
+  EXPECT_EQ(e.size, sizeof msg);
+  EXPECT_EQ(std::memcmp(rec_->arena.data() + e.aux, msg, sizeof msg), 0);
+  EXPECT_EQ(rec_->events[1].kind, Ev::kFlush);
+  EXPECT_EQ(rec_->events[1].off, 64u);
+  EXPECT_EQ(rec_->events[2].kind, Ev::kFlush);
+  EXPECT_EQ(rec_->events[2].off, 128u);
+  EXPECT_EQ(rec_->events[3].kind, Ev::kFence);
+}
+
+}  // namespace
+}  // namespace pmcheck

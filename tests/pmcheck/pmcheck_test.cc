@@ -1,0 +1,203 @@
+// Tests for pmcheck (issue 5): with no fault the checker reports nothing;
+// with each fault switch it reports a failure of the expected kind; its
+// reproducer lines reproduce; the lint finds missing flushes and the
+// performance lint counts redundant flushes; bad input is a clear Status.
+// Registered indexes are checked too (each one's fault switches must be
+// caught), within a bounded budget; PMINDEX_LONG=1 raises the budgets.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "pmcheck.h"
+#include "pmindex/index.h"
+
+namespace pmcheck {
+namespace {
+
+bool Long() { return std::getenv("PMINDEX_LONG") != nullptr; }
+
+Config Toy(uint64_t ops = 120, int64_t points = -1) {
+  Config c;
+  c.index = "pmcheck_toy";
+  c.ops = Long() ? ops * 5 : ops;
+  c.points = points;
+  c.images_per_point = 4;
+  c.max_reported = 4;
+  return c;
+}
+
+std::string Describe(const Config& c, const Report& r) { return FormatReport(c, r); }
+
+Report MustRun(const Config& c) {
+  Report r;
+  pmindex::Status s = pmcheck::Run(c, &r);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return r;
+}
+
+uint64_t Count(const Report& r, FailKind k) { return r.counts[size_t(k)]; }
+
+TEST(PmcheckToy, CorrectIndexHasNoFailures) {
+  Config c = Toy();
+  c.lint = true;
+  Report r = MustRun(c);
+  EXPECT_EQ(r.total_failures(), 0u) << Describe(c, r);
+  EXPECT_GT(r.images, 500u);
+  EXPECT_EQ(r.images, r.images_recovered);
+  EXPECT_EQ(r.points_tried, r.crash_points);  // --points all
+  EXPECT_GT(r.creation_interrupted, 0u);      // creation itself was crashed
+  EXPECT_TRUE(r.missing_flushes.empty());
+  EXPECT_TRUE(r.redundant_flushes.empty());
+  EXPECT_TRUE(r.empty_fences.empty());
+}
+
+TEST(PmcheckToy, CorrectIndexNoFailuresWithManyImagesPerPoint) {
+  Config c = Toy(60);
+  c.images_per_point = 12;
+  c.seed = 7;
+  Report r = MustRun(c);
+  EXPECT_EQ(r.total_failures(), 0u) << Describe(c, r);
+}
+
+struct FaultCase {
+  const char* fault;
+  FailKind kind;  // the kind that must be reported
+};
+
+class PmcheckToyFault : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(PmcheckToyFault, IsCaught) {
+  Config c = Toy();
+  c.faults = {GetParam().fault};
+  c.lint = true;
+  Report r = MustRun(c);
+  EXPECT_GT(Count(r, GetParam().kind), 0u) << GetParam().fault << "\n" << Describe(c, r);
+  EXPECT_GT(r.total_failures(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, PmcheckToyFault,
+    ::testing::Values(FaultCase{"pmcheck_toy.create.skip_meta_flush", FailKind::kLostAck},   // creation not durable
+                      FaultCase{"pmcheck_toy.insert.skip_kv_flush", FailKind::kLostAck},     // dropped flush
+                      FaultCase{"pmcheck_toy.insert.bitmap_before_kv", FailKind::kTorn},     // swapped persists
+                      FaultCase{"pmcheck_toy.alloc.skip_log", FailKind::kLeak},              // skipped micro-log
+                      FaultCase{"pmcheck_toy.update.skip_flush", FailKind::kMissingFlush},   // lint
+                      FaultCase{"pmcheck_toy.insert.unlogged_store", FailKind::kUnloggedStore}));
+
+TEST(PmcheckToy, DroppedFlushIsAlsoCaughtByCrashImagesWithoutLint) {
+  Config c = Toy();
+  c.faults = {"pmcheck_toy.update.skip_flush"};
+  Report r = MustRun(c);
+  EXPECT_GT(Count(r, FailKind::kLostAck), 0u) << Describe(c, r);
+  EXPECT_EQ(Count(r, FailKind::kMissingFlush), 0u);  // lint not fatal without --lint
+  EXPECT_FALSE(r.missing_flushes.empty());           // but still counted
+}
+
+TEST(PmcheckToy, SampledPointsStillCatchASwappedPersist) {
+  Config c = Toy(200, 150);
+  c.faults = {"pmcheck_toy.insert.bitmap_before_kv"};
+  Report r = MustRun(c);
+  EXPECT_EQ(r.points_tried, 150u);
+  EXPECT_GT(r.total_failures(), 0u) << Describe(c, r);
+}
+
+TEST(PmcheckToy, ReproducerReproduces) {
+  Config c = Toy();
+  c.faults = {"pmcheck_toy.insert.skip_kv_flush"};
+  Report r = MustRun(c);
+  ASSERT_FALSE(r.failures.empty());
+  const Failure* f = nullptr;
+  for (const auto& x : r.failures)
+    if (x.point >= 0) {
+      f = &x;
+      break;
+    }
+  ASSERT_NE(f, nullptr);
+  std::string line = Reproducer(c, *f);
+  EXPECT_NE(line.find("--point " + std::to_string(f->point)), std::string::npos) << line;
+  EXPECT_NE(line.find("--image " + std::to_string(f->image)), std::string::npos) << line;
+  EXPECT_NE(line.find("--fault pmcheck_toy.insert.skip_kv_flush"), std::string::npos) << line;
+
+  Config again = c;
+  again.only_point = f->point;
+  again.only_image = f->image;
+  Report r2 = MustRun(again);
+  EXPECT_EQ(r2.images, 1u);
+  EXPECT_GT(Count(r2, f->kind), 0u) << Describe(again, r2);
+}
+
+TEST(PmcheckToy, PerformanceLintCountsRedundantFlushes) {
+  Config c = Toy(200, 0);
+  c.faults = {"pmcheck_toy.remove.redundant_flush"};
+  Report r = MustRun(c);
+  ASSERT_TRUE(r.redundant_flushes.count("remove")) << Describe(c, r);
+  EXPECT_GT(r.redundant_flushes.at("remove"), 0u);
+  EXPECT_EQ(r.redundant_flushes.size(), 1u);
+  EXPECT_EQ(r.total_failures(), 0u);  // performance lint is not a failure
+}
+
+TEST(PmcheckToy, KillModeFindsNothingOnCorrectIndex) {
+  Config c = Toy(100, 0);
+  c.kills = Long() ? 150 : 40;
+  c.ops_per_kill_round = 60;
+  Report r = MustRun(c);
+  EXPECT_EQ(r.kills, uint64_t(c.kills));
+  EXPECT_GT(r.kills_mid_workload + r.kills_in_open, uint64_t(c.kills) / 2);
+  EXPECT_EQ(r.total_failures(), 0u) << Describe(c, r);
+}
+
+TEST(PmcheckToy, KillModeCatchesABrokenRecovery) {
+  // Kills leave the page cache intact, so they cannot see a missing flush;
+  // they do see recovery that loses data.
+  Config c = Toy(100, 0);
+  c.kills = 10;
+  c.faults = {"pmcheck_toy.recover.lose_data"};
+  Report r = MustRun(c);
+  EXPECT_GT(Count(r, FailKind::kLostAck), 0u) << Describe(c, r);
+}
+
+TEST(PmcheckBadInput, ClearStatus) {
+  Report r;
+  Config c;
+  c.index = "no_such_index";
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+  c.index = "dram_btree";
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());  // transient
+  c = Toy();
+  c.key_kind = pmindex::KeyKind::kBytes;
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+  c = Toy();
+  c.threads = 0;
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+  c = Toy();
+  c.only_point = 1 << 30;
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+}
+
+// ---------------------------------------------------------------------------
+// Registered persistent indexes: a bounded clean run each.
+std::vector<std::string> PersistentIndexes() {
+  std::vector<std::string> v;
+  for (const auto& i : pmindex::ListIndexes())
+    if (i.persistent) v.push_back(i.name);
+  return v;
+}
+
+TEST(PmcheckIndexes, EveryPersistentIndexSurvivesCrashImages) {
+  for (const std::string& name : PersistentIndexes()) {
+    Config c;
+    c.index = name;
+    c.ops = Long() ? 600 : 120;
+    c.points = Long() ? -1 : 250;
+    c.images_per_point = 3;
+    c.lint = true;
+    c.max_reported = 4;
+    Report r = MustRun(c);
+    EXPECT_EQ(r.total_failures(), 0u) << Describe(c, r);
+    EXPECT_GT(r.images, 250u) << name;
+  }
+}
+
+}  // namespace
+}  // namespace pmcheck
