@@ -441,7 +441,10 @@ TEST(FPTreeMisc, FlushesPerOperation) {
     // Fingerprints: about one key probed per successful find (E[T] ~ 1.1 for
     // m = 56 at this fill), far below a linear search.
     uint64_t p0 = internal::FPTreeKeyProbes();
-    for (uint64_t i = 0; i < 10000; i++) if (i != 20) ASSERT_TRUE(idx->Find(U64Slice(i * 2), nullptr).ok());
+    for (uint64_t i = 0; i < 10000; i++) {
+      if (i == 20) continue;
+      ASSERT_TRUE(idx->Find(U64Slice(i * 2), nullptr).ok());
+    }
     double probes = double(internal::FPTreeKeyProbes() - p0) / 9999;
     EXPECT_LT(probes, 1.3);
     EXPECT_GE(probes, 1.0);
