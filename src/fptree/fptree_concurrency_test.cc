@@ -1,2 +1,325 @@
+// Concurrency stress for the concurrent `fptree`: threads mixing every
+// operation (scans included) on disjoint and overlapping keys, both key kinds,
+// small nodes (many splits, leaf deletions, inner splits) and defaults.
+// Values encode their key, so a reader detects torn or misplaced values. A
+// watchdog fails the test instead of hanging if anything deadlocks (the
+// insert/scan deadlock of a public FPTree has its own test).
+// PMINDEX_LONG=1 runs longer.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
 #include <gtest/gtest.h>
-TEST(Placeholder, Nothing) {}
+
+#include "pmindex/index.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex {
+namespace {
+
+bool Long() { return std::getenv("PMINDEX_LONG") != nullptr; }
+
+// Fails the whole test binary if not disarmed within `secs`.
+class Watchdog {
+ public:
+  Watchdog(const char* what, int secs) : t_([this, what, secs] {
+      std::unique_lock l(mu_);
+      if (!cv_.wait_for(l, std::chrono::seconds(secs), [this] { return done_; })) {
+        std::fprintf(stderr, "WATCHDOG: %s did not finish in %d s (deadlock?)\n", what, secs);
+        std::_Exit(1);
+      }
+    }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    t_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread t_;
+};
+
+struct Cfg {
+  bool bytes;
+  bool small;
+  std::string label;
+};
+std::string CfgName(const testing::TestParamInfo<Cfg>& i) { return i.param.label; }
+
+class FPTreeConc : public testing::TestWithParam<Cfg> {
+ protected:
+  void SetUp() override {
+    path_ = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-" + GetParam().label + ".pool";
+    Options o;
+    o.pool_path = path_;
+    o.pool_size = 64ull << 20;
+    o.key_kind = GetParam().bytes ? KeyKind::kBytes : KeyKind::kU64;
+    o.value_kind = GetParam().bytes ? ValueKind::kBytes : ValueKind::kU64;
+    if (GetParam().small) o.params = {{"leaf_size", "6"}, {"inner_size", "4"}};
+    o.num_threads = 4;
+    ASSERT_TRUE(OpenIndex("fptree", o, &idx_).ok());
+  }
+  void TearDown() override {
+    idx_.reset();
+    pm::Pool::Remove(path_);
+  }
+  std::string Key(uint64_t id) const {
+    if (!GetParam().bytes) return std::string(U64Slice(id));
+    return "key/" + std::to_string(id * 7919 % 1009) + std::string(id % 5, 'z') + "/" + std::to_string(id);
+  }
+  uint64_t IdOf(Slice k) const {
+    if (!GetParam().bytes) return SliceToU64(k);
+    std::string s(k);
+    return std::stoull(s.substr(s.rfind('/') + 1));
+  }
+  std::string Val(uint64_t id, uint64_t ver) const {
+    if (!GetParam().bytes) {
+      uint64_t v = (id << 20) | (ver & 0xfffff);
+      return std::string(U64Slice(v));
+    }
+    std::string s = std::to_string(id) + ":" + std::to_string(ver) + ":";
+    s.append(ver % 37, char('a' + id % 26));
+    return s;
+  }
+  // True if v is a value some writer could have written for id.
+  bool ValOk(uint64_t id, Slice v) const {
+    if (!GetParam().bytes) return v.size() == 8 && (SliceToU64(v) >> 20) == id;
+    std::string s(v);
+    size_t a = s.find(':'), b = s.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) return false;
+    if (std::stoull(s.substr(0, a)) != id) return false;
+    uint64_t ver = std::stoull(s.substr(a + 1, b - a - 1));
+    return s.size() == b + 1 + ver % 37 && (ver % 37 == 0 || s.back() == char('a' + id % 26));
+  }
+  bool Less(Slice a, Slice b) const {
+    if (!GetParam().bytes) return SliceToU64(a) < SliceToU64(b);
+    return a < b;
+  }
+
+  std::string path_;
+  std::unique_ptr<Index> idx_;
+};
+
+// Each thread owns the keys id % T == t and keeps its own model; all threads
+// also scan and find across the whole key space.
+TEST_P(FPTreeConc, DisjointKeysMatchModel) {
+  Watchdog wd("DisjointKeysMatchModel", 240);
+  const int T = 4;
+  const int ops = Long() ? 200000 : (GetParam().small ? 20000 : 30000);
+  const uint64_t space = 4000;
+  std::vector<std::map<uint64_t, uint64_t>> models(T);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < T; t++) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(t * 977 + 1);
+      auto& m = models[t];
+      for (int i = 0; i < ops && errors == 0; i++) {
+        uint64_t id = (rng() % (space / T)) * T + t;
+        uint64_t ver = rng() % 100000;
+        std::string k = Key(id), v = Val(id, ver);
+        int op = rng() % 100;
+        if (op < 25) {
+          Status s = idx_->Insert(k, v);
+          if (s.ok() != !m.count(id)) errors++;
+          if (s.ok()) m[id] = ver;
+        } else if (op < 35) {
+          Status s = idx_->Update(k, v);
+          if (s.ok() != (m.count(id) == 1)) errors++;
+          if (s.ok()) m[id] = ver;
+        } else if (op < 42) {
+          if (!idx_->Upsert(k, v).ok()) errors++;
+          m[id] = ver;
+        } else if (op < 65) {
+          Status s = idx_->Remove(k);
+          if (s.ok() != (m.erase(id) == 1)) errors++;
+        } else if (op < 85) {
+          std::string out;
+          Status s = idx_->Find(k, &out);
+          auto it = m.find(id);
+          if (it == m.end() ? !s.IsNotFound() : (!s.ok() || out != Val(id, it->second))) errors++;
+          // Someone else's key: any value must belong to that key.
+          uint64_t oid = rng() % space;
+          Status s2 = idx_->Find(Key(oid), &out);
+          if (s2.ok() && !ValOk(oid, out)) errors++;
+        } else {
+          std::string prev;
+          bool have = false;
+          size_t cnt = 0;
+          idx_->Scan(Key(rng() % space), rng() % 120, [&](Slice a, Slice b) {
+            if (have && !Less(prev, a)) errors++;
+            if (!ValOk(IdOf(a), b)) errors++;
+            prev.assign(a.data(), a.size());
+            have = true;
+            return true;
+          }, &cnt);
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_EQ(errors.load(), 0);
+  Status c = idx_->Check();
+  ASSERT_TRUE(c.ok()) << c.ToString();
+  std::map<std::string, std::string> want;
+  for (auto& m : models)
+    for (auto& [id, ver] : m) want[Key(id)] = Val(id, ver);
+  size_t n = 0;
+  std::string start = GetParam().bytes ? std::string("\x01", 1) : std::string(U64Slice(0));
+  idx_->Scan(start, SIZE_MAX, [&](Slice k, Slice v) {
+    auto it = want.find(std::string(k));
+    EXPECT_TRUE(it != want.end() && it->second == v);
+    n++;
+    return true;
+  });
+  EXPECT_EQ(n, want.size());
+  EXPECT_EQ(idx_->Size(), want.size());
+  std::set<uint64_t> owned, alloc;
+  idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
+  idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
+  EXPECT_EQ(owned, alloc);
+}
+
+// All threads hammer the same small key range (high contention, skew).
+TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
+  Watchdog wd("OverlappingKeysStayConsistent", 240);
+  const int T = 4;
+  const int ops = Long() ? 200000 : 25000;
+  const uint64_t space = GetParam().small ? 300 : 2000;
+  std::atomic<int> errors{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < T; t++) {
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(t + 100);
+      for (int i = 0; i < ops && errors == 0; i++) {
+        // Skewed: half the operations go to 5% of the keys.
+        uint64_t id = (rng() & 1) ? rng() % (space / 20) : rng() % space;
+        std::string k = Key(id), v = Val(id, rng() % 100000);
+        int op = rng() % 100;
+        std::string out;
+        if (op < 30) {
+          Status s = idx_->Insert(k, v);
+          if (!s.ok() && !s.IsAlreadyExists()) errors++;
+        } else if (op < 50) {
+          Status s = idx_->Upsert(k, v);
+          if (!s.ok()) errors++;
+        } else if (op < 60) {
+          Status s = idx_->Update(k, v);
+          if (!s.ok() && !s.IsNotFound()) errors++;
+        } else if (op < 80) {
+          Status s = idx_->Remove(k);
+          if (!s.ok() && !s.IsNotFound()) errors++;
+        } else if (op < 92) {
+          Status s = idx_->Find(k, &out);
+          if (s.ok() ? !ValOk(id, out) : !s.IsNotFound()) errors++;
+        } else {
+          std::string prev;
+          bool have = false;
+          idx_->Scan(k, 50, [&](Slice a, Slice b) {
+            if (have && !Less(prev, a)) errors++;
+            if (!ValOk(IdOf(a), b)) errors++;
+            prev.assign(a.data(), a.size());
+            have = true;
+            return true;
+          });
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  ASSERT_EQ(errors.load(), 0);
+  Status c = idx_->Check();
+  ASSERT_TRUE(c.ok()) << c.ToString();
+  std::set<uint64_t> owned, alloc;
+  idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
+  idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
+  EXPECT_EQ(owned, alloc);
+}
+
+// The public-FPTree deadlock: one thread inserts (splitting leaves) while
+// another scans. Ours takes no lock in scans, so this must finish.
+TEST_P(FPTreeConc, InsertsAndScansDoNotDeadlock) {
+  Watchdog wd("InsertsAndScansDoNotDeadlock", 120);
+  const uint64_t n = Long() ? 400000 : 40000;
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> scanned{0};
+  std::atomic<int> errors{0};
+  std::thread ins([&] {
+    for (uint64_t i = 0; i < n; i++)
+      if (!idx_->Insert(Key(i * 2654435761ull % n), Val(i * 2654435761ull % n, i)).ok()) errors++;
+    done = true;
+  });
+  std::thread scan([&] {
+    std::mt19937_64 rng(3);
+    while (!done) {
+      size_t cnt = 0;
+      std::string prev;
+      bool have = false;
+      idx_->Scan(Key(rng() % n), 100, [&](Slice a, Slice b) {
+        if (have && !Less(prev, a)) errors++;
+        if (!ValOk(IdOf(a), b)) errors++;
+        prev.assign(a.data(), a.size());
+        have = true;
+        return true;
+      }, &cnt);
+      scanned += cnt;
+    }
+  });
+  ins.join();
+  scan.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(idx_->Size(), n);
+  EXPECT_TRUE(idx_->Check().ok());
+  // Scans hand back records, not only a count.
+  std::vector<std::string> got;
+  size_t cnt = 0;
+  idx_->Scan(Key(0), 100, [&](Slice a, Slice) {
+    got.emplace_back(a);
+    return true;
+  }, &cnt);
+  EXPECT_EQ(cnt, got.size());
+  EXPECT_GT(got.size(), 0u);
+}
+
+// Value 0 stored concurrently reads back as found.
+TEST_P(FPTreeConc, ZeroValuesAreFound) {
+  if (GetParam().bytes) GTEST_SKIP();
+  Watchdog wd("ZeroValuesAreFound", 60);
+  std::vector<std::thread> ts;
+  std::atomic<int> errors{0};
+  for (int t = 0; t < 2; t++)
+    ts.emplace_back([&, t] {
+      uint64_t zero = 0;
+      for (uint64_t i = t; i < 20000; i += 2) {
+        if (!idx_->Insert(U64Slice(i), U64Slice(zero)).ok()) errors++;
+        std::string out;
+        if (!idx_->Find(U64Slice(i), &out).ok() || SliceToU64(out) != 0) errors++;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(errors.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, FPTreeConc,
+                         testing::Values(Cfg{false, false, "u64"}, Cfg{false, true, "u64_small"}, Cfg{true, false, "bytes"},
+                                         Cfg{true, true, "bytes_small"}),
+                         CfgName);
+
+}  // namespace
+}  // namespace pmindex
