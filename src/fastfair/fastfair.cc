@@ -1,0 +1,1231 @@
+// fastfair: the FAST & FAIR persistent B+-tree (Hwang et al., FAST'18;
+// /work/shared/papers/fast-fair-fast18.md), index type "fastfair".
+//
+// Whole tree in PM. Every node (leaf and internal, `node_size` bytes, 512 by
+// default as in sec. 6.2) is a header plus a sorted array of 16-byte records
+// (k, v). Internal nodes: v is the child holding keys >= k, `leftmost` the
+// child below the first key. Leaves: v is the value (inline u64, or the
+// offset of an out-of-line value block); k is the u64 key or the offset of an
+// out-of-line key block (byte keys, sec. 3.4 second option).
+//
+// The endurable transient inconsistency (sec. 3.2), mirrored: the paper
+// ignores a key between two equal *pointers*, which needs every pointer to be
+// unique. Leaf values are not unique (two keys may carry the same u64 value:
+// the public wrapper lost records exactly that way), so here the unique word
+// of a record is its KEY (u64 keys are unique in a node because Insert
+// refuses an existing key; key-block offsets are unique allocations;
+// separators are distinct split keys). A record whose k equals the k of its
+// left neighbour (for slot 0: the node's `lk` word, chosen never to equal a
+// key of the node) is ignored by every reader. FAST insert (sec. 3.3):
+// duplicate the last record into the slot past the end, persist it, bump
+// `count`, then shift right one record at a time: "k[j] = k[j-1]" flips
+// validity from slot j to its copy at j+1 with ONE 8-byte store, then
+// "v[j] = v[j-1]" fills the now-ignored slot; at the insertion point v is
+// written while the slot is ignored and the final store of k is the commit.
+// FAST delete (sec. 3.5) is the reverse: "k[pos] = k[pos-1]" is the commit,
+// then "v[j] = v[j+1]; k[j] = k[j+1]" shifts left, then `count` shrinks.
+// Deleting the last record is the single store of `count`. A valid record's
+// v is never modified by a shift, so a reader that saw k, v, the left k and k
+// again consistent has a record that existed. A cache line is flushed (and
+// fenced) only when the shift is about to store into the next line, and the
+// last dirty line at the end: in the pm model (a crash keeps a prefix of the
+// stores of each line) every crash state has at most one ignored record.
+//
+// FAIR split (sec. 4.1), with fence keys: each node has `high` (exclusive
+// upper bound, valid when `sibling` != 0) and `low`. Split: allocate the new
+// sibling S into the node's `spare_node` word, copy the upper half, persist
+// S, then in the node's first line store sibling/high (high first when the
+// node was rightmost), cut `count` to the median and clear `spare_node`, one
+// flush. The high key is what lets a delete or insert racing with a split
+// move right correctly (the anchored "split racing with delete" pitfall:
+// deciding by the sibling's first record is wrong once that record was
+// deleted). The parent is updated afterwards by a traversal from the root
+// (B-link); a new root is built and persisted in `spare_root`, then
+// published by ONE 8-byte store of Meta::root (failure-atomic root
+// replacement). Merges are NOT implemented: an emptied node stays in the
+// tree (docs/fastfair.md), so nodes are never freed and lock-free readers
+// never see a freed node.
+//
+// Concurrency (sec. 5): writers lock nodes with DRAM reader-writer spinlocks
+// (striped by node offset; never persisted, so nothing to reset after a
+// crash). Readers of u64-key/u64-value trees take no lock: they scan in the
+// direction given by the node's switch counter `sw` (even: inserts, scan left
+// to right; odd: deletes, right to left) and retry if `sw` changed; splits
+// add 2 to `sw`. Readers move right when key >= high (read high, sibling,
+// high again). With byte keys or byte values, out-of-line blocks are freed on
+// delete/update, so leaf readers take the leaf's read lock (internal levels
+// stay lock-free: their key blocks are never freed); `read_committed=1`
+// (sec. 5.1) does the same for u64 trees.
+//
+// Lazy recovery (sec. 5.2): Open bumps Meta::gen and touches no node. The
+// first writer to lock a node whose `gen` differs repairs it: finishes or
+// undoes a split (spare_node), compacts ignored records, frees or clears the
+// spare words, and a writer that moves right to a sibling makes sure that
+// sibling is in its parent (idempotent parent insert).
+//
+// Block ownership (no leaks at any crash): every allocation goes into a
+// persistent destination that owns it until it is published: spare_node
+// (a new sibling), spare_a/spare_b (key/value blocks of an insert or update;
+// blocks to be freed by a delete or update are parked there before the
+// commit), Meta::spare_root (a new root). Repair frees a spare that no
+// record references and clears one that is referenced.
+#include "fastfair/fastfair.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/index_util.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex::internal {
+namespace {
+
+constexpr uint64_t kMagic = 0x524941465453414Full;  // "OASTFAIR"-ish tag
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kBytesLk = 1;  // lk of byte-key nodes: never a block offset
+
+struct Meta {
+  uint64_t magic;  // written and persisted last at creation
+  uint32_t version;
+  uint8_t key_kind, value_kind;
+  uint16_t pad0;
+  uint32_t node_size;
+  uint32_t pad1;
+  uint64_t gen;  // bumped at every open: nodes with another gen get repaired
+  uint64_t reserved[4];
+  // line 1
+  uint64_t root;        // the 8-byte store that publishes a new root
+  uint64_t spare_root;  // owns a new root until it is published
+  uint64_t reserved2[6];
+};
+static_assert(sizeof(Meta) == 128);
+
+struct Entry {
+  uint64_t k, v;
+};
+
+// Node header: line 0 holds everything a split or an insert commits
+// together; line 1 the rarely written fields and the first two records.
+struct Node {
+  uint64_t sibling;     // right sibling (0: rightmost)
+  uint64_t high;        // fence: keys >= high live right (valid if sibling)
+  uint32_t count;       // records [0, count) are live (some maybe ignored)
+  uint32_t level;       // 0 = leaf
+  uint64_t sw;          // switch counter (scan direction), not needed durable
+  uint64_t spare_node;  // owns a sibling under construction
+  uint64_t spare_a;     // owns a key block / new value block in flight
+  uint64_t spare_b;     // owns a value block in flight / block to free
+  uint64_t gen;         // == Meta::gen once repaired in this run
+  // line 1
+  uint64_t low;       // lower fence (key or key-block offset; 0 for leftmost)
+  uint64_t leftmost;  // internal: child below the first key
+  uint64_t lk;        // "left key" of slot 0, never equal to a key here
+  uint64_t pad;
+  Entry* ents() { return reinterpret_cast<Entry*>(reinterpret_cast<char*>(this) + sizeof(Node)); }
+};
+static_assert(sizeof(Node) == 96);
+
+template <typename T>
+inline T Ld(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+template <typename T>
+inline void St(T* p, T v) {
+  pm::StoreAtomic(p, v);
+}
+
+// Reader-writer spinlock (DRAM).
+struct alignas(64) RwLock {
+  std::atomic<uint64_t> w{0};
+};
+constexpr uint64_t kWriter = 1ull << 63;
+inline void Pause(int& spins) {
+  if (++spins < 64) _mm_pause();
+  else std::this_thread::yield();
+}
+
+class FastFairBase : public Index {
+ public:
+  virtual fastfair::DebugCounters Debug() = 0;
+  virtual int Cap() const = 0;
+  virtual int TreeHeight() = 0;
+  virtual Status Format() = 0;
+  virtual Status Recover(Meta* m) = 0;
+  fastfair::DebugCounters snapshot_;
+  double recovery_seconds_ = 0;
+};
+
+struct Pending {
+  int n = 0;
+  struct {
+    uint32_t level;
+    uint64_t child;
+  } a[8];
+  void Add(uint32_t level, uint64_t child) {
+    for (int i = 0; i < n; i++)
+      if (a[i].child == child) return;
+    if (n < 8) a[n++] = {level, child};
+  }
+};
+
+template <bool BK>
+class FastFair final : public FastFairBase {
+  using SK = std::conditional_t<BK, Slice, uint64_t>;
+
+ public:
+  FastFair(std::unique_ptr<pm::Pool> pool, const Options& o, uint32_t node_size, ValueKind vk, bool rc)
+      : pool_(std::move(pool)), base_(pool_->base()), alloc_(&pool_->allocator()), opts_(o),
+        node_size_(node_size), cap_((node_size - sizeof(Node)) / sizeof(Entry)), bv_(vk == ValueKind::kBytes),
+        vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc), locks_(new RwLock[kLocks]) {}
+  ~FastFair() override { Close(); }
+
+  // ---- creation / open -------------------------------------------------
+  Status Format() override {
+    uint64_t* slot = pool_->root_slot();
+    PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(slot, sizeof(Meta)));
+    meta_ = pool_->At<Meta>(*slot);
+    PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(&meta_->root, node_size_));
+    Node* r = At(meta_->root);
+    if (BK) {
+      St(&r->lk, kBytesLk);
+      pm::Persist(&r->lk, 8);
+    }
+    gen_ = 1;
+    pm::Store(&meta_->version, kVersion);
+    pm::Store(&meta_->key_kind, uint8_t(BK ? KeyKind::kBytes : KeyKind::kU64));
+    pm::Store(&meta_->value_kind, uint8_t(vk_));
+    pm::Store(&meta_->node_size, node_size_);
+    pm::Store(&meta_->gen, gen_);
+    // Root and metadata are durable before the magic, and the magic before
+    // create returns (the anchored "not flushed at creation" pitfall).
+    const bool skip = PMINDEX_FAULT("fastfair.create.skip_meta_flush");
+    if (!skip) pm::Persist(meta_, sizeof(Meta));
+    St(&meta_->magic, kMagic);
+    if (!skip) pm::Persist(&meta_->magic, 8);
+    return Status::OK();
+  }
+
+  Status Recover(Meta* m) override {
+    meta_ = m;
+    gen_ = m->gen;
+    if (pool_->read_only()) return Status::OK();
+    // O(1): bump the generation, settle the one spare root word. Nodes are
+    // repaired lazily by the writers that lock them.
+    const pm::Counters c0 = pm::ThreadCounters();
+    gen_ = m->gen + 1;
+    St(&m->gen, gen_);
+    pm::Persist(&m->gen, 8);
+    if (m->spare_root) {
+      if (m->spare_root == m->root) {
+        St(&m->spare_root, uint64_t(0));
+        pm::Persist(&m->spare_root, 8);
+      } else {
+        alloc_->Free(&m->spare_root);
+        open_blocks_freed_++;
+      }
+    }
+    const pm::Counters d = pm::ThreadCounters() - c0;
+    open_pm_stores_ = d.stores;
+    open_pm_lines_ = d.lines_flushed;
+    return Status::OK();
+  }
+
+  // ---- Index interface -------------------------------------------------
+  std::string_view Name() const override { return "fastfair"; }
+  KeyKind key_kind() const override { return BK ? KeyKind::kBytes : KeyKind::kU64; }
+  ValueKind value_kind() const override { return vk_; }
+  pm::Pool* pool() override { return pool_.get(); }
+
+  Status Insert(Slice key, Slice value) override { return Put(key, value, kInsert); }
+  Status Update(Slice key, Slice value) override { return Put(key, value, kUpdate); }
+  Status Upsert(Slice key, Slice value) override { return Put(key, value, kUpsert); }
+
+  Status Find(Slice key, std::string* value) override {
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+    const SK sk = MakeSK(key);
+    Node* n = Descend(0, sk, nullptr);
+    uint64_t v = 0;
+    if (!locked_reads_) {
+      if (!SearchLeafLF(n, sk, &v)) return Status::NotFound();
+      if (value) value->assign(reinterpret_cast<const char*>(&v), 8);
+      return Status::OK();
+    }
+    n = ReadLockLeaf(n, sk);
+    uint32_t pos;
+    bool found = FindInLocked(n, sk, &pos);
+    if (found && value) {
+      v = n->ents()[pos].v;
+      if (bv_) value->assign(BlockSlice(v));
+      else value->assign(reinterpret_cast<const char*>(&v), 8);
+    }
+    RUnlock(n);
+    return found ? Status::OK() : Status::NotFound();
+  }
+
+  Status Remove(Slice key) override {
+    PMINDEX_RETURN_IF_ERROR(Writable());
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+    const SK sk = MakeSK(key);
+    Pending pend;
+    Node* n = nullptr;
+    PMINDEX_RETURN_IF_ERROR(LockAt(0, sk, &pend, &n));
+    uint32_t pos;
+    Status st;
+    if (!FindInLocked(n, sk, &pos)) {
+      st = Status::NotFound();
+    } else {
+      Entry* e = n->ents();
+      if (BK || bv_) {
+        // Park the blocks in the spare words first: after the commit no
+        // record owns them, the spares do until they are freed.
+        if (BK) St(&n->spare_a, e[pos].k);
+        if (bv_) St(&n->spare_b, e[pos].v);
+        pm::Persist(&n->spare_a, 16);
+      }
+      DeleteAt(n, pos, true);
+      if (BK) alloc_->Free(&n->spare_a);
+      if (bv_) alloc_->Free(&n->spare_b);
+    }
+    WUnlock(n);
+    EnsurePending(pend);
+    return st;
+  }
+
+  Status Scan(Slice start, size_t limit, ScanCallback cb, size_t* count) override {
+    if (count) *count = 0;
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
+    if (limit == 0) return Status::OK();
+    const SK sk = MakeSK(start);
+    Node* n = Descend(0, sk, nullptr);
+    size_t c = 0;
+    if (!locked_reads_) {
+      // Lock-free: snapshot each leaf (validated by the switch counter),
+      // then call back outside the node.
+      if constexpr (!BK) {
+        thread_local std::vector<Entry> buf;
+        bool have_last = false;
+        uint64_t last = 0;
+        while (n && c < limit) {
+          Node* next = SnapshotLeafLF(n, sk, have_last, last, &buf);
+          for (const Entry& r : buf) {
+            if (c >= limit) break;
+            ++c;
+            last = r.k;
+            have_last = true;
+            uint64_t k = r.k, v = r.v;
+            if (!cb(U64Slice(k), U64Slice(v))) {
+              if (count) *count = c;
+              return Status::OK();
+            }
+          }
+          n = next;
+        }
+      }
+      if (count) *count = c;
+      return Status::OK();
+    }
+    n = ReadLockLeaf(n, sk);
+    std::vector<std::pair<std::string, std::string>> buf;
+    while (c < limit) {
+      buf.clear();
+      Entry* e = n->ents();
+      const uint32_t cnt = n->count;
+      for (uint32_t j = 0; j < cnt && buf.size() < limit - c; j++) {
+        if (Ignored(n, j)) continue;
+        if (Cmp(e[j].k, sk) < 0) continue;
+        std::string ks = BK ? std::string(BlockSlice(e[j].k)) : std::string(reinterpret_cast<const char*>(&e[j].k), 8);
+        std::string vs = bv_ ? std::string(BlockSlice(e[j].v)) : std::string(reinterpret_cast<const char*>(&e[j].v), 8);
+        buf.emplace_back(std::move(ks), std::move(vs));
+      }
+      uint64_t next = n->sibling;
+      RUnlock(n);
+      for (auto& [k, v] : buf) {
+        ++c;
+        if (!cb(k, v)) {
+          if (count) *count = c;
+          return Status::OK();
+        }
+      }
+      if (!next || c >= limit) break;
+      n = At(next);
+      RLock(n);
+    }
+    if (count) *count = c;
+    return Status::OK();
+  }
+
+  uint64_t Size() override {
+    uint64_t total = 0;
+    for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling)))
+      for (uint32_t j = 0; j < Ld(&n->count); j++) total += !Ignored(n, j);
+    return total;
+  }
+
+  Status Check() override;
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override;
+
+  IndexStats Stats() override {
+    IndexStats s;
+    s.records = Size();
+    s.pm_bytes = alloc_->BytesInUse();
+    s.dram_bytes = sizeof(*this) + kLocks * sizeof(RwLock);
+    s.recovery_seconds = recovery_seconds_;
+    return s;
+  }
+
+  Status Close() override {
+    if (pool_) {
+      Status s = pool_->Close();
+      pool_.reset();
+      return s;
+    }
+    return Status::OK();
+  }
+
+  fastfair::DebugCounters Debug() override {
+    fastfair::DebugCounters d;
+    d.open_blocks_freed = open_blocks_freed_;
+    d.open_pm_stores = open_pm_stores_;
+    d.open_pm_lines = open_pm_lines_;
+    d.nodes_repaired = nodes_repaired_.load();
+    d.splits_finished_by_repair = splits_repaired_.load();
+    d.parent_links_repaired = parents_repaired_.load();
+    d.root_grows = root_grows_.load();
+    return d;
+  }
+  int Cap() const override { return int(cap_); }
+  int TreeHeight() override { return int(At(Ld(&meta_->root))->level) + 1; }
+
+ private:
+  enum Mode { kInsert, kUpdate, kUpsert };
+  static constexpr size_t kLocks = 1 << 14;
+
+  Node* At(uint64_t off) const { return off ? reinterpret_cast<Node*>(base_ + off) : nullptr; }
+  uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
+
+  Status Writable() const {
+    return pool_->read_only() ? Status::Unsupported("fastfair opened read-only") : Status::OK();
+  }
+
+  // ---- keys ------------------------------------------------------------
+  Slice BlockSlice(uint64_t off) const {
+    const char* p = base_ + off;
+    uint32_t len;
+    std::memcpy(&len, p, 4);
+    return Slice(p + 4, len);
+  }
+  static SK MakeSK(Slice key) {
+    if constexpr (BK) return key;
+    else return SliceToU64(key);
+  }
+  SK KeyOf(uint64_t kw) const {
+    if constexpr (BK) return BlockSlice(kw);
+    else return kw;
+  }
+  // Compares a stored key word with a search key.
+  int Cmp(uint64_t kw, const SK& key) const {
+    if constexpr (BK) {
+      Slice a = BlockSlice(kw);
+      size_t n = std::min(a.size(), key.size());
+      int c = n ? std::memcmp(a.data(), key.data(), n) : 0;
+      if (c) return c;
+      return a.size() < key.size() ? -1 : (a.size() > key.size() ? 1 : 0);
+    } else {
+      return kw < key ? -1 : (kw > key ? 1 : 0);
+    }
+  }
+  // A record is ignored when its key word equals its left neighbour's.
+  bool Ignored(Node* n, uint32_t j) const {
+    Entry* e = n->ents();
+    uint64_t left = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+    return Ld(&e[j].k) == left;
+  }
+
+  Status AllocBlock(uint64_t* dest, Slice s) {
+    PMINDEX_RETURN_IF_ERROR(alloc_->Allocate(dest, 4 + s.size()));
+    char* p = base_ + Ld(dest);
+    pm::Store(reinterpret_cast<uint32_t*>(p), uint32_t(s.size()));
+    if (!s.empty()) pm::Copy(p + 4, s.data(), s.size());
+    pm::Persist(p, 4 + s.size());
+    return Status::OK();
+  }
+
+  // ---- locks -----------------------------------------------------------
+  RwLock& LockOf(const Node* n) const {
+    uint64_t h = (Off(n) >> 6) * 0x9E3779B97F4A7C15ull;
+    return locks_[h >> (64 - 14)];
+  }
+  void WLock(Node* n) {
+    auto& l = LockOf(n).w;
+    int spins = 0;
+    for (;;) {
+      uint64_t z = 0;
+      if (l.load(std::memory_order_relaxed) == 0 && l.compare_exchange_weak(z, kWriter, std::memory_order_acquire)) return;
+      Pause(spins);
+    }
+  }
+  void WUnlock(Node* n) { LockOf(n).w.fetch_sub(kWriter, std::memory_order_release); }
+  void RLock(Node* n) {
+    auto& l = LockOf(n).w;
+    int spins = 0;
+    for (;;) {
+      if (!(l.fetch_add(1, std::memory_order_acquire) & kWriter)) return;
+      l.fetch_sub(1, std::memory_order_relaxed);
+      while (l.load(std::memory_order_relaxed) & kWriter) Pause(spins);
+    }
+  }
+  void RUnlock(Node* n) { LockOf(n).w.fetch_sub(1, std::memory_order_release); }
+
+  // ---- navigation --------------------------------------------------------
+  // Reads the fence of n: true and *sib if key >= high (move right). Reads
+  // high, sibling, high: a split stores sibling before high (or high before
+  // sibling when n was rightmost), so equal highs with a sibling are a
+  // consistent pair.
+  bool MoveRight(Node* n, const SK& key, uint64_t* sib) const {
+    for (;;) {
+      uint64_t h1 = Ld(&n->high), s = Ld(&n->sibling), h2 = Ld(&n->high);
+      if (!s) return false;
+      if (h1 != h2) continue;
+      if (h1 == 0) return false;  // cannot happen (a split stores high first when rightmost)
+      if (Cmp(h1, key) > 0) return false;
+      *sib = s;
+      return true;
+    }
+  }
+
+  // Lock-free child choice in an internal node: the child of the last valid
+  // key <= key. A stale choice is always to the left of the right child, and
+  // the B-link move right fixes it.
+  Node* NavChild(Node* n, const SK& key, Pending* pend) {
+    for (;;) {
+      uint64_t s;
+      if (MoveRight(n, key, &s)) {
+        if (pend) pend->Add(n->level, s);
+        n = At(s);
+        continue;
+      }
+      const uint64_t sw = Ld(&n->sw);
+      Entry* e = n->ents();
+      uint64_t child = Ld(&n->leftmost);
+      for (uint32_t j = 0; j < Ld(&n->count); j++) {
+        uint64_t k1 = Ld(&e[j].k);
+        uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+        if (k1 == p || (BK && k1 == kBytesLk)) continue;
+        if (Cmp(k1, key) > 0) break;
+        uint64_t v = Ld(&e[j].v);
+        uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+        uint64_t k2 = Ld(&e[j].k);
+        if (p2 != k1 && k2 == k1) child = v;
+      }
+      if (Ld(&n->sw) != sw) continue;
+      return At(child);
+    }
+  }
+
+  // Descends to the node of `level` whose range should hold key (without
+  // locking; the caller moves right under its lock).
+  Node* Descend(uint32_t level, const SK& key, Pending* pend) {
+    for (;;) {
+      Node* n = At(Ld(&meta_->root));
+      if (n->level < level) return nullptr;
+      while (n->level > level) n = NavChild(n, key, pend);
+      return n;
+    }
+  }
+
+  Node* LeftmostAt(uint32_t level) {
+    Node* n = At(Ld(&meta_->root));
+    if (n->level < level) return nullptr;
+    while (n->level > level) n = At(Ld(&n->leftmost));
+    return n;
+  }
+
+  // Write-locks the node of `level` covering key, repairing it if needed.
+  Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out) {
+    Node* n;
+    for (;;) {
+      n = Descend(level, key, pend);
+      if (n) break;
+      PMINDEX_RETURN_IF_ERROR(GrowRoot(level));
+    }
+    WLock(n);
+    Prepare(n, pend);
+    for (;;) {
+      uint64_t s = n->sibling;
+      if (s && Cmp(n->high, key) <= 0) {
+        pend->Add(level, s);
+        WUnlock(n);
+        n = At(s);
+        WLock(n);
+        Prepare(n, pend);
+        continue;
+      }
+      *out = n;
+      return Status::OK();
+    }
+  }
+
+  Node* ReadLockLeaf(Node* n, const SK& key) {
+    RLock(n);
+    for (;;) {
+      uint64_t s = n->sibling;
+      if (s && Cmp(n->high, key) <= 0) {
+        RUnlock(n);
+        n = At(s);
+        RLock(n);
+        continue;
+      }
+      return n;
+    }
+  }
+
+  // Under a lock (read or write): position of key (found) or of the first
+  // larger record. Ignored records (crash leftovers seen by a reader) are
+  // skipped.
+  bool FindInLocked(Node* n, const SK& key, uint32_t* pos) const {
+    Entry* e = n->ents();
+    const uint32_t cnt = n->count;
+    for (uint32_t j = 0; j < cnt; j++) {
+      if (Ignored(n, j)) continue;
+      int c = Cmp(e[j].k, key);
+      if (c >= 0) {
+        *pos = j;
+        return c == 0;
+      }
+    }
+    *pos = cnt;
+    return false;
+  }
+
+  // Lock-free leaf search (u64 keys and values), Algorithm 3 with the
+  // mirrored validity rule. Returns with the value of key, or false.
+  bool SearchLeafLF(Node* n, const SK& key, uint64_t* out) {
+    for (;;) {
+      uint64_t s;
+      if (MoveRight(n, key, &s)) {
+        n = At(s);
+        continue;
+      }
+      const uint64_t sw = Ld(&n->sw);
+      Entry* e = n->ents();
+      bool found = false;
+      uint64_t val = 0;
+      if (!(sw & 1)) {
+        for (uint32_t j = 0; j < Ld(&n->count); j++) {
+          uint64_t k1 = Ld(&e[j].k);
+          uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+          if (k1 == p) continue;
+          int c = Cmp(k1, key);
+          if (c == 0) {
+            uint64_t v = Ld(&e[j].v);
+            uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+            uint64_t k2 = Ld(&e[j].k);
+            if (p2 != k1 && k2 == k1) {
+              found = true;
+              val = v;
+              break;
+            }
+          } else if (c > 0) {
+            break;
+          }
+        }
+      } else {
+        for (int64_t j = int64_t(Ld(&n->count)) - 1; j >= 0; j--) {
+          uint64_t k1 = Ld(&e[j].k);
+          uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+          if (k1 == p) continue;
+          int c = Cmp(k1, key);
+          if (c == 0) {
+            uint64_t v = Ld(&e[j].v);
+            uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+            uint64_t k2 = Ld(&e[j].k);
+            if (p2 != k1 && k2 == k1) {
+              found = true;
+              val = v;
+              break;
+            }
+          } else if (c < 0) {
+            break;
+          }
+        }
+      }
+      if (Ld(&n->sw) != sw) continue;
+      if (found) *out = val;
+      return found;
+    }
+  }
+
+  // Lock-free snapshot of the records >= start (and > last) of leaf n, in
+  // order; returns the next leaf.
+  Node* SnapshotLeafLF(Node* n, const SK& start, bool have_last, uint64_t last, std::vector<Entry>* buf) {
+    for (;;) {
+      buf->clear();
+      const uint64_t sw = Ld(&n->sw);
+      Entry* e = n->ents();
+      auto take = [&](uint32_t j) {
+        uint64_t k1 = Ld(&e[j].k);
+        uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+        if (k1 == p) return;
+        if (Cmp(k1, start) < 0 || (have_last && k1 <= last)) return;
+        uint64_t v = Ld(&e[j].v);
+        uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+        uint64_t k2 = Ld(&e[j].k);
+        if (p2 != k1 && k2 == k1) buf->push_back({k1, v});
+      };
+      if (!(sw & 1)) {
+        for (uint32_t j = 0; j < Ld(&n->count); j++) take(j);
+      } else {
+        for (int64_t j = int64_t(Ld(&n->count)) - 1; j >= 0; j--) take(uint32_t(j));
+        std::reverse(buf->begin(), buf->end());
+      }
+      uint64_t next = Ld(&n->sibling);
+      if (Ld(&n->sw) != sw) continue;
+      // A record that moved during the scan may have been seen twice.
+      if (!std::is_sorted(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; }))
+        std::stable_sort(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; });
+      buf->erase(std::unique(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k == b.k; }),
+                 buf->end());
+      return At(next);
+    }
+  }
+
+  // ---- FAST in-node shifts (caller holds the node's write lock) ----------
+  void InsertAt(Node* n, uint32_t pos, uint64_t k, uint64_t v) {
+    const uint32_t cnt = n->count;
+    Entry* e = n->ents();
+    if (n->sw & 1) St(&n->sw, n->sw + 1);  // back to insert mode: readers scan left to right
+    if (pos == cnt) {
+      // Append: the record is invisible until count covers it.
+      St(&e[cnt].v, v);
+      St(&e[cnt].k, k);
+      pm::Persist(&e[cnt], sizeof(Entry));
+      St(&n->count, cnt + 1);
+      pm::Persist(&n->count, 4);
+      return;
+    }
+    // An ignored copy of the last record past the end, durable before count.
+    St(&e[cnt].k, e[cnt - 1].k);
+    St(&e[cnt].v, e[cnt - 1].v);
+    pm::Persist(&e[cnt], sizeof(Entry));
+    St(&n->count, cnt + 1);
+    pm::Persist(&n->count, 4);
+    const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
+    uintptr_t dirty = 0;
+    for (int64_t j = int64_t(cnt) - 1; j >= int64_t(pos); j--) {
+      const uintptr_t line = pm::LineOf(&e[j]);
+      if (dirty && line != dirty && !skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      dirty = line;
+      St(&e[j].k, j ? e[j - 1].k : n->lk);  // slot j ignored, its copy at j+1 valid
+      if (j > int64_t(pos)) {
+        St(&e[j].v, e[j - 1].v);
+      } else {
+        St(&e[j].v, v);
+        St(&e[j].k, k);  // commit
+      }
+    }
+    pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+  }
+
+  // Removes record pos. commit=false: the record is already ignored (repair).
+  void DeleteAt(Node* n, uint32_t pos, bool commit) {
+    const uint32_t cnt = n->count;
+    Entry* e = n->ents();
+    if (!(n->sw & 1)) St(&n->sw, n->sw + 1);  // delete mode: readers scan right to left
+    const bool skip = PMINDEX_FAULT("fastfair.remove.skip_flush");
+    if (pos + 1 < cnt || !commit) {
+      uintptr_t dirty = pm::LineOf(&e[pos]);
+      if (commit) St(&e[pos].k, pos ? e[pos - 1].k : n->lk);  // commit: record pos ignored
+      for (uint32_t j = pos; j + 1 < cnt; j++) {
+        // Flush a line when the shift is about to dirty the next one.
+        const uintptr_t line = pm::LineOf(&e[j]);
+        if (line != dirty) {
+          if (!skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+          dirty = line;
+        }
+        St(&e[j].v, e[j + 1].v);
+        St(&e[j].k, e[j + 1].k);  // slot j valid again, j+1 its ignored copy
+      }
+      if (!skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+    }
+    St(&n->count, cnt - 1);
+    pm::Persist(&n->count, 4);
+  }
+
+  // Chooses a new lk for n that equals none of its keys nor `k`.
+  void FixLk(Node* n, uint64_t k) {
+    Entry* e = n->ents();
+    for (uint64_t c = k + 1;; c++) {
+      bool used = c == k;
+      for (uint32_t j = 0; j < n->count && !used; j++) used = e[j].k == c;
+      if (!used) {
+        St(&n->lk, c);
+        pm::Persist(&n->lk, 8);
+        return;
+      }
+    }
+  }
+
+  // ---- FAIR split ------------------------------------------------------
+  // n is write-locked, full and repaired. On return n holds the lower half,
+  // *out_s the upper half (not yet in the parent), *out_k its low key.
+  Status Split(Node* n, uint64_t* out_k, Node** out_s) {
+    const uint32_t cnt = n->count, m = cnt / 2;
+    const bool leaf = n->level == 0;
+    Entry* e = n->ents();
+    uint64_t K = e[m].k;
+    if (BK && leaf) {
+      // The separator gets its own block (the record's block is freed when
+      // the record is deleted); S owns it as its low key.
+      PMINDEX_RETURN_IF_ERROR(AllocBlock(&n->spare_a, BlockSlice(K)));
+      K = Ld(&n->spare_a);
+    }
+    Status st = alloc_->Allocate(&n->spare_node, node_size_);
+    if (!st.ok()) {
+      if (BK && leaf) alloc_->Free(&n->spare_a);
+      return st;
+    }
+    const uint64_t soff = Ld(&n->spare_node);
+    Node* s = At(soff);
+    Node h{};
+    h.sibling = n->sibling;
+    h.high = n->high;
+    h.count = leaf ? cnt - m : cnt - m - 1;
+    h.level = n->level;
+    h.gen = gen_;
+    h.low = K;
+    h.leftmost = leaf ? 0 : e[m].v;
+    h.lk = n->lk;
+    pm::Copy(s, &h, sizeof(Node));
+    if (h.count) pm::Copy(s->ents(), leaf ? &e[m] : &e[m + 1], h.count * sizeof(Entry));
+    const bool early_link = PMINDEX_FAULT("fastfair.split.link_before_persist");
+    if (!early_link) pm::Persist(s, sizeof(Node) + h.count * sizeof(Entry));
+    // Link and cut: all in line 0 of n, one flush.
+    if (n->sibling == 0) {
+      St(&n->high, K);
+      St(&n->sibling, soff);
+    } else {
+      St(&n->sibling, soff);
+      St(&n->high, K);
+    }
+    St(&n->count, m);
+    St(&n->sw, n->sw + 2);
+    St(&n->spare_node, uint64_t(0));
+    if (BK && leaf) St(&n->spare_a, uint64_t(0));
+    pm::Persist(n, pm::kCacheLine);
+    if (early_link) pm::Persist(s, sizeof(Node) + h.count * sizeof(Entry));
+    *out_k = K;
+    *out_s = s;
+    return Status::OK();
+  }
+
+  Status GrowRoot(uint32_t level) {
+    std::lock_guard<std::mutex> g(root_mu_);
+    for (;;) {
+      Node* r = At(meta_->root);
+      if (r->level >= level) return Status::OK();
+      PMINDEX_RETURN_IF_ERROR(alloc_->Allocate(&meta_->spare_root, node_size_));
+      Node* nr = At(Ld(&meta_->spare_root));
+      Node h{};
+      h.level = r->level + 1;
+      h.leftmost = Off(r);
+      h.lk = BK ? kBytesLk : 0;
+      h.gen = gen_;
+      pm::Copy(nr, &h, sizeof(Node));
+      pm::Persist(nr, sizeof(Node));
+      // The new root is durable; one 8-byte store publishes it.
+      St(&meta_->root, Off(nr));
+      St(&meta_->spare_root, uint64_t(0));
+      pm::Persist(&meta_->root, 16);
+      root_grows_++;
+    }
+  }
+
+  // ---- lazy repair -------------------------------------------------------
+  bool Referenced(Node* n, uint64_t b) const {
+    if (n->sibling && n->high == b) return true;
+    Entry* e = n->ents();
+    for (uint32_t j = 0; j < n->count; j++) {
+      if (Ignored(n, j)) continue;
+      if (BK && e[j].k == b) return true;
+      if (bv_ && n->level == 0 && e[j].v == b) return true;
+    }
+    return false;
+  }
+
+  void Prepare(Node* n, Pending* pend) {
+    if (n->gen != gen_) Repair(n, pend);
+  }
+
+  void Repair(Node* n, Pending* pend) {
+    nodes_repaired_++;
+    Entry* e = n->ents();
+    if (n->spare_node) {
+      if (n->spare_node == n->sibling) {
+        // The split was linked: finish the cut.
+        Node* s = At(n->sibling);
+        const uint64_t K = s->low;
+        if (n->high != K) St(&n->high, K);
+        uint32_t m = 0;
+        while (m < n->count && (Ignored(n, m) || Cmp(e[m].k, KeyOf(K)) < 0)) m++;
+        St(&n->count, m);
+        St(&n->sw, n->sw + 2);
+        St(&n->spare_node, uint64_t(0));
+        pm::Persist(n, pm::kCacheLine);
+        splits_repaired_++;
+        pend->Add(n->level, n->sibling);
+      } else {
+        // Never linked: the half-built sibling is garbage.
+        alloc_->Free(&n->spare_node);
+        if (!n->sibling && n->high) {
+          St(&n->high, uint64_t(0));
+          pm::Persist(&n->high, 8);
+        }
+      }
+    }
+    for (uint32_t j = 0; j < n->count;) {
+      if (Ignored(n, j)) DeleteAt(n, j, false);
+      else j++;
+    }
+    for (uint64_t* sp : {&n->spare_a, &n->spare_b}) {
+      if (!*sp) continue;
+      if (Referenced(n, *sp)) {
+        St(sp, uint64_t(0));
+        pm::Persist(sp, 8);
+      } else {
+        alloc_->Free(sp);
+      }
+    }
+    pm::Store(&n->gen, gen_);
+  }
+
+  // Inserts (K, child) at `level` unless present (idempotent: the splitter
+  // and a writer that found the sibling missing may both try).
+  Status InsertInternal(uint32_t level, uint64_t K, uint64_t child, bool* inserted = nullptr) {
+    const SK key = KeyOf(K);
+    Pending pend;
+    Node* n = nullptr;
+    PMINDEX_RETURN_IF_ERROR(LockAt(level, key, &pend, &n));
+    uint32_t pos;
+    if (FindInLocked(n, key, &pos)) {
+      WUnlock(n);
+      EnsurePending(pend);
+      return Status::OK();
+    }
+    Node* t = n;
+    uint64_t K2 = 0;
+    Node* S2 = nullptr;
+    if (n->count == cap_) {
+      Status st = Split(n, &K2, &S2);
+      if (!st.ok()) {
+        WUnlock(n);
+        return st;
+      }
+      if (Cmp(K2, key) <= 0) t = S2;
+      FindInLocked(t, key, &pos);
+    }
+    if (!BK && K == t->lk) FixLk(t, K);
+    InsertAt(t, pos, K, child);
+    if (inserted) *inserted = true;
+    WUnlock(n);
+    Status st;
+    if (S2) st = InsertInternal(level + 1, K2, Off(S2));
+    EnsurePending(pend);
+    return st;
+  }
+
+  void EnsurePending(const Pending& pend) {
+    for (int i = 0; i < pend.n; i++) {
+      Node* c = At(pend.a[i].child);
+      bool inserted = false;
+      if (InsertInternal(pend.a[i].level + 1, c->low, pend.a[i].child, &inserted).ok() && inserted) parents_repaired_++;
+    }
+  }
+
+  // ---- leaf writes -------------------------------------------------------
+  Status InsertLeafEntry(Node* t, uint32_t pos, const SK& key, Slice value) {
+    uint64_t kw, vw;
+    if constexpr (BK) {
+      PMINDEX_RETURN_IF_ERROR(AllocBlock(&t->spare_a, key));
+      kw = Ld(&t->spare_a);
+    } else {
+      kw = key;
+    }
+    if (bv_) {
+      Status st = AllocBlock(&t->spare_b, value);
+      if (!st.ok()) {
+        if (BK) alloc_->Free(&t->spare_a);
+        return st;
+      }
+      vw = Ld(&t->spare_b);
+    } else {
+      vw = SliceToU64(value);
+    }
+    if (!BK && kw == t->lk) FixLk(t, kw);
+    InsertAt(t, pos, kw, vw);
+    if (BK || bv_) {
+      // The record owns the blocks now.
+      St(&t->spare_a, uint64_t(0));
+      St(&t->spare_b, uint64_t(0));
+      pm::Persist(&t->spare_a, 16);
+    }
+    return Status::OK();
+  }
+
+  Status UpdateAt(Node* n, uint32_t pos, Slice value) {
+    Entry* e = n->ents();
+    if (!bv_) {
+      St(&e[pos].v, SliceToU64(value));
+      pm::Persist(&e[pos], sizeof(Entry));
+      return Status::OK();
+    }
+    PMINDEX_RETURN_IF_ERROR(AllocBlock(&n->spare_a, value));
+    St(&n->spare_b, e[pos].v);
+    pm::Persist(&n->spare_b, 8);
+    St(&e[pos].v, Ld(&n->spare_a));  // commit
+    pm::Persist(&e[pos], sizeof(Entry));
+    alloc_->Free(&n->spare_b);
+    St(&n->spare_a, uint64_t(0));
+    pm::Persist(&n->spare_a, 8);
+    return Status::OK();
+  }
+
+  Status Put(Slice key, Slice value, Mode mode) {
+    PMINDEX_RETURN_IF_ERROR(Writable());
+    PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+    PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, opts_.max_value_size, value));
+    const SK sk = MakeSK(key);
+    Pending pend;
+    Node* n = nullptr;
+    PMINDEX_RETURN_IF_ERROR(LockAt(0, sk, &pend, &n));
+    uint32_t pos;
+    Status st;
+    Node* S2 = nullptr;
+    uint64_t K2 = 0;
+    if (FindInLocked(n, sk, &pos)) {
+      st = mode == kInsert ? Status::AlreadyExists() : UpdateAt(n, pos, value);
+    } else if (mode == kUpdate) {
+      st = Status::NotFound();
+    } else {
+      Node* t = n;
+      if (n->count == cap_) {
+        st = Split(n, &K2, &S2);
+        if (st.ok()) {
+          if (Cmp(K2, sk) <= 0) t = S2;
+          FindInLocked(t, sk, &pos);
+        }
+      }
+      if (st.ok()) st = InsertLeafEntry(t, pos, sk, value);
+    }
+    WUnlock(n);
+    // The record is durable; a failed parent insert (pool full) leaves a
+    // correct B-link tree that a later writer completes.
+    if (S2) (void)InsertInternal(1, K2, Off(S2));
+    EnsurePending(pend);
+    return st;
+  }
+
+  // ---- members -----------------------------------------------------------
+  std::unique_ptr<pm::Pool> pool_;
+  char* base_;
+  pm::Allocator* alloc_;
+  Options opts_;
+  Meta* meta_ = nullptr;
+  uint64_t gen_ = 0;
+  const uint32_t node_size_;
+  const uint32_t cap_;
+  const bool bv_;
+  const ValueKind vk_;
+  const bool locked_reads_;
+  std::unique_ptr<RwLock[]> locks_;
+  std::mutex root_mu_;
+  uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
+  std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
+};
+
+// ---- Check ------------------------------------------------------------------
+template <bool BK>
+Status FastFair<BK>::Check() {
+  auto corrupt = [](const std::string& m) { return Status::Corrupt("fastfair: " + m); };
+  Node* root = At(Ld(&meta_->root));
+  if (!root) return corrupt("no root");
+  std::vector<uint64_t> upper;  // children listed by the level above, in order
+  uint64_t records = 0;
+  for (Node* first = root;;) {
+    const uint32_t level = first->level;
+    if (first->low != 0) return corrupt("leftmost node of level " + std::to_string(level) + " has a low key");
+    std::vector<uint64_t> children;
+    size_t up = 0;  // next expected parent-listed node in this chain
+    Node* prev = nullptr;
+    uint64_t nodes = 0;
+    for (Node* n = first; n; prev = n, n = At(n->sibling)) {
+      if (++nodes > (uint64_t(1) << 40)) return corrupt("sibling cycle");
+      const std::string where = "node " + std::to_string(Off(n)) + " (level " + std::to_string(level) + ")";
+      if (n->level != level) return corrupt(where + " on the wrong level chain");
+      if (n->count > cap_) return corrupt(where + " count exceeds capacity");
+      if (up < upper.size() && upper[up] == Off(n)) up++;
+      else if (n == first && !upper.empty()) return corrupt(where + " is not the leftmost child of the level above");
+      if (prev && n->low != prev->high) return corrupt(where + " low key differs from its left sibling's high key");
+      Entry* e = n->ents();
+      bool have_prev = false;
+      uint64_t prevk = 0;
+      if (level > 0) children.push_back(n->leftmost);
+      for (uint32_t j = 0; j < n->count; j++) {
+        if (Ignored(n, j)) continue;
+        if (BK && e[j].k == kBytesLk) return corrupt(where + " has a record with the byte-key lk");
+        if (have_prev && Cmp(prevk, KeyOf(e[j].k)) >= 0) return corrupt(where + " records not sorted at " + std::to_string(j));
+        if (n->low && Cmp(n->low, KeyOf(e[j].k)) > 0) return corrupt(where + " record below the low key");
+        if (n->sibling && Cmp(n->high, KeyOf(e[j].k)) <= 0) return corrupt(where + " record at or above the high key");
+        have_prev = true;
+        prevk = e[j].k;
+        if (level > 0) {
+          Node* c = At(e[j].v);
+          if (!c || c->level + 1 != level) return corrupt(where + " child on the wrong level");
+          if (Cmp(c->low, KeyOf(e[j].k)) != 0) return corrupt(where + " separator differs from the child's low key");
+          children.push_back(e[j].v);
+        } else {
+          records++;
+        }
+      }
+    }
+    if (up != upper.size()) return corrupt("level " + std::to_string(level) + ": a child listed by the parents is missing from the sibling chain or out of order");
+    if (level == 0) break;
+    upper = std::move(children);
+    first = At(first->leftmost);
+    if (!first) return corrupt("internal node without leftmost child");
+  }
+  // Every record reachable from the root exactly where the chain has it.
+  for (Node* n = LeftmostAt(0); n; n = At(n->sibling)) {
+    Entry* e = n->ents();
+    for (uint32_t j = 0; j < n->count; j++) {
+      if (Ignored(n, j)) continue;
+      const SK key = KeyOf(e[j].k);
+      Node* l = Descend(0, key, nullptr);
+      while (l->sibling && Cmp(l->high, key) <= 0) l = At(l->sibling);
+      if (l != n) return corrupt("record in node " + std::to_string(Off(n)) + " is reached in node " + std::to_string(Off(l)));
+    }
+  }
+  if (records != Size()) return corrupt("record count mismatch");
+  return Status::OK();
+}
+
+template <bool BK>
+Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
+  fn(*pool_->root_slot());
+  if (meta_->spare_root && meta_->spare_root != meta_->root) fn(meta_->spare_root);
+  std::vector<uint64_t> blocks;
+  for (Node* first = At(meta_->root); first; first = first->level ? At(first->leftmost) : nullptr) {
+    for (Node* n = first; n; n = At(n->sibling)) {
+      fn(Off(n));
+      if (n->spare_node && n->spare_node != n->sibling) fn(n->spare_node);
+      blocks.clear();
+      Entry* e = n->ents();
+      if (n->level == 0) {
+        if (BK && n->low) blocks.push_back(n->low);
+        for (uint32_t j = 0; j < n->count; j++) {
+          if (Ignored(n, j)) continue;
+          if (BK) blocks.push_back(e[j].k);
+          if (bv_) blocks.push_back(e[j].v);
+        }
+      }
+      for (uint64_t sp : {n->spare_a, n->spare_b})
+        if (sp && !Referenced(n, sp)) blocks.push_back(sp);
+      std::sort(blocks.begin(), blocks.end());
+      blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+      for (uint64_t b : blocks) fn(b);
+    }
+  }
+  return Status::OK();
+}
+
+// ---- factory ----------------------------------------------------------------
+Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
+  Params p(o.params);
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size", "read_committed"}));
+  long long ns;
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("node_size", 512, 256, 8192, &ns));
+  if (ns % 64) return Status::InvalidArgument("fastfair node_size must be a multiple of 64, got " + std::to_string(ns));
+  *node_size = uint32_t(ns);
+  return p.GetBool("read_committed", false, rc);
+}
+
+std::unique_ptr<FastFairBase> Make(std::unique_ptr<pm::Pool> pool, const Options& o, KeyKind kk, ValueKind vk,
+                                   uint32_t ns, bool rc) {
+  if (kk == KeyKind::kBytes) return std::make_unique<FastFair<true>>(std::move(pool), o, ns, vk, rc);
+  return std::make_unique<FastFair<false>>(std::move(pool), o, ns, vk, rc);
+}
+
+Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  uint32_t ns;
+  bool rc;
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns, &rc));
+  if (*pool->root_slot() != 0) return Status::InvalidArgument("pool already holds a root object");
+  auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
+  Status s = t->Format();
+  if (!s.ok()) return s;
+  *out = std::move(t);
+  return Status::OK();
+}
+
+Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  uint32_t ns_param;
+  bool rc;
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc));
+  Meta* m = pool->root<Meta>();
+  if (!m) return Status::Corrupt("fastfair pool has no root object (creation interrupted?)");
+  if (pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
+    return Status::Corrupt("fastfair root object too small");
+  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata not initialised (creation interrupted?)");
+  if (m->version != kVersion) return Status::Corrupt("fastfair format version " + std::to_string(m->version) + " unsupported");
+  if (m->key_kind > 1 || m->value_kind > 1) return Status::Corrupt("fastfair metadata has bad key/value kinds");
+  if (m->node_size < 256 || m->node_size > 8192 || m->node_size % 64) return Status::Corrupt("fastfair metadata has a bad node size");
+  if (o.params.count("node_size") && ns_param != m->node_size)
+    return Status::InvalidArgument("pool was created with node_size=" + std::to_string(m->node_size));
+  if (!m->root || m->root >= pool->size()) return Status::Corrupt("fastfair root pointer out of the pool");
+  const KeyKind kk = KeyKind(m->key_kind);
+  auto t = Make(std::move(pool), o, kk, ValueKind(m->value_kind), m->node_size, rc);
+  Status s = t->Recover(m);
+  if (!s.ok()) return s;
+  t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *out = std::move(t);
+  return Status::OK();
+}
+
+}  // namespace
+
+namespace fastfair {
+const DebugCounters* GetDebugCounters(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  if (!t) return nullptr;
+  t->snapshot_ = t->Debug();
+  return &t->snapshot_;
+}
+int NodeCapacity(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  return t ? t->Cap() : 0;
+}
+int Height(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  return t ? t->TreeHeight() : 0;
+}
+}  // namespace fastfair
+
+void RegisterFastFair(std::vector<IndexFactory>* r) {
+  IndexFactory f;
+  f.info = {"fastfair", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
+            "FAST & FAIR: whole B+-tree in PM, logless in-node shifts and splits, lock-free search, lazy recovery"};
+  f.create = &Create;
+  f.open = &Open;
+  r->push_back(f);
+}
+
+}  // namespace pmindex::internal

@@ -1,0 +1,28 @@
+// fastfair.h: internal test/benchmark hooks of the FAST & FAIR B+-tree
+// (src/fastfair/fastfair.cc; docs/fastfair.md). Not part of the public API.
+#pragma once
+
+#include <cstdint>
+
+#include "pmindex/index.h"
+
+namespace pmindex::internal::fastfair {
+
+// Counters kept by one open tree (DRAM only, reset at open).
+struct DebugCounters {
+  uint64_t open_blocks_freed = 0;   // blocks freed by Open (at most the spare root slot)
+  uint64_t open_pm_stores = 0;      // PM stores / lines flushed by the index part of Open
+  uint64_t open_pm_lines = 0;
+  uint64_t nodes_repaired = 0;      // nodes a writer repaired lazily since open
+  uint64_t splits_finished_by_repair = 0;
+  uint64_t parent_links_repaired = 0;  // siblings a writer found missing in their parent
+  uint64_t root_grows = 0;
+};
+
+// The tree's counters, or nullptr if `index` is not a fastfair index.
+const DebugCounters* GetDebugCounters(Index* index);
+// Node capacity (records per node) and height of the tree (1 = a single leaf).
+int NodeCapacity(Index* index);
+int Height(Index* index);
+
+}  // namespace pmindex::internal::fastfair

@@ -1,0 +1,337 @@
+// fastfair_test: functional tests of the FAST & FAIR tree (src/fastfair):
+// differential against std::map for every key/value kind and node size,
+// structure checks after each phase, leak checks, reopen, the unique-slot
+// rule (equal values, duplicate inserts), flush counts of FAST shifts, and
+// constant-time open.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "fastfair/fastfair.h"
+#include "fastfair/fastfair_test_util.h"
+#include "pmindex/index.h"
+#include "pmindex/pm/persist.h"
+
+namespace {
+
+using namespace pmindex;
+using fftest::U64;
+
+struct Kind {
+  KeyKind kk;
+  ValueKind vk;
+  int node_size;
+};
+
+std::string KindName(const testing::TestParamInfo<Kind>& i) {
+  return std::string(i.param.kk == KeyKind::kU64 ? "u64key" : "byteskey") +
+         (i.param.vk == ValueKind::kU64 ? "_u64val" : "_bytesval") + "_node" + std::to_string(i.param.node_size);
+}
+
+class FastFairDiff : public testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    opts_ = fftest::MakeOptions(guard_.path, GetParam().kk, GetParam().vk, GetParam().node_size);
+    ASSERT_TRUE(OpenIndex("fastfair", opts_, &idx_).ok());
+  }
+  std::string Key(uint64_t id) const {
+    if (GetParam().kk == KeyKind::kU64) return U64(id);
+    // Varying lengths and shared prefixes; memcmp order differs from id order.
+    std::string s = "key" + std::to_string(id % 1000) + "/" + std::to_string(id);
+    s.append(id % 7 * 5, char('a' + id % 26));
+    return s;
+  }
+  std::string Value(uint64_t id, uint64_t ver) const {
+    if (GetParam().vk == ValueKind::kU64) return U64(id % 3 == 0 ? 7 : id * 1000 + ver);  // many equal values
+    return std::string(id % 50, char('A' + ver % 26)) + std::to_string(id);
+  }
+  void Reopen() {
+    ASSERT_TRUE(idx_->Close().ok());
+    idx_.reset();
+    ASSERT_TRUE(OpenIndex("fastfair", opts_, &idx_).ok());
+  }
+  void Verify() {
+    Status c = idx_->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    ASSERT_TRUE(fftest::NoLeak(idx_.get()));
+    ASSERT_EQ(idx_->Size(), model_.size());
+    for (const auto& [k, v] : model_) {
+      std::string got;
+      ASSERT_TRUE(idx_->Find(k, &got).ok()) << "lost key";
+      ASSERT_EQ(got, v);
+    }
+    // Full scan in order.
+    auto it = model_.begin();
+    size_t n = 0;
+    std::string start = GetParam().kk == KeyKind::kU64 ? U64(0) : std::string(1, '\0');
+    ASSERT_TRUE(idx_->Scan(start, model_.size() + 5, [&](Slice k, Slice v) {
+      EXPECT_TRUE(it != model_.end());
+      if (it == model_.end()) return false;
+      EXPECT_EQ(std::string(k), it->first);
+      EXPECT_EQ(std::string(v), it->second);
+      ++it;
+      ++n;
+      return true;
+    }).ok());
+    ASSERT_EQ(n, model_.size());
+  }
+  // Model keyed by the index order.
+  struct Less {
+    KeyKind kk;
+    bool operator()(const std::string& a, const std::string& b) const {
+      if (kk == KeyKind::kU64) return SliceToU64(a) < SliceToU64(b);
+      return a < b;
+    }
+  };
+  fftest::PoolGuard guard_{"diff"};
+  Options opts_;
+  std::unique_ptr<Index> idx_;
+  std::map<std::string, std::string, Less> model_{Less{GetParam().kk}};
+};
+
+TEST_P(FastFairDiff, LongRandomSequenceAgainstStdMap) {
+  std::mt19937_64 rng(42 + GetParam().node_size);
+  const uint64_t universe = 6000;
+  const int phases = 6, ops = 8000;
+  for (int phase = 0; phase < phases; phase++) {
+    for (int i = 0; i < ops; i++) {
+      uint64_t id = GetParam().kk == KeyKind::kU64 ? rng() % universe * 0x9E3779B97F4A7C15ull >> (phase % 2 ? 0 : 20)
+                                                   : rng() % universe;
+      std::string k = Key(id), v = Value(id, rng() % 1000);
+      int op = int(rng() % 100);
+      // Phase shapes: growth, shrink, mixed.
+      if (phase == 3) op = op < 70 ? 80 : op;  // mostly removes
+      bool present = model_.count(k);
+      if (op < 40) {
+        Status s = idx_->Insert(k, v);
+        ASSERT_EQ(s.ok(), !present) << s.ToString();
+        if (!present) model_[k] = v;
+        else ASSERT_TRUE(s.IsAlreadyExists());
+      } else if (op < 50) {
+        Status s = idx_->Update(k, v);
+        ASSERT_EQ(s.ok(), present) << s.ToString();
+        if (present) model_[k] = v;
+      } else if (op < 60) {
+        ASSERT_TRUE(idx_->Upsert(k, v).ok());
+        model_[k] = v;
+      } else if (op < 75) {
+        std::string got;
+        Status s = idx_->Find(k, &got);
+        ASSERT_EQ(s.ok(), present);
+        if (present) {
+          ASSERT_EQ(got, model_[k]);
+        }
+      } else if (op < 95) {
+        Status s = idx_->Remove(k);
+        ASSERT_EQ(s.ok(), present) << s.ToString();
+        model_.erase(k);
+      } else {
+        size_t n = rng() % 40;
+        auto it = model_.lower_bound(k);
+        size_t cnt = 0;
+        ASSERT_TRUE(idx_->Scan(k, n, [&](Slice a, Slice b) {
+          EXPECT_TRUE(it != model_.end());
+          if (it == model_.end()) return false;
+          EXPECT_EQ(std::string(a), it->first);
+          EXPECT_EQ(std::string(b), it->second);
+          ++it;
+          return true;
+        }, &cnt).ok());
+        ASSERT_EQ(cnt, std::min<size_t>(n, std::distance(model_.lower_bound(k), model_.end())));
+      }
+    }
+    Verify();
+    if (HasFatalFailure()) return;
+    if (phase % 2 == 1) {
+      Reopen();
+      Verify();
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST_P(FastFairDiff, SequentialAndReverseLoads) {
+  for (uint64_t i = 0; i < 3000; i++) {
+    ASSERT_TRUE(idx_->Insert(Key(i), Value(i, 1)).ok());
+    model_[Key(i)] = Value(i, 1);
+  }
+  for (uint64_t i = 10000; i > 7000; i--) {
+    ASSERT_TRUE(idx_->Insert(Key(i), Value(i, 2)).ok());
+    model_[Key(i)] = Value(i, 2);
+  }
+  Verify();
+  // Empty the tree completely (nodes stay; no merges) and refill.
+  for (auto it = model_.begin(); it != model_.end();) {
+    ASSERT_TRUE(idx_->Remove(it->first).ok());
+    it = model_.erase(it);
+  }
+  Verify();
+  for (uint64_t i = 0; i < 2000; i += 3) {
+    ASSERT_TRUE(idx_->Insert(Key(i), Value(i, 3)).ok());
+    model_[Key(i)] = Value(i, 3);
+  }
+  Reopen();
+  Verify();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, FastFairDiff,
+                         testing::Values(Kind{KeyKind::kU64, ValueKind::kU64, 512}, Kind{KeyKind::kU64, ValueKind::kU64, 256},
+                                         Kind{KeyKind::kU64, ValueKind::kBytes, 256}, Kind{KeyKind::kBytes, ValueKind::kU64, 256},
+                                         Kind{KeyKind::kBytes, ValueKind::kBytes, 512}, Kind{KeyKind::kBytes, ValueKind::kBytes, 256}),
+                         KindName);
+
+TEST(FastFair, BadParamsAreClearErrors) {
+  fftest::PoolGuard g("params");
+  std::unique_ptr<Index> idx;
+  Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 500);
+  EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument());
+  o.params["node_size"] = "128";
+  EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument());
+  o.params["node_size"] = "512";
+  o.params["leaf_size"] = "5";
+  EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument());
+  o.params.erase("leaf_size");
+  ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+  EXPECT_TRUE(idx->Insert("short", U64(1)).IsInvalidArgument());
+  EXPECT_TRUE(idx->Insert(U64(1), "short").IsInvalidArgument());
+  EXPECT_TRUE(idx->Find("", nullptr).IsInvalidArgument());
+  idx.reset();
+  o.params["node_size"] = "1024";
+  EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument()) << "node_size differs from the pool's";
+}
+
+// The public wrapper stored raw values in the compared pointer slot: equal
+// neighbouring values hid records, and duplicates were accepted.
+TEST(FastFair, EqualNeighbourValuesAndDuplicatesAreHandled) {
+  fftest::PoolGuard g("equal");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256), &idx).ok());
+  for (uint64_t i = 0; i < 2000; i++) ASSERT_TRUE(idx->Insert(U64(i * 2), U64(i % 2 ? 0 : 5)).ok());
+  for (uint64_t i = 0; i < 2000; i++) EXPECT_TRUE(idx->Insert(U64(i * 2), U64(9)).IsAlreadyExists());
+  // Insert between equal-valued neighbours; remove some.
+  for (uint64_t i = 0; i < 2000; i += 2) ASSERT_TRUE(idx->Insert(U64(i * 2 + 1), U64(5)).ok());
+  for (uint64_t i = 0; i < 2000; i += 5) ASSERT_TRUE(idx->Remove(U64(i * 2)).ok());
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  uint64_t expect = 0;
+  for (uint64_t i = 0; i < 2000; i++) {
+    std::string v;
+    if (i % 5) {
+      ASSERT_TRUE(idx->Find(U64(i * 2), &v).ok()) << i;
+      EXPECT_EQ(SliceToU64(v), i % 2 ? 0u : 5u);
+      expect++;
+    } else {
+      EXPECT_TRUE(idx->Find(U64(i * 2), &v).IsNotFound());
+    }
+    if (i % 2 == 0) {
+      ASSERT_TRUE(idx->Find(U64(i * 2 + 1), &v).ok());
+      EXPECT_EQ(SliceToU64(v), 5u);
+      expect++;
+    }
+  }
+  EXPECT_EQ(idx->Size(), expect);
+  // Key 0 and UINT64_MAX (slot-0 sentinel collisions).
+  ASSERT_TRUE(idx->Insert(U64(~0ull), U64(1)).ok());
+  std::string v;
+  ASSERT_TRUE(idx->Find(U64(0), &v).IsNotFound());
+  ASSERT_TRUE(idx->Insert(U64(0), U64(0)).ok());
+  ASSERT_TRUE(idx->Find(U64(0), &v).ok());
+  ASSERT_TRUE(idx->Find(U64(~0ull), &v).ok());
+  ASSERT_TRUE(idx->Check().ok());
+}
+
+// FAST flushes a line only when the shift crosses into the next one, and
+// remove flushes on that condition too (the anchored "remove flushed on the
+// wrong condition" pitfall): count the lines of single operations.
+TEST(FastFair, FlushCountsOfShifts) {
+  fftest::PoolGuard g("flush");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512), &idx).ok());
+  const int cap = internal::fastfair::NodeCapacity(idx.get());
+  ASSERT_EQ(cap, 26);
+  // Records 0..19 at even keys: slots 0..19, 4 per line; slot 0-1 share line 1
+  // of the node with the header tail (records start at byte 96).
+  for (uint64_t i = 0; i < 20; i++) ASSERT_TRUE(idx->Insert(U64(100 + 2 * i), U64(i)).ok());
+  auto lines = [&](auto&& op) {
+    pm::ResetThreadCounters();
+    op();
+    return pm::ThreadCounters().lines_flushed;
+  };
+  // Append: the record's line, then count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 2u);
+  // Remove the last record: only count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
+  // Record i sits at byte 96 + 16 i: line (96 + 16 i) / 64.
+  auto line_of = [](int slot) { return (96 + 16 * slot) / 64; };
+  // Insert at slot 0 with 20 records: copy of slot 19 into slot 20 (1 line),
+  // count (1), then every line from slot 19 down to slot 0.
+  uint64_t expect_ins = 1 + 1 + (line_of(19) - line_of(0) + 1);
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), expect_ins);
+  // Remove slot 0 again: every line from slot 0 to slot 20, then count.
+  uint64_t expect_rm = (line_of(20) - line_of(0) + 1) + 1;
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), expect_rm);
+  // Remove in the middle (slot 10 of 20): lines of slots 10..19, then count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(120)).ok()); }), uint64_t(line_of(19) - line_of(10) + 1) + 1);
+  // An update is one line.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Update(U64(100), U64(3)).ok()); }), 1u);
+  ASSERT_TRUE(idx->Check().ok());
+}
+
+TEST(FastFair, AverageLinesPerInsertAndDelete) {
+  fftest::PoolGuard g("avg");
+  std::unique_ptr<Index> idx;
+  Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
+  o.pool_size = 64ull << 20;
+  ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys(100000);
+  for (auto& k : keys) k = rng();
+  pm::ResetThreadCounters();
+  for (uint64_t k : keys) ASSERT_TRUE(idx->Insert(U64(k), U64(k)).ok());
+  double ins = double(pm::ThreadCounters().lines_flushed) / keys.size();
+  pm::ResetThreadCounters();
+  for (size_t i = 0; i < keys.size(); i += 2) ASSERT_TRUE(idx->Remove(U64(keys[i])).ok());
+  double del = double(pm::ThreadCounters().lines_flushed) / (keys.size() / 2);
+  std::printf("lines flushed per insert %.2f, per delete %.2f (100K random u64 keys, 512-byte nodes)\n", ins, del);
+  // FAST bound: at most every line of a node + count + copy + a split's share.
+  EXPECT_LT(ins, 12.0);
+  EXPECT_LT(del, 10.0);
+  ASSERT_TRUE(idx->Check().ok());
+}
+
+// Open does no work proportional to the tree: the index part of Open makes
+// the same PM stores and flushes for 1K and for 100K (PMINDEX_LONG: 1M)
+// records, and no node is repaired until a writer touches it.
+TEST(FastFair, OpenIsConstantWork) {
+  const bool long_run = std::getenv("PMINDEX_LONG") != nullptr;
+  uint64_t stores[2], lines_[2];
+  double secs[2];
+  int i = 0;
+  for (uint64_t n : {uint64_t(1000), uint64_t(long_run ? 1000000 : 100000)}) {
+    fftest::PoolGuard g("open");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
+    o.pool_size = 128ull << 20;
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    for (uint64_t k = 0; k < n; k++) ASSERT_TRUE(idx->Insert(U64(k * 0x9E3779B97F4A7C15ull), U64(k)).ok());
+    idx.reset();
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    auto* d = internal::fastfair::GetDebugCounters(idx.get());
+    ASSERT_NE(d, nullptr);
+    EXPECT_EQ(d->nodes_repaired, 0u);
+    stores[i] = d->open_pm_stores;
+    lines_[i] = d->open_pm_lines;
+    secs[i] = idx->Stats().recovery_seconds;
+    std::string v;
+    ASSERT_TRUE(idx->Find(U64((n - 1) * 0x9E3779B97F4A7C15ull), &v).ok());
+    EXPECT_EQ(d->nodes_repaired, 0u) << "readers do not repair";
+    i++;
+  }
+  EXPECT_EQ(stores[0], stores[1]);
+  EXPECT_EQ(lines_[0], lines_[1]);
+  EXPECT_LE(stores[1], 4u);
+  std::printf("index open: %.1f us at 1K records, %.1f us at %s records\n", secs[0] * 1e6, secs[1] * 1e6,
+              long_run ? "1M" : "100K");
+}
+
+}  // namespace
