@@ -1,0 +1,138 @@
+// Persist primitive tests: a known sequence of stores, flushes, fences and
+// copies gives exactly the expected counters; persist modes; fault switches.
+#include "pmindex/pm/persist.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "pmindex/pm/fault.h"
+
+namespace pmindex::pm {
+namespace {
+
+struct alignas(64) Buf {
+  char b[512];
+};
+
+TEST(Persist, CountersForAKnownSequence) {
+  static Buf buf;
+  ResetThreadCounters();
+  uint64_t* w = reinterpret_cast<uint64_t*>(buf.b);
+  Store(w, uint64_t(1));          // 1 store, 8 bytes
+  StoreAtomic(w + 1, uint64_t(2));  // 1 store, 8 bytes
+  uint32_t small = 3;
+  Store(reinterpret_cast<uint32_t*>(buf.b + 16), small);  // 4 bytes
+  Flush(buf.b, 8);                // 1 line
+  Flush(buf.b + 60, 8);           // spans lines 0 and 1: 2
+  Flush(buf.b + 64, 64);          // exactly one line
+  Flush(buf.b + 1, 128);          // 3 lines
+  Flush(buf.b, 0);                // nothing
+  Fence();
+  Persist(buf.b + 128, 130);      // 3 lines + 1 fence
+  Copy(buf.b + 256, "abcdefgh", 8);  // 1 store, 8 bytes
+  Set(buf.b + 300, 0, 20);          // 1 store, 20 bytes
+  char src[100];
+  for (int i = 0; i < 100; i++) src[i] = char(i * 7);
+  CopyNT(buf.b + 384, src, 100);  // nt 100 bytes, 1 store
+  uint64_t expected = 2;
+  EXPECT_TRUE(Cas(w + 1, &expected, uint64_t(5)));  // 1 store
+  expected = 9;
+  EXPECT_FALSE(Cas(w + 1, &expected, uint64_t(6)));  // failed: no store
+  EXPECT_EQ(expected, 5u);
+  FetchOr(w, uint64_t(2));   // 1 store
+  FetchAnd(w, uint64_t(1));  // 1 store
+  FetchAdd(w, uint64_t(1));  // 1 store
+  StorePersist(w + 2, uint64_t(7));  // 1 store, 1 line, 1 fence
+  Counters c = ThreadCounters();
+  EXPECT_EQ(c.stores, 11u);
+  EXPECT_EQ(c.store_bytes, 8u + 8 + 4 + 8 + 20 + 100 + 8 + 8 + 8 + 8 + 8);
+  EXPECT_EQ(c.lines_flushed, 1u + 2 + 1 + 3 + 3 + 1);
+  EXPECT_EQ(c.fences, 3u);
+  EXPECT_EQ(c.nt_bytes, 100u);
+  EXPECT_EQ(c.allocs, 0u);
+  EXPECT_EQ(*w, 2u);
+  EXPECT_EQ(w[1], 5u);
+  EXPECT_EQ(std::memcmp(buf.b + 384, src, 100), 0);
+  // Counter arithmetic.
+  Counters d = c - c;
+  EXPECT_EQ(d.stores, 0u);
+  d += c;
+  EXPECT_EQ(d.lines_flushed, c.lines_flushed);
+}
+
+TEST(Persist, ModeNoneStillCountsLines) {
+  static Buf buf;
+  SetPersistMode(PersistMode::kNone);
+  EXPECT_EQ(GetPersistMode(), PersistMode::kNone);
+  Counters before = ThreadCounters();
+  Persist(buf.b, 200);
+  Counters d = ThreadCounters() - before;
+  EXPECT_EQ(d.lines_flushed, 4u);
+  EXPECT_EQ(d.fences, 1u);
+  SetPersistMode(PersistMode::kFlush, 100);
+  EXPECT_EQ(GetExtraWriteLatencyNs(), 100u);
+  Persist(buf.b, 64);
+  SetPersistMode(PersistMode::kFlush);
+  EXPECT_EQ(GetExtraWriteLatencyNs(), 0u);
+}
+
+TEST(Persist, ParsePersistMode) {
+  PersistMode m = PersistMode::kFlush;
+  EXPECT_TRUE(ParsePersistMode("none", &m));
+  EXPECT_EQ(m, PersistMode::kNone);
+  EXPECT_TRUE(ParsePersistMode("flush", &m));
+  EXPECT_EQ(m, PersistMode::kFlush);
+  m = PersistMode::kNone;
+  EXPECT_FALSE(ParsePersistMode("clwb", &m));
+  EXPECT_FALSE(ParsePersistMode("", &m));
+  EXPECT_EQ(m, PersistMode::kNone);  // untouched on failure
+  EXPECT_STREQ(PersistModeName(PersistMode::kNone), "none");
+  EXPECT_STREQ(PersistModeName(PersistMode::kFlush), "flush");
+}
+
+TEST(Persist, FlushInstructions) {
+  const FlushInstr orig = GetFlushInstr();
+  EXPECT_TRUE(SetFlushInstr(FlushInstr::kClflush));  // every x86-64 CPU has it
+  static Buf buf;
+  Persist(buf.b, 64);
+  EXPECT_EQ(GetFlushInstr(), FlushInstr::kClflush);
+  EXPECT_STREQ(FlushInstrName(FlushInstr::kClwb), "clwb");
+  EXPECT_TRUE(SetFlushInstr(orig));
+}
+
+TEST(Persist, AtomicLineWrite) {
+  static Buf buf;
+  alignas(64) char src[64];
+  for (int i = 0; i < 64; i++) src[i] = char(i);
+  EXPECT_FALSE(AtomicLineWrite(buf.b + 8, src));  // misaligned: refused
+  SetAtomicLineWriteEmulation(true);
+  EXPECT_TRUE(AtomicLineWriteAvailable());
+  Counters before = ThreadCounters();
+  ASSERT_TRUE(AtomicLineWrite(buf.b + 64, src));
+  Fence();
+  Counters d = ThreadCounters() - before;
+  EXPECT_EQ(d.line_writes, 1u);
+  EXPECT_EQ(std::memcmp(buf.b + 64, src, 64), 0);
+  SetAtomicLineWriteEmulation(false);
+  EXPECT_EQ(AtomicLineWriteAvailable(), CpuHasMovdir64b());
+}
+
+TEST(Fault, Switches) {
+  DisableAllFaults();
+  EXPECT_FALSE(PMINDEX_FAULT("x.y"));
+  EnableFault("x.y");
+  EXPECT_TRUE(PMINDEX_FAULT("x.y"));
+  EXPECT_FALSE(PMINDEX_FAULT("x.z"));
+  EnableFault("x.z");
+  EXPECT_EQ(EnabledFaults(), (std::vector<std::string>{"x.y", "x.z"}));
+  DisableFault("x.y");
+  EXPECT_FALSE(PMINDEX_FAULT("x.y"));
+  EXPECT_TRUE(PMINDEX_FAULT("x.z"));
+  DisableAllFaults();
+  EXPECT_FALSE(PMINDEX_FAULT("x.z"));
+  EXPECT_TRUE(EnabledFaults().empty());
+}
+
+}  // namespace
+}  // namespace pmindex::pm
