@@ -91,7 +91,9 @@ constexpr uint64_t kRetireBatch = 32;
 enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 
 // A list node; key bytes follow the header, then (8-aligned) the inline value
-// record. Nodes are >= 64 bytes, hence 64-byte aligned: the header is one line.
+// record. Regular nodes are >= 64 bytes, hence 64-byte aligned: the header is
+// one cache line. Dummies are 32-byte blocks (16-byte aligned; only their
+// next word ever changes).
 struct Node {
   uint64_t next;
   uint64_t so;     // split-order key
@@ -335,7 +337,7 @@ class NvcHashmap final : public Index {
   }
   uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
   uint64_t* BucketEntry(uint64_t b, bool create);
-  Node* StartFor(uint64_t h, const Ctx& c);
+  Node* StartFor(uint64_t h, const Ctx& c, bool init);
   Node* InitBucket(uint64_t b, const Ctx& c, int depth);
 
   void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
@@ -494,15 +496,18 @@ uint64_t* NvcHashmap::BucketEntry(uint64_t b, bool create) {
 }
 
 // The dummy to start a search for hash h: its bucket's, initialised on
-// demand; if that fails (pool full), the nearest initialised ancestor's,
-// which is correct (the list is complete) but walks further.
-Node* NvcHashmap::StartFor(uint64_t h, const Ctx& c) {
+// demand if `init`; otherwise, or if that fails (pool full), the nearest
+// initialised ancestor's, which is correct (the list is complete) but walks
+// further. Remove and Update pass init = false: they never allocate.
+Node* NvcHashmap::StartFor(uint64_t h, const Ctx& c, bool init) {
   uint64_t b = h & (bucket_count_.load(std::memory_order_relaxed) - 1);
   if (uint64_t* e = BucketEntry(b, false)) {
     uint64_t d = LoadW(e);
     if (d) return N(d);
   }
-  if (Node* d = InitBucket(b, c, 0)) return d;
+  if (init) {
+    if (Node* d = InitBucket(b, c, 0)) return d;
+  }
   while (b) {
     b = ParentBucket(b);
     if (uint64_t* e = BucketEntry(b, false)) {
@@ -627,7 +632,10 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
                              Node** out) {
   const uint64_t vsize = dummy ? 0 : ValueRecSize(value);
   uint64_t size = kHeader + A8(key.size()) + vsize;
-  size = (size + 63) & ~uint64_t(63);
+  // Regular nodes take >= 64 bytes (64-byte aligned: header in one line, so
+  // kDel and kMark persist together). Dummies take 32 bytes, a size class of
+  // their own, so lazily created dummies never eat blocks freed by removes.
+  size = dummy ? 32 : (size + 63) & ~uint64_t(63);
   Status s = pool_->allocator().Allocate(&c.ps->pending, size);
   if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending, size);
   if (!s.ok()) return s;
@@ -686,7 +694,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
-  Node* start = StartFor(h, c);
+  Node* start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
   uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
   Status result;
@@ -777,7 +785,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   const Ctx c = op.ctx();
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   Pos pos;
-  Search(StartFor(h, c), so, key, c, &pos);
+  Search(StartFor(h, c, true), so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
   const uint64_t v = pm::LoadAcquire(&cur->value);
@@ -813,7 +821,7 @@ Status NvcHashmap::Remove(Slice key) {
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
-  Node* start = StartFor(h, c);
+  Node* start = StartFor(h, c, false);
   Pos pos;
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
@@ -967,9 +975,10 @@ Status NvcHashmap::Check() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    if (off % 64 || off >= psize || !a.IsAllocated(off))
+    if (off % 16 || off >= psize || !a.IsAllocated(off))
       return bad("next pointer " + std::to_string(off) + " does not point to an allocated node");
     const bool dummy = n->flags & kDummyFlag;
+    if (!dummy && off % 64) return bad("regular node " + std::to_string(off) + " is not 64-byte aligned");
     if (dummy != !(n->so & 1)) return bad("node " + std::to_string(off) + " dummy flag disagrees with its split-order key");
     if (prev->so > n->so) return bad("split order violated at node " + std::to_string(off));
     if (prev->so == n->so) {
@@ -1132,9 +1141,10 @@ Status NvcHashmap::Recover() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    if (off % 64 || off >= psize || !a.IsAllocated(off))
+    if (off % 16 || off >= psize || !a.IsAllocated(off))
       return bad("dangling next pointer " + std::to_string(off) + " in node " + std::to_string(Off(prev)));
     const bool dummy = n->flags & kDummyFlag;
+    if (!dummy && off % 64) return bad("regular node " + std::to_string(off) + " is not 64-byte aligned");
     uint64_t v = n->value;
     if (!dummy && (v & kDel)) {
       // Complete the remove: unlink; the node is freed by the sweep below.
@@ -1172,7 +1182,7 @@ Status NvcHashmap::Recover() {
     for (uint64_t i = 0; i < SegSize(s); i++) {
       const uint64_t d = seg[i];
       if (!d) continue;
-      if (is_owned(d) && d % 64 == 0 && (N(d)->flags & kDummyFlag) && N(d)->so == SoDummy(first + i)) continue;
+      if (is_owned(d) && d % 16 == 0 && (N(d)->flags & kDummyFlag) && N(d)->so == SoDummy(first + i)) continue;
       pm::StoreAtomic(&seg[i], uint64_t(0));
       pm::Flush(&seg[i], 8);
     }
