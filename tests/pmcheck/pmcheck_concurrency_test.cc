@@ -138,6 +138,34 @@ TEST_F(RecorderTest, MissingFlushFenceRedundantFlushEmptyFence) {
   EXPECT_EQ(Count(FailKind::kMissingFlush), 1u);
 }
 
+TEST_F(RecorderTest, LockWordsAreNotMissingFlushes) {
+  Recorder::SetThreadId(0);
+  Op op;
+  op.type = OpType::kInsert;
+  size_t r = rec_->BeginOp(op);
+  uint64_t v = 0;
+  ASSERT_TRUE(pm::CasVolatile(Word(9), &v, uint64_t(1)));  // seqlock: lock ...
+  pm::Store(Word(9, 1), uint64_t(5));                    // ... data in the same line
+  pm::Persist(Word(9, 1), 8);
+  pm::StoreVolatile(Word(9), uint64_t(4));  // ... unlock with a new version, never flushed
+  pm::FetchAddVolatile(Word(10), uint64_t(2));
+  rec_->EndOp(r, pmindex::Status::Code::kOk);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 0u);
+  EXPECT_EQ(rec_->events[1].kind, Ev::kStore);  // still logged: crash images may persist it
+
+  // A plain lock taken and released within the op loses nothing either.
+  r = rec_->BeginOp(op);
+  pm::StoreAtomic(Word(11), uint64_t(1));
+  pm::StoreAtomic(Word(11), uint64_t(0));
+  rec_->EndOp(r, pmindex::Status::Code::kOk);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 0u);
+  // But a changed word is.
+  r = rec_->BeginOp(op);
+  pm::StoreAtomic(Word(11), uint64_t(4));
+  rec_->EndOp(r, pmindex::Status::Code::kOk);
+  EXPECT_EQ(Count(FailKind::kMissingFlush), 1u);
+}
+
 TEST_F(RecorderTest, UnloggedStoreIsReportedAtFlushAndAtTheEnd) {
   Recorder::SetThreadId(0);
   *Word(6) = 7;  // bypasses the primitives

@@ -319,6 +319,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   PMINDEX_RETURN_IF_ERROR(target->Prepare(path));
   out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); }, c.threads == 1);
   Recorder& rec = *out->rec;
+  rec.TraceLine(c.trace_line);
   Recorder::SetThreadId(0);
   pm::SetObserver(&rec);
   std::unique_ptr<pmindex::Index> idx;

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("--image", c.only_image, "reproduce: only this image of the point");
   app.add_option("--dir", c.dir, "directory for pool files");
   app.add_option("--max-reported", c.max_reported, "failures printed per kind");
-  app.add_flag("--verbose", c.verbose, "one line per crash image");
+  app.add_flag("--verbose", c.verbose, "one line per crash image / kill round");
+  app.add_option("--trace-line", c.trace_line, "print a backtrace of every store to / flush of the line holding this pool offset");
   app.add_flag("--list", list, "list the indexes pmcheck can check");
   CLI11_PARSE(app, argc, argv);
 

@@ -68,6 +68,7 @@ struct Config {
   int64_t only_point = -1;       // reproduce one crash point ...
   int only_image = -1;           // ... and one image of it
   bool verbose = false;
+  int64_t trace_line = -1;       // print a backtrace of every store/flush to this pool offset's line
   bool progress = false;         // progress lines on stderr
   std::string dir = "/dev/shm";  // where pool files go
   size_t max_reported = 12;      // failures kept per kind

@@ -5,6 +5,10 @@
 #include "recorder.h"
 
 #include <algorithm>
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 namespace pmcheck {
@@ -40,6 +44,7 @@ Recorder::Recorder(char* base, uint64_t max_size, std::function<uint64_t()> size
   shadow_.resize(cur_size_);
   AtomicRead(shadow_.data(), base_, cur_size_);
   initial = shadow_;
+  durable_ = shadow_;
   tl_line_writes_seen = pm::ThreadCounters().line_writes;
 }
 
@@ -62,6 +67,7 @@ bool Recorder::InRange(const void* addr, size_t size, uint64_t* off) {
     Log(Ev::kGrow, Tid(), n, 0, 0);
     cur_size_ = n;
     shadow_.resize(n, 0);  // grown bytes are zero and durable
+    durable_.resize(n, 0);
   }
   return true;
 }
@@ -88,14 +94,32 @@ void Recorder::Finding(FailKind k, std::string what) {
   findings.push_back(std::move(f));
 }
 
-void Recorder::OnStore(const void* addr, size_t size) {
+void Recorder::Trace(const char* what, uint64_t off, size_t size) {
+  if (trace_line_ < 0 || off + size <= uint64_t(trace_line_) || off >= uint64_t(trace_line_) + 64) return;
+  const int tid = Tid();
+  const ThreadState& ts = threads_[tid];
+  std::fprintf(stderr, "pmcheck trace: event %zu: %s @%llu+%zu by thread %d in op %lld (%s)\n", events.size(), what,
+               static_cast<unsigned long long>(off), size, tid, static_cast<long long>(ts.op), OpLabel(ts).c_str());
+  void* frames[24];
+  int n = backtrace(frames, 24);
+  backtrace_symbols_fd(frames, n, STDERR_FILENO);
+}
+
+bool Recorder::Differs(uint64_t line) const {
+  if (line + 64 > cur_size_) return true;
+  return std::memcmp(shadow_.data() + line, durable_.data() + line, 64) != 0;
+}
+
+void Recorder::Store(const void* addr, size_t size, bool is_volatile) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (size == 0 || !InRange(addr, size, &off)) return;
+  Trace(is_volatile ? "volatile store" : "store", off, size);
   const int tid = Tid();
   const uint64_t aux = arena.size();
   CopyIn(off, size);
   Log(Ev::kStore, tid, off, uint32_t(size), aux);
+  if (is_volatile) return;
   ThreadState& ts = threads_[tid];
   for (uint64_t l = off & ~uint64_t(63); l < off + size; l += 64) {
     LineState& ls = lines_[l];
@@ -117,6 +141,7 @@ void Recorder::OnNonTemporalStore(const void* addr, size_t size) {
   const int tid = Tid();
   const uint64_t aux = arena.size();
   CopyIn(off, size);
+  std::memcpy(durable_.data() + off, shadow_.data() + off, size);
   Log(line_write && size == 64 && off % 64 == 0 ? Ev::kLine : Ev::kNT, tid, off, uint32_t(size), aux);
   threads_[tid].unfenced = true;
 }
@@ -138,6 +163,7 @@ void Recorder::OnFlush(const void* line) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (!InRange(line, 64, &off)) return;
+  Trace("flush", off, 64);
   const int tid = Tid();
   Log(Ev::kFlush, tid, off, 64, 0);
   ThreadState& ts = threads_[tid];
@@ -148,9 +174,10 @@ void Recorder::OnFlush(const void* line) {
   ls.dirty = false;
   ts.unfenced = true;
   if (check_each_flush_) CheckLine(off, ("at a flush during " + label).c_str());
+  if (off + 64 <= cur_size_) std::memcpy(durable_.data() + off, shadow_.data() + off, 64);
   for (uint64_t t : ts.tainted) {
     auto it = lines_.find(t);
-    if (it != lines_.end() && it->second.dirty) {
+    if (it != lines_.end() && it->second.dirty && Differs(t)) {
       ++erratum_reads;
       Finding(FailKind::kErratum, "thread " + std::to_string(tid) + " (" + label + ") read line " + Off(t) +
                                       " written by thread " + std::to_string(it->second.writer) +
@@ -177,7 +204,7 @@ void Recorder::OnLoad(const void* addr, size_t size) {
   if (size == 0 || !InRange(addr, size, &off)) return;
   const int tid = Tid();
   auto it = lines_.find(off & ~uint64_t(63));
-  if (it != lines_.end() && it->second.dirty && it->second.writer != tid) threads_[tid].tainted.push_back(it->first);
+  if (it != lines_.end() && it->second.dirty && it->second.writer != tid && Differs(it->first)) threads_[tid].tainted.push_back(it->first);
 }
 
 size_t Recorder::BeginOp(const Op& op) {
@@ -207,7 +234,7 @@ void Recorder::EndOp(size_t rec, pmindex::Status::Code result) {
   std::vector<uint64_t> missing;
   for (uint64_t l : ts.written) {
     const LineState& ls = lines_[l];
-    if (ls.dirty && ls.writer == tid) missing.push_back(l);
+    if (ls.dirty && ls.writer == tid && Differs(l)) missing.push_back(l);
   }
   if (!missing.empty()) {
     std::sort(missing.begin(), missing.end());
@@ -233,6 +260,7 @@ void Recorder::FinalCheck() {
     Log(Ev::kGrow, Tid(), n, 0, 0);
     cur_size_ = n;
     shadow_.resize(n, 0);
+    durable_.resize(n, 0);
   }
   for (uint64_t l = 0; l + 64 <= cur_size_; l += 64) CheckLine(l, "at the end of the workload");
 }

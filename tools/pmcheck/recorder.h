@@ -9,12 +9,15 @@
 //  * missing fence: an op returns with flushes or NT stores not yet followed
 //    by a fence of this thread;
 //  * erratum read: a pm::LoadAcquire of a line that another thread stored to
-//    and nobody has flushed since, followed (before the op returns) by a flush
+//    and nobody has flushed since (content differing from the written-back
+//    line), followed (before the op returns) by a flush
 //    or fence of the loading thread while that line is still unflushed: the
 //    loader made something durable that depends on non-durable data;
 //  * redundant flush: a line flushed with no store since its last flush;
 //  * empty fence: a fence with no flush or NT store of this thread before it
 //    (since its previous fence).
+// Volatile stores (pm::StoreVolatile & co.: lock words recovery resets) are
+// logged and replayed like any store but do not make a line dirty for the lint.
 // Unlogged stores: at every flush (single-threaded runs) the flushed line is
 // compared with the shadow, and at the end the whole pool is; any difference
 // is a store that bypassed the pm:: primitives and is reported with its offset.
@@ -58,10 +61,15 @@ class Recorder final : public pmindex::pm::Observer {
   // size_fn returns the pool's current size (it may grow in place).
   Recorder(char* base, uint64_t max_size, std::function<uint64_t()> size_fn, bool check_each_flush);
 
+  // Prints a backtrace (stderr) of every store to and flush of the line
+  // holding pool offset `off` (debugging a lint finding).
+  void TraceLine(int64_t off) { trace_line_ = off < 0 ? -1 : (off & ~int64_t(63)); }
+
   // The thread id the calling thread's events are attributed to.
   static void SetThreadId(int tid);
 
-  void OnStore(const void* addr, size_t size) override;
+  void OnStore(const void* addr, size_t size) override { Store(addr, size, false); }
+  void OnVolatileStore(const void* addr, size_t size) override { Store(addr, size, true); }
   void OnNonTemporalStore(const void* addr, size_t size) override;
   void OnFlush(const void* line) override;
   void OnFence() override;
@@ -94,6 +102,7 @@ class Recorder final : public pmindex::pm::Observer {
     bool unfenced = false;  // flush or NT store since the last fence
     std::vector<uint64_t> tainted;
   };
+  void Store(const void* addr, size_t size, bool is_volatile);
   int Tid();
   bool InRange(const void* addr, size_t size, uint64_t* off);
   void Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux);
@@ -108,10 +117,14 @@ class Recorder final : public pmindex::pm::Observer {
   bool check_each_flush_;
   std::mutex mu_;
   std::vector<char> shadow_;
+  std::vector<char> durable_;  // lint view: line content at its last flush (NT stores: at once)
+  bool Differs(uint64_t line) const;
   std::unordered_map<uint64_t, LineState> lines_;
   std::unordered_map<int, ThreadState> threads_;
   std::unordered_map<std::string, uint64_t> finding_counts_;
   int next_foreign_tid_ = 1000;
+  int64_t trace_line_ = -1;
+  void Trace(const char* what, uint64_t off, size_t size);
 };
 
 }  // namespace pmcheck

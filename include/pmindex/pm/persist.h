@@ -94,6 +94,11 @@ class Observer {
   // A load whose value the caller will act on (e.g. a next pointer it is
   // about to link behind). Used by the lint for the NVC-Hashmap erratum.
   virtual void OnLoad(const void* addr, size_t size) = 0;
+  // A store made with StoreVolatile/CasVolatile/FetchAddVolatile: a PM word
+  // that is never flushed on purpose because recovery re-initialises it.
+  // pmcheck logs it like any store (it may reach PM at a crash) but its lint
+  // does not report it as a missing flush. Default: an ordinary store.
+  virtual void OnVolatileStore(const void* addr, size_t size) { OnStore(addr, size); }
 };
 namespace detail {
 extern std::atomic<Observer*> g_observer;
@@ -173,6 +178,38 @@ inline T FetchAdd(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += sizeof(T);
   PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  return old;
+}
+
+// Stores to PM words that are deliberately never flushed because recovery
+// re-initialises them (a lock or seqlock version kept inside a PM node).
+// They may still reach PM in any state at a crash: recovery must cope. The
+// durability lint does not count them as missing flushes.
+template <typename T>
+inline void StoreVolatile(T* dst, T v, int order = __ATOMIC_RELEASE) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+  __atomic_store(dst, &v, order);
+  detail::tl_counters.stores++;
+  detail::tl_counters.store_bytes += sizeof(T);
+  PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
+}
+template <typename T>
+inline bool CasVolatile(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
+  static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1 || sizeof(T) == 2);
+  bool ok = __atomic_compare_exchange(dst, expected, &desired, false, success, failure);
+  if (ok) {
+    detail::tl_counters.stores++;
+    detail::tl_counters.store_bytes += sizeof(T);
+    PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
+  }
+  return ok;
+}
+template <typename T>
+inline T FetchAddVolatile(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
+  T old = __atomic_fetch_add(dst, v, order);
+  detail::tl_counters.stores++;
+  detail::tl_counters.store_bytes += sizeof(T);
+  PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
   return old;
 }
 
