@@ -1248,6 +1248,9 @@ class FPTree final : public Index {
     if (count) *count = 0;
     if (closed_) return Status::InvalidArgument("index closed");
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, start));
+    if constexpr (!kBytes) {
+      if (!vbytes_) return ScanU64(SliceToU64(start), n, cb, count);
+    }
     size_t done = 0;
     Rec resume;
     bool inclusive = true;
@@ -1302,6 +1305,67 @@ class FPTree final : public Index {
     if (count) *count = done;
     return Status::OK();
   }
+  // Scan for u64 keys and values: the same algorithm as Scan with plain
+  // (key, value) pairs instead of owned strings.
+  Status ScanU64(uint64_t start, size_t n, ScanCallback cb, size_t* count) {
+    size_t done = 0;
+    uint64_t resume = start;
+    bool inclusive = true;
+    thread_local std::vector<std::pair<uint64_t, uint64_t>> out;
+    std::pair<uint64_t, uint64_t> tmp[64];
+    while (done < n) {
+      out.clear();
+      bool end = false;
+      {
+        EpochGuard g(kConc);
+        SKey k;
+        k.u = resume;
+        uint64_t lv = 0;
+        uint64_t loff = FindLeaf(k, &lv);
+        size_t want = std::min<size_t>(n - done, 512);
+        while (out.size() < want) {
+          char* l = L(loff);
+          uint64_t bm = Ld(Bm(l));
+          int c = 0;
+          for (uint64_t m = bm; m; m &= m - 1) {
+            int i = __builtin_ctzll(m);
+            uint64_t kk = Ld(Key(l, i));
+            if (kk < resume || (kk == resume && !inclusive)) continue;
+            tmp[c++] = {kk, Ld(Val(l, i))};
+          }
+          uint64_t nx = Ld(Next(l));
+          if (!LeafValidate(l, lv)) break;
+          std::sort(tmp, tmp + c, [](auto& a, auto& b) { return a.first < b.first; });
+          out.insert(out.end(), tmp, tmp + c);
+          if (nx == 0) {
+            end = true;
+            break;
+          }
+          char* nl = L(nx);
+          uint64_t nv = LeafVersion(nl);
+          if (kConc && (nv & 3)) break;
+          loff = nx;
+          lv = nv;
+        }
+      }
+      size_t emit = std::min(out.size(), n - done);
+      for (size_t i = 0; i < emit; i++) {
+        done++;
+        if (!cb(U64Slice(out[i].first), U64Slice(out[i].second))) {
+          if (count) *count = done;
+          return Status::OK();
+        }
+      }
+      if (emit > 0) {
+        resume = out[emit - 1].first;
+        inclusive = false;
+      }
+      if (end && emit == out.size()) break;
+    }
+    if (count) *count = done;
+    return Status::OK();
+  }
+
   // Snapshot of leaf l's records >= k (> k if !inclusive), sorted. False if the
   // leaf changed meanwhile (the caller re-traverses).
   bool ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bool inclusive, std::vector<Rec>* recs, uint64_t* next) {
