@@ -125,7 +125,9 @@ std::string KeyName(const Workload& wl, uint32_t kid) {
 // Verification of a recovered index (runs in the child).
 void VerifyRecovered(Target* target, const std::string& path, const Workload& wl, const Expectation& e, int fd) {
   std::unique_ptr<pmindex::Index> idx;
+  const auto t0 = std::chrono::steady_clock::now();
   Status st = target->Open(path, &idx);
+  Emit(fd, "I timing open " + std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count()) + " ms");
   if (!st.ok()) {
     if (!e.created) Emit(fd, "I creation-interrupted " + st.ToString());
     else EmitFail(fd, FailKind::kLostAck, "index creation was acknowledged but recovery failed: " + st.ToString());
@@ -561,7 +563,10 @@ class Replayer {
         const auto& ps = pending_.at(lines[i]);
         for (size_t j = 0; j < keep[i]; ++j) Write(img_bytes, ps[j]);
       }
+      const auto w0 = std::chrono::steady_clock::now();
       Status s = WriteImage(path, img_bytes);
+      if (c_.verbose)
+        Emit(fd, "I timing write " + std::to_string(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count()) + " ms");
       if (!s.ok()) {
         EmitFail(fd, FailKind::kSetup, "writing the crash image: " + s.ToString());
         Emit(fd, "DONE");
@@ -579,9 +584,13 @@ class Replayer {
       f.what += " [" + Context(point) + "]";
       report_->Add(c_, std::move(f));
     }
-    if (c_.verbose)
-      std::fprintf(stderr, "point %lld image %d: %zu dirty lines, %zu failures\n", static_cast<long long>(point), img,
-                   lines.size(), r.failures.size());
+    if (c_.verbose) {
+      std::string timing;
+      for (const std::string& i : r.info)
+        if (i.rfind("timing ", 0) == 0) timing += " " + i.substr(7);
+      std::fprintf(stderr, "point %lld image %d: %zu dirty lines, %zu failures;%s\n", static_cast<long long>(point), img,
+                   lines.size(), r.failures.size(), timing.c_str());
+    }
   }
 
   std::string Context(int64_t point) const {
