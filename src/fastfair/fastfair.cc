@@ -338,7 +338,7 @@ class FastFair final : public FastFairBase {
     while (c < limit) {
       buf.clear();
       Entry* e = n->ents();
-      const uint32_t cnt = n->count;
+      const uint32_t cnt = LiveCount(n);
       for (uint32_t j = 0; j < cnt && buf.size() < limit - c; j++) {
         if (Ignored(n, j)) continue;
         if (Cmp(e[j].k, sk) < 0) continue;
@@ -365,8 +365,10 @@ class FastFair final : public FastFairBase {
 
   uint64_t Size() override {
     uint64_t total = 0;
-    for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling)))
-      for (uint32_t j = 0; j < Ld(&n->count); j++) total += !Ignored(n, j);
+    for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling))) {
+      const uint32_t c = LiveCount(n);
+      for (uint32_t j = 0; j < c; j++) total += !Ignored(n, j);
+    }
     return total;
   }
 
@@ -448,6 +450,20 @@ class FastFair final : public FastFairBase {
     Entry* e = n->ents();
     uint64_t left = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
     return Ld(&e[j].k) == left;
+  }
+
+  // Records of n below its high key (quiescent or locked callers). Only a
+  // split interrupted by a crash between link and cut leaves records >= high
+  // (copies of the sibling's, ignored by every reader).
+  uint32_t LiveCount(Node* n) const {
+    const uint32_t c = n->count;
+    if (!n->sibling || !n->high || c == 0) return c;
+    Entry* e = n->ents();
+    const SK high = KeyOf(n->high);
+    if (!Ignored(n, c - 1) && Cmp(e[c - 1].k, high) < 0) return c;
+    for (uint32_t j = 0; j < c; j++)
+      if (!Ignored(n, j) && Cmp(e[j].k, high) >= 0) return j;
+    return c;
   }
 
   Status AllocBlock(uint64_t* dest, Slice s) {
@@ -1078,7 +1094,10 @@ Status FastFair<BK>::Check() {
       bool have_prev = false;
       uint64_t prevk = 0;
       if (level > 0) children.push_back(n->leftmost);
-      for (uint32_t j = 0; j < n->count; j++) {
+      const uint32_t live = LiveCount(n);
+      if (live != n->count && n->spare_node != n->sibling)
+        return corrupt(where + " has records at or above its high key outside a split");
+      for (uint32_t j = 0; j < live; j++) {
         if (Ignored(n, j)) continue;
         if (BK && e[j].k == kBytesLk) return corrupt(where + " has a record with the byte-key lk");
         if (have_prev && Cmp(prevk, KeyOf(e[j].k)) >= 0) return corrupt(where + " records not sorted at " + std::to_string(j));
@@ -1105,7 +1124,8 @@ Status FastFair<BK>::Check() {
   // Every record reachable from the root exactly where the chain has it.
   for (Node* n = LeftmostAt(0); n; n = At(n->sibling)) {
     Entry* e = n->ents();
-    for (uint32_t j = 0; j < n->count; j++) {
+    const uint32_t live = LiveCount(n);
+    for (uint32_t j = 0; j < live; j++) {
       if (Ignored(n, j)) continue;
       const SK key = KeyOf(e[j].k);
       Node* l = Descend(0, key, nullptr);
@@ -1130,7 +1150,8 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
       Entry* e = n->ents();
       if (n->level == 0) {
         if (BK && n->low) blocks.push_back(n->low);
-        for (uint32_t j = 0; j < n->count; j++) {
+        const uint32_t live = LiveCount(n);
+        for (uint32_t j = 0; j < live; j++) {
           if (Ignored(n, j)) continue;
           if (BK) blocks.push_back(e[j].k);
           if (bv_) blocks.push_back(e[j].v);
