@@ -25,15 +25,17 @@
 //   insert: allocate the node into this thread's persistent pending slot,
 //           write and persist it (key, value, next) -> [erratum fix: make the
 //           link TO the predecessor durable] -> CAS pred.next (linearization
-//           point) -> persist pred.next -> clear kDirty, clear pending slot.
+//           point) -> persist pred.next -> clear the pending slot and kDirty,
+//           flush both, fence.
 //   update: new value record allocated into the pending-value slot and
 //           persisted -> CAS node.value (linearization point) -> persist ->
-//           clear kDirty; the old record is retired.
+//           clear slot and kDirty, flush, fence; the old record is retired.
 //   remove: CAS node.value |= kDel (linearization point) -> node.next |=
 //           kMark -> persist the node's header line (both words share it) ->
-//           clear kDirty -> CAS pred.next to the successor (unlink) -> flush
-//           it; the reclaimer flushes that word again and fences before the
-//           node is freed.
+//           clear kDirty -> CAS pred.next to the successor (unlink) ->
+//           persist; the node is retired and freed two epochs later.
+// Every operation returns with every line it stored to flushed and fenced
+// (the durability lint's rule), including kDirty clears and slot clears.
 // Readers (erratum): a word whose value an operation acts on durably (the
 // link to the predecessor it links behind, the link to the node it reports,
 // that node's value word) is made durable first: always (flush_on_read) or
@@ -202,7 +204,6 @@ thread_local TlCache tl_cache;
 struct Retired {
   uint64_t off;
   uint64_t epoch;
-  const uint64_t* flush_word;  // the unlinked predecessor word (nullptr: none)
   bool node;                   // a node (frees its value record too) or a value record
 };
 
@@ -316,9 +317,14 @@ class NvcHashmap final : public Index {
   }
 
   // Erratum helpers.
-  void ClearDirty(uint64_t* w, uint64_t v) {
+  // Clears kDirty if *w still holds v; true if it stored (the caller then
+  // flushes the word before its next fence).
+  static bool ClearDirtyNoFlush(uint64_t* w, uint64_t v) {
     uint64_t e = v;
-    pm::Cas(w, &e, v & ~kDirty);
+    return pm::Cas(w, &e, v & ~kDirty);
+  }
+  static void ClearDirty(uint64_t* w, uint64_t v) {
+    if (ClearDirtyNoFlush(w, v)) pm::Persist(w, 8);
   }
   void EnsureWordDurable(uint64_t* w, uint64_t seen);
   void EnsureDelDurable(Node* n);
@@ -343,7 +349,7 @@ class NvcHashmap final : public Index {
   void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
   void HelpDelete(Node* n) {
-    uint64_t v = pm::LoadAcquire(&n->next);
+    uint64_t v = LoadW(&n->next);
     if (!(v & kMark)) pm::FetchOr(&n->next, kMark);
   }
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next, Node** out);
@@ -362,7 +368,7 @@ class NvcHashmap final : public Index {
   void MaybeGrow(const Ctx& c);
 
   // Reclamation.
-  void Retire(const Ctx& c, uint64_t off, const uint64_t* flush_word, bool node);
+  void Retire(const Ctx& c, uint64_t off, bool node);
   void TryAdvance();
   void Reclaim(int slot, bool all);
   void FreeRetired(PSlot* ps, const Retired& r);
@@ -431,21 +437,29 @@ void NvcHashmap::Enter(int s) {
 // Erratum fixes.
 
 // Makes the value of *w that the caller is about to act on durable.
+//
+// pm::LoadAcquire (which the durability lint watches) is issued exactly where
+// an operation acts durably on a word another thread may have written: in
+// none and flush_on_read modes always, in dirty_bit mode when the word
+// carries kDirty (then it is persisted before use). A clean word in dirty_bit
+// mode is durable by construction (kDirty is cleared only after the persist),
+// even if its cache line is dirty with an unrelated word (e.g. a concurrent
+// update of the same node's value), which the line-granular lint cannot tell.
 void NvcHashmap::EnsureWordDurable(uint64_t* w, uint64_t seen) {
   if (!w) return;
   switch (fix()) {
     case Fix::kNone:
+      pm::LoadAcquire(w);
       return;
     case Fix::kFlushOnRead:
       pm::LoadAcquire(w);
       pm::Persist(w, 8);
       return;
     case Fix::kDirtyBit: {
-      uint64_t v = pm::LoadAcquire(w);
-      if ((v | seen) & kDirty) {
-        pm::Persist(w, 8);
-        if (v & kDirty) ClearDirty(w, v);
-      }
+      if (!((LoadW(w) | seen) & kDirty)) return;
+      const uint64_t v = pm::LoadAcquire(w);
+      pm::Persist(w, 8);
+      if (v & kDirty) ClearDirty(w, v);
       return;
     }
   }
@@ -456,18 +470,17 @@ void NvcHashmap::EnsureWordDurable(uint64_t* w, uint64_t seen) {
 void NvcHashmap::EnsureDelDurable(Node* n) {
   switch (fix()) {
     case Fix::kNone:
+      pm::LoadAcquire(&n->value);
       return;
     case Fix::kFlushOnRead:
       pm::LoadAcquire(&n->value);
       pm::Persist(n, kHeader);
       return;
     case Fix::kDirtyBit: {
-      uint64_t v = pm::LoadAcquire(&n->value);
-      uint64_t x = pm::LoadAcquire(&n->next);
-      if ((v | x) & kDirty) {
-        pm::Persist(n, kHeader);
-        if (v & kDirty) ClearDirty(&n->value, v);
-      }
+      if (!((LoadW(&n->value) | LoadW(&n->next)) & kDirty)) return;
+      const uint64_t v = pm::LoadAcquire(&n->value);
+      pm::Persist(n, kHeader);
+      if (v & kDirty) ClearDirty(&n->value, v);
       return;
     }
   }
@@ -556,17 +569,21 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c, int depth) {
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
     pm::Persist(pos.prev_word, 8);
-    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
     pm::StoreAtomic(&c.ps->pending, uint64_t(0));
+    pm::Flush(&c.ps->pending, 8);
+    if (dirty_mode() && ClearDirtyNoFlush(pos.prev_word, desired)) pm::Flush(pos.prev_word, 8);
     dummy = fresh;
     fresh = nullptr;
     break;
   }
-  if (fresh) pool_->allocator().Free(&c.ps->pending);
+  if (fresh) {
+    pool_->allocator().Free(&c.ps->pending);
+    pm::Fence();  // Free leaves its lane clear to the caller's next fence
+  }
   // Publish only after the dummy's link is durable (it is: persisted above).
   uint64_t exp = 0;
-  pm::Cas(e, &exp, Off(dummy));
-  pm::Flush(e, 8);
+  if (pm::Cas(e, &exp, Off(dummy))) pm::Flush(e, 8);
+  pm::Fence();
   return dummy;
 }
 
@@ -578,7 +595,7 @@ void NvcHashmap::MaybeGrow(const Ctx& c) {
   uint64_t cur = pm::LoadRelaxed(&root_->bucket_count);
   while (cur < bc * 2 && !pm::Cas(&root_->bucket_count, &cur, bc * 2)) {
   }
-  pm::Flush(&root_->bucket_count, 8);
+  pm::Persist(&root_->bucket_count, 8);
 }
 
 // ---------------------------------------------------------------------------
@@ -623,8 +640,8 @@ bool NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, 
   EnsureDelDurable(curr);
   uint64_t exp = curr_raw;
   if (!pm::Cas(prev_word, &exp, next_raw & ~kLow)) return false;
-  pm::Flush(prev_word, 8);
-  Retire(c, Off(curr), prev_word, true);
+  pm::Persist(prev_word, 8);
+  Retire(c, Off(curr), true);
   return true;
 }
 
@@ -703,7 +720,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     Search(start, so, key, c, &pos);
     if (pos.found) {
       Node* cur = pos.curr;
-      uint64_t v = pm::LoadAcquire(&cur->value);
+      uint64_t v = LoadW(&cur->value);
       if (v & kDel) {
         HelpDelete(cur);
         continue;
@@ -737,11 +754,13 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
         continue;
       }
       pm::Persist(&cur->value, 8);
-      if (dirty_mode()) ClearDirty(&cur->value, desired);
       pm::StoreAtomic(&c.ps->pending_val, uint64_t(0));
+      pm::Flush(&c.ps->pending_val, 8);
+      if (dirty_mode() && ClearDirtyNoFlush(&cur->value, desired)) pm::Flush(&cur->value, 8);
+      pm::Fence();
       fresh_val = 0;
       const uint64_t old = v & ~kLow;
-      if (!IsInline(cur, old)) Retire(c, old, nullptr, false);
+      if (!IsInline(cur, old)) Retire(c, old, false);
       result = Status::OK();
       break;
     }
@@ -764,9 +783,12 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(key);
-    if (!PMINDEX_FAULT("nvc.insert.skip_link_persist")) pm::Persist(pos.prev_word, 8);
-    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
+    const bool skip_link = PMINDEX_FAULT("nvc.insert.skip_link_persist");
+    if (!skip_link) pm::Persist(pos.prev_word, 8);
     pm::StoreAtomic(&c.ps->pending, uint64_t(0));
+    pm::Flush(&c.ps->pending, 8);
+    if (dirty_mode() && ClearDirtyNoFlush(pos.prev_word, desired) && !skip_link) pm::Flush(pos.prev_word, 8);
+    pm::Fence();
     fresh = nullptr;
     c.st->delta.fetch_add(1, std::memory_order_relaxed);
     MaybeGrow(c);
@@ -775,6 +797,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   }
   if (fresh) pool_->allocator().Free(&c.ps->pending);
   if (fresh_val) pool_->allocator().Free(&c.ps->pending_val);
+  if (fresh || fresh_val) pm::Fence();  // Free leaves its lane clear to our next fence
   return result;
 }
 
@@ -788,7 +811,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   Search(StartFor(h, c, true), so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
-  const uint64_t v = pm::LoadAcquire(&cur->value);
+  const uint64_t v = LoadW(&cur->value);
   if (v & kDel) {
     EnsureDelDurable(cur);
     return Status::NotFound();
@@ -796,9 +819,12 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   // The answer depends on the link to the node and on its value word.
   switch (fix()) {
     case Fix::kNone:
+      pm::LoadAcquire(pos.prev_word);
+      pm::LoadAcquire(&cur->value);
       break;
     case Fix::kFlushOnRead:
       pm::LoadAcquire(pos.prev_word);
+      pm::LoadAcquire(&cur->value);
       pm::Flush(pos.prev_word, 8);
       pm::Flush(&cur->value, 8);
       pm::Fence();
@@ -806,6 +832,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
     case Fix::kDirtyBit:
       EnsureWordDurable(pos.prev_word, pos.curr_raw);
       if (v & kDirty) {
+        pm::LoadAcquire(&cur->value);
         pm::Persist(&cur->value, 8);
         ClearDirty(&cur->value, v);
       }
@@ -826,7 +853,7 @@ Status NvcHashmap::Remove(Slice key) {
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
-  uint64_t v = pm::LoadAcquire(&cur->value);
+  uint64_t v = LoadW(&cur->value);
   uint64_t desired;
   for (;;) {
     if (v & kDel) {
@@ -837,16 +864,18 @@ Status NvcHashmap::Remove(Slice key) {
     if (pm::Cas(&cur->value, &v, desired)) break;  // linearization point
   }
   c.st->delta.fetch_sub(1, std::memory_order_relaxed);
-  uint64_t n = pm::LoadAcquire(&cur->next);
+  uint64_t n = LoadW(&cur->next);
   if (!(n & kMark)) n = pm::FetchOr(&cur->next, kMark) | kMark;
-  if (!PMINDEX_FAULT("nvc.remove.skip_mark_persist")) pm::Persist(cur, kHeader);
-  if (dirty_mode()) ClearDirty(&cur->value, desired);
+  const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
+  if (!skip_mark) pm::Persist(cur, kHeader);
+  if (dirty_mode() && ClearDirtyNoFlush(&cur->value, desired) && !skip_mark) pm::Flush(&cur->value, 8);
   // Physical unlink: one attempt here; otherwise a search unlinks it.
   uint64_t exp = pos.curr_raw;
   if (pm::Cas(pos.prev_word, &exp, n & ~kLow)) {
-    pm::Flush(pos.prev_word, 8);
-    Retire(c, Off(cur), pos.prev_word, true);
+    pm::Persist(pos.prev_word, 8);
+    Retire(c, Off(cur), true);
   } else {
+    pm::Fence();
     Search(start, so, key, c, &pos);
   }
   return Status::OK();
@@ -856,10 +885,10 @@ Status NvcHashmap::Remove(Slice key) {
 // Epoch-based reclamation. A node retired in epoch e is freed once the global
 // epoch reached e + 2: every operation active when it was unlinked has ended.
 
-void NvcHashmap::Retire(const Ctx& c, uint64_t off, const uint64_t* flush_word, bool node) {
+void NvcHashmap::Retire(const Ctx& c, uint64_t off, bool node) {
   {
     std::lock_guard<std::mutex> g(c.st->limbo_mu);
-    c.st->limbo.push_back({off, global_epoch_.load(std::memory_order_seq_cst), flush_word, node});
+    c.st->limbo.push_back({off, global_epoch_.load(std::memory_order_seq_cst), node});
     if (c.st->limbo.size() % kRetireBatch != 0) return;
   }
   TryAdvance();
@@ -895,21 +924,14 @@ void NvcHashmap::Reclaim(int slot, bool all) {
   std::lock_guard<std::mutex> g(st.limbo_mu);
   const uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
   auto ready = [&](const Retired& r) { return all || r.epoch + 2 <= e; };
-  // The unlinks of the nodes we free must be durable first.
-  bool any = false;
-  for (const auto& r : st.limbo)
-    if (ready(r)) {
-      any = true;
-      if (r.flush_word) pm::Flush(r.flush_word, 8);
-    }
-  if (!any) return;
-  pm::Fence();
+  if (std::none_of(st.limbo.begin(), st.limbo.end(), ready)) return;
   size_t keep = 0;
   for (size_t i = 0; i < st.limbo.size(); i++) {
     if (ready(st.limbo[i])) FreeRetired(ps, st.limbo[i]);
     else st.limbo[keep++] = st.limbo[i];
   }
   st.limbo.resize(keep);
+  pm::Fence();  // Free leaves its lane clear to the caller's next fence
 }
 
 // On PoolFull: push the epoch forward and free what this thread retired.
@@ -1220,6 +1242,7 @@ Status NvcHashmap::Recover() {
     pm::StoreAtomic(&root_->scratch, unowned[i]);
     a.Free(&root_->scratch);
   }
+  pm::Fence();
   base_count_ = count;
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::OK();
