@@ -413,6 +413,20 @@ class Replayer {
     std::vector<int64_t> chosen;
     if (c_.only_point >= 0) {
       chosen.push_back(c_.only_point);
+    } else if (c_.image_budget > 0) {
+      // Enough randomly chosen points for the image budget: a point with no
+      // dirty line yields one image, the others images_per_point.
+      std::vector<uint8_t> dirty = DirtyAtPoints(points);
+      std::vector<size_t> order(points.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::mt19937_64 rng(c_.seed * 31 + 7);
+      std::shuffle(order.begin(), order.end(), rng);
+      uint64_t images = 0;
+      for (size_t i = 0; i < order.size() && images < c_.image_budget; ++i) {
+        chosen.push_back(points[order[i]]);
+        images += dirty[order[i]] ? uint64_t(c_.images_per_point) : 1;
+      }
+      std::sort(chosen.begin(), chosen.end());
     } else if (c_.points < 0 || uint64_t(c_.points) >= points.size()) {
       chosen = points;
     } else if (c_.points > 0) {
@@ -432,6 +446,7 @@ class Replayer {
       if (int64_t(i) != chosen[next]) continue;
       ++next;
       CheckPoint(int64_t(i));
+      if (c_.stop_after > 0 && report_->total_failures() >= c_.stop_after) break;
       if (c_.progress) {
         auto now = std::chrono::steady_clock::now();
         if (now - last_progress > std::chrono::seconds(5)) {
@@ -446,6 +461,21 @@ class Replayer {
   }
 
  private:
+  // For each crash point: does it have dirty lines? (a dry replay)
+  std::vector<uint8_t> DirtyAtPoints(const std::vector<int64_t>& points) {
+    Replayer dry(c_, target_, wl_, rec_, report_);
+    std::vector<uint8_t> out;
+    out.reserve(points.size());
+    size_t next = 0;
+    for (size_t i = 0; i < rec_.events.size() && next < points.size(); ++i) {
+      dry.Apply(rec_.events[i]);
+      if (int64_t(i) != points[next]) continue;
+      ++next;
+      out.push_back(!dry.pending_.empty());
+    }
+    return out;
+  }
+
   void AddPieces(const Event& e, bool nt, bool whole) {
     if (whole) {
       pending_[e.off].push_back({e.off, e.size, true, e.aux});
@@ -689,6 +719,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
     s += " --points 0 --kill " + std::to_string(f.kill_round + 1) + " --ops-per-kill " + std::to_string(c.ops_per_kill_round) +
          "  # kill timing is random: may need several runs";
   } else if (f.point >= 0) {
+    // The point and image fully determine the crash image.
     s += " --point " + std::to_string(f.point) + " --image " + std::to_string(f.image) + " --verbose";
   } else {
     s += " --points 0";

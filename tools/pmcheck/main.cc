@@ -26,6 +26,8 @@ int main(int argc, char** argv) {
   app.add_option("--points", points, "crash points: all, none (record + lint only), or a sample size K");
   app.add_option("--images-per-point", c.images_per_point, "crash images per point (0: none persisted, 1: all, others random)")
       ->check(CLI::Range(1, 1000));
+  app.add_option("--images", c.image_budget, "crash-image budget: sample points until this many images (overrides --points)");
+  app.add_option("--stop-after", c.stop_after, "stop replaying after this many failures (fault checks)");
   app.add_flag("--long", long_mode, "long mode: 1000 ops, every crash point, 6 images per point, 100 kills");
   app.add_flag("--lint", c.lint, "missing flushes/fences and erratum reads count as failures");
   app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));

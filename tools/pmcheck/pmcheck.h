@@ -57,6 +57,8 @@ struct Config {
   uint64_t seed = 1;
   // Crash points: -1 all, 0 none (record + lint only), K > 0 a seeded sample.
   int64_t points = 1000;
+  uint64_t image_budget = 0;     // > 0: sample points until this many images (overrides points)
+  uint64_t stop_after = 0;       // > 0: stop replaying after this many failures
   int images_per_point = 4;      // 0 = "none", 1 = "all", >= 2 seeded random prefixes
   bool lint = false;             // lint findings count as failures
   int kills = 0;                 // --kill N: process-crash rounds
