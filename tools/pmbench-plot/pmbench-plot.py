@@ -79,7 +79,8 @@ def grid(plt, n, w=5.0, h=3.4):
 
 
 def plot_throughput(plt, series, phases, title, out):
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(phases) * max(1, len(series)) * 0.5 + 3), 4.5))
+    wide = 2.0 + len(phases) * (0.6 + 0.3 * len(series))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(7.0, wide)), 5.0))
     width = 0.8 / max(1, len(series))
     for i, s in enumerate(series):
         xs, ys, es = [], [], []
