@@ -531,16 +531,43 @@ class FastFair final : public FastFairBase {
       }
       const uint64_t sw = Ld(&n->sw);
       Entry* e = n->ents();
-      uint64_t child = Ld(&n->leftmost);
-      for (uint32_t j = 0; j < Ld(&n->count); j++) {
+      const uint32_t cnt = Ld(&n->count);
+      const uint64_t lk = Ld(&n->lk);
+      // Fast path: find the last key <= key, then validate only that record
+      // (k, v, left k, k again). Anything unusual takes the careful path.
+      int64_t cand = -1;
+      uint32_t j = 0;
+      for (; j < cnt; j++) {
         uint64_t k1 = Ld(&e[j].k);
-        uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-        if (k1 == p || (BK && k1 == kBytesLk)) continue;
+        if (k1 == lk || (BK && k1 == kBytesLk)) {
+          if (j == 0) continue;
+          cand = -2;  // an ignored slot in the middle: careful path
+          break;
+        }
         if (Cmp(k1, key) > 0) break;
-        uint64_t v = Ld(&e[j].v);
-        uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-        uint64_t k2 = Ld(&e[j].k);
-        if (p2 != k1 && k2 == k1) child = v;
+        cand = j;
+      }
+      uint64_t child = Ld(&n->leftmost);
+      if (cand >= 0) {
+        uint64_t k1 = Ld(&e[cand].k);
+        uint64_t v = Ld(&e[cand].v);
+        uint64_t p = cand ? Ld(&e[cand - 1].k) : Ld(&n->lk);
+        uint64_t k2 = Ld(&e[cand].k);
+        if (p != k1 && k2 == k1 && Cmp(k1, key) <= 0) child = v;
+        else cand = -2;
+      }
+      if (cand == -2) {
+        child = Ld(&n->leftmost);
+        for (uint32_t i = 0; i < Ld(&n->count); i++) {
+          uint64_t k1 = Ld(&e[i].k);
+          uint64_t p = i ? Ld(&e[i - 1].k) : Ld(&n->lk);
+          if (k1 == p || (BK && k1 == kBytesLk)) continue;
+          if (Cmp(k1, key) > 0) break;
+          uint64_t v = Ld(&e[i].v);
+          uint64_t p2 = i ? Ld(&e[i - 1].k) : Ld(&n->lk);
+          uint64_t k2 = Ld(&e[i].k);
+          if (p2 != k1 && k2 == k1) child = v;
+        }
       }
       if (Ld(&n->sw) != sw) continue;
       return At(child);
@@ -610,6 +637,18 @@ class FastFair final : public FastFairBase {
   bool FindInLocked(Node* n, const SK& key, uint32_t* pos) const {
     Entry* e = n->ents();
     const uint32_t cnt = n->count;
+    if (n->gen == gen_) {
+      // Repaired and write-locked (or read-locked: a repaired node is only
+      // changed under its write lock): no ignored records, binary search.
+      uint32_t lo = 0, hi = cnt;
+      while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (Cmp(e[mid].k, key) < 0) lo = mid + 1;
+        else hi = mid;
+      }
+      *pos = lo;
+      return lo < cnt && Cmp(e[lo].k, key) == 0;
+    }
     for (uint32_t j = 0; j < cnt; j++) {
       if (Ignored(n, j)) continue;
       int c = Cmp(e[j].k, key);
@@ -636,10 +675,17 @@ class FastFair final : public FastFairBase {
       bool found = false;
       uint64_t val = 0;
       if (!(sw & 1)) {
+        // The left key loaded in the previous step is only a filter here;
+        // a match is confirmed with fresh loads.
+        uint64_t prev = Ld(&n->lk);
         for (uint32_t j = 0; j < Ld(&n->count); j++) {
           uint64_t k1 = Ld(&e[j].k);
-          uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-          if (k1 == p) continue;
+          const bool dup = k1 == prev;
+          prev = k1;
+          if (dup) {
+            if constexpr (BK) continue;  // (locked: a real ignored record)
+            else if (k1 != key) continue;
+          }
           int c = Cmp(k1, key);
           if (c == 0) {
             uint64_t v = Ld(&e[j].v);
@@ -948,8 +994,14 @@ class FastFair final : public FastFairBase {
       if (Cmp(K2, key) <= 0) t = S2;
       FindInLocked(t, key, &pos);
     }
+    // The new sibling is reachable through n's fence already: lock it too
+    // (unless it shares n's lock stripe) so locked readers never see it
+    // mid-shift.
+    const bool lock_t = t != n && &LockOf(t) != &LockOf(n);
+    if (lock_t) WLock(t);
     if (!BK && K == t->lk) FixLk(t, K);
     InsertAt(t, pos, K, child);
+    if (lock_t) WUnlock(t);
     if (inserted) *inserted = true;
     WUnlock(n);
     Status st;
@@ -1039,7 +1091,12 @@ class FastFair final : public FastFairBase {
           FindInLocked(t, sk, &pos);
         }
       }
-      if (st.ok()) st = InsertLeafEntry(t, pos, sk, value);
+      if (st.ok()) {
+        const bool lock_t = t != n && &LockOf(t) != &LockOf(n);  // see InsertInternal
+        if (lock_t) WLock(t);
+        st = InsertLeafEntry(t, pos, sk, value);
+        if (lock_t) WUnlock(t);
+      }
     }
     WUnlock(n);
     // The record is durable; a failed parent insert (pool full) leaves a

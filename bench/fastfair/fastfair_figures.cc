@@ -1,0 +1,206 @@
+// fastfair_figures: the figures of docs/fastfair.md.
+//   1. PM cost: cache lines flushed (and fences) per insert, splits included,
+//      loading N random u64 keys into 512-byte nodes (paper sec. 6.4: ~4.2),
+//      and per delete of N/10 random loaded keys. N = --records and --big.
+//   2. Single-thread throughput, same process, same keys, for dram_btree,
+//      fptree (if built) and fastfair: find, insert, update, delete and
+//      scan of 100 records, as Mops/s and as a fraction of dram_btree.
+//   3. Open time of a --big pool: fastfair (lazy recovery) vs fptree (rebuilds
+//      its DRAM inner nodes).
+// Usage: fastfair_figures [--records N] [--ops M] [--big N] [--skip-big]
+//        [--repeat R]
+// Pools live in /dev/shm and are removed at exit. The machine may be shared:
+// throughput is wall-clock of this run; compare the ratios, not the values.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fastfair/fastfair.h"
+#include "pmindex/index.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+using namespace pmindex;
+
+namespace {
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+uint64_t Scramble(uint64_t i) {  // a bijection: distinct pseudo-random keys
+  i ^= i >> 31;
+  i *= 0x7fb5d329728ea185ull;
+  i ^= i >> 27;
+  i *= 0x81dadef4bc2dd44dull;
+  i ^= i >> 33;
+  return i;
+}
+std::string K(uint64_t i) {
+  uint64_t k = Scramble(i);
+  return std::string(reinterpret_cast<const char*>(&k), 8);
+}
+std::string V(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+
+std::string PoolPath(const std::string& name) {
+  return "/dev/shm/fastfair-figures-" + name + "-" + std::to_string(getpid()) + ".pool";
+}
+
+Options Opts(const std::string& path) {
+  Options o;
+  o.pool_path = path;
+  o.pool_size = 256ull << 20;
+  return o;
+}
+
+void Die(const Status& s, const char* what) {
+  if (s.ok()) return;
+  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+  std::exit(1);
+}
+
+void PmCost(uint64_t n) {
+  std::string path = PoolPath("cost");
+  pm::Pool::Remove(path);
+  std::unique_ptr<Index> idx;
+  Die(OpenIndex("fastfair", Opts(path), &idx), "open");
+  pm::ResetThreadCounters();
+  double t0 = Now();
+  for (uint64_t i = 0; i < n; i++) Die(idx->Insert(K(i), V(i)), "insert");
+  double t1 = Now();
+  pm::Counters ins = pm::ThreadCounters();
+  std::mt19937_64 rng(1);
+  std::vector<uint64_t> del(n);
+  for (uint64_t i = 0; i < n; i++) del[i] = i;
+  std::shuffle(del.begin(), del.end(), rng);
+  del.resize(n / 10);
+  pm::ResetThreadCounters();
+  for (uint64_t i : del) Die(idx->Remove(K(i)), "remove");
+  pm::Counters rm = pm::ThreadCounters();
+  std::printf("  %9llu keys: lines/insert %.2f  fences/insert %.2f  allocs/insert %.4f  (load %.1f s, height %d)\n",
+              (unsigned long long)n, double(ins.lines_flushed) / n, double(ins.fences) / n, double(ins.allocs) / n, t1 - t0,
+              internal::fastfair::Height(idx.get()));
+  std::printf("  %9s       lines/delete %.2f  fences/delete %.2f  (%zu random deletes)\n", "", double(rm.lines_flushed) / del.size(),
+              double(rm.fences) / del.size(), del.size());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+struct Result {
+  double mops[5] = {0, 0, 0, 0, 0};
+};
+const char* kOpNames[5] = {"find", "insert", "update", "delete", "scan100"};
+
+Result Throughput(const std::string& name, uint64_t n, uint64_t ops) {
+  std::string path = PoolPath("tput-" + name);
+  pm::Pool::Remove(path);
+  std::unique_ptr<Index> idx;
+  Die(OpenIndex(name, Opts(path), &idx), "open");
+  for (uint64_t i = 0; i < n; i++) Die(idx->Insert(K(i), V(i)), "load");
+  std::mt19937_64 rng(2);
+  std::vector<uint64_t> pick(ops);
+  for (auto& p : pick) p = rng() % n;
+  Result r;
+  std::string v;
+  double t = Now();
+  for (uint64_t p : pick) Die(idx->Find(K(p), &v), "find");
+  r.mops[0] = ops / (Now() - t) / 1e6;
+  t = Now();
+  for (uint64_t i = 0; i < ops; i++) Die(idx->Insert(K(n + i), V(i)), "insert");
+  r.mops[1] = ops / (Now() - t) / 1e6;
+  t = Now();
+  for (uint64_t p : pick) Die(idx->Update(K(p), V(p + 1)), "update");
+  r.mops[2] = ops / (Now() - t) / 1e6;
+  t = Now();
+  for (uint64_t i = 0; i < ops; i++) Die(idx->Remove(K(n + i)), "delete");
+  r.mops[3] = ops / (Now() - t) / 1e6;
+  const uint64_t scans = ops / 10;
+  uint64_t sink = 0;
+  t = Now();
+  for (uint64_t i = 0; i < scans; i++) {
+    size_t c = 0;
+    Die(idx->Scan(K(pick[i]), 100, [&](Slice k, Slice val) { sink += k.size() + val[0]; return true; }, &c), "scan");
+  }
+  r.mops[4] = scans / (Now() - t) / 1e6;
+  if (sink == 42) std::printf(" ");
+  idx.reset();
+  pm::Pool::Remove(path);
+  return r;
+}
+
+double OpenTime(const std::string& name, uint64_t n) {
+  std::string path = PoolPath("open-" + name);
+  pm::Pool::Remove(path);
+  std::unique_ptr<Index> idx;
+  Die(OpenIndex(name, Opts(path), &idx), "open");
+  for (uint64_t i = 0; i < n; i++) Die(idx->Insert(K(i), V(i)), "load");
+  idx.reset();
+  double t = Now();
+  Options o = Opts(path);
+  Die(OpenIndex(name, o, &idx), "reopen");
+  double secs = Now() - t;
+  std::string v;
+  Die(idx->Find(K(n / 2), &v), "find after open");
+  idx.reset();
+  pm::Pool::Remove(path);
+  return secs;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t records = 1000000, ops = 1000000, big = 10000000;
+  int repeat = 3;
+  bool skip_big = false;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&]() -> uint64_t { return i + 1 < argc ? std::strtoull(argv[++i], nullptr, 10) : 0; };
+    if (a == "--records") records = next();
+    else if (a == "--ops") ops = next();
+    else if (a == "--big") big = next();
+    else if (a == "--repeat") repeat = int(next());
+    else if (a == "--skip-big") skip_big = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--records N] [--ops M] [--big N] [--skip-big] [--repeat R]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("persist mode %s, flush instruction %s\n", pm::PersistModeName(pm::GetPersistMode()),
+              pm::FlushInstrName(pm::GetFlushInstr()));
+  std::printf("1. PM cost per operation, fastfair, random u64 keys, 512-byte nodes\n");
+  PmCost(records);
+  if (!skip_big) PmCost(big);
+
+  std::vector<std::string> names = {"dram_btree"};
+  IndexInfo info;
+  if (FindIndexInfo("fptree", &info)) names.push_back("fptree");
+  names.push_back("fastfair");
+  std::printf("2. single-thread throughput, %llu records, %llu ops per phase, best of %d (Mops/s; ratio to dram_btree)\n",
+              (unsigned long long)records, (unsigned long long)ops, repeat);
+  std::map<std::string, Result> best;
+  for (int rep = 0; rep < repeat; rep++)
+    for (const auto& n : names) {  // interleaved so that machine noise hits all alike
+      Result r = Throughput(n, records, ops);
+      for (int i = 0; i < 5; i++) best[n].mops[i] = std::max(best[n].mops[i], r.mops[i]);
+    }
+  std::printf("  %-12s", "index");
+  for (const char* op : kOpNames) std::printf(" %16s", op);
+  std::printf("\n");
+  for (const auto& n : names) {
+    std::printf("  %-12s", n.c_str());
+    for (int i = 0; i < 5; i++) std::printf("   %6.3f (%4.2fx)", best[n].mops[i], best[n].mops[i] / best["dram_btree"].mops[i]);
+    std::printf("\n");
+  }
+  if (!skip_big) {
+    std::printf("3. open time with %llu records\n", (unsigned long long)big);
+    std::printf("  fastfair  %.6f s (lazy recovery: no node is read)\n", OpenTime("fastfair", big));
+    if (FindIndexInfo("fptree", &info)) std::printf("  fptree    %.6f s (rebuilds its DRAM inner nodes)\n", OpenTime("fptree", big));
+  }
+  return 0;
+}
