@@ -497,7 +497,8 @@ class FPTree final : public Index {
     auto* keys = n->keys();
     while (lo < hi) {
       uint32_t mid = (lo + hi) / 2;
-      if (CmpInner(keys[mid].load(std::memory_order_relaxed), k) <= 0) lo = mid + 1;
+      // Acquire: a byte-key word points to a blob written before publication.
+      if (CmpInner(keys[mid].load(kBytes ? std::memory_order_acquire : std::memory_order_relaxed), k) <= 0) lo = mid + 1;
       else hi = mid;
     }
     return lo;
@@ -704,9 +705,9 @@ class FPTree final : public Index {
     uint32_t cnt = n->count.load(std::memory_order_relaxed);
     auto* keys = n->keys();
     auto* ch = n->child();
-    for (uint32_t j = cnt; j > i; j--) keys[j].store(keys[j - 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t j = cnt; j > i; j--) keys[j].store(keys[j - 1].load(std::memory_order_relaxed), std::memory_order_release);
     for (uint32_t j = cnt + 1; j > i + 1; j--) ch[j].store(ch[j - 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
-    keys[i].store(kw, std::memory_order_relaxed);
+    keys[i].store(kw, std::memory_order_release);
     ch[i + 1].store(c, std::memory_order_relaxed);
     n->count.store(cnt + 1, std::memory_order_release);
   }
@@ -719,7 +720,7 @@ class FPTree final : public Index {
     auto* ch = n->child();
     uint64_t sep = keys[mid].load(std::memory_order_relaxed);
     uint32_t rc = 0;
-    for (uint32_t j = mid + 1; j < cnt; j++) r->keys()[rc++].store(keys[j].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t j = mid + 1; j < cnt; j++) r->keys()[rc++].store(keys[j].load(std::memory_order_relaxed), std::memory_order_release);
     for (uint32_t j = mid + 1; j <= cnt; j++)
       r->child()[j - mid - 1].store(ch[j].load(std::memory_order_relaxed), std::memory_order_relaxed);
     r->count.store(rc, std::memory_order_relaxed);
@@ -851,9 +852,11 @@ class FPTree final : public Index {
   }
   // Copy phase (alg. 3 lines 6-10): new leaf n gets all of l, keeps `upper`.
   void SplitCopy(char* l, char* n, uint64_t upper) {
-    pm::Copy(n, l, lay_.bytes);
+    // Everything but the trailer (whose lock word other threads CAS on).
+    pm::Copy(n, l, lay_.trailer);
     pm::Store(Bm(n), upper);
-    pm::Store(Ver(n), uint64_t(1));  // born locked; never persisted meaningfully
+    pm::Store(Next(n), Ld(Next(l)));
+    pm::Store(Ver(n), uint64_t(1));  // born locked; the lock word is never meaningful in PM
     if (pointers_) {
       for (uint32_t i = 0; i < lay_.m; i++) {
         if (upper >> i & 1) continue;
@@ -1223,7 +1226,7 @@ class FPTree final : public Index {
     auto* keys = n->keys();
     auto* ch = n->child();
     uint32_t kd = j > 0 ? j - 1 : 0;  // key removed
-    for (uint32_t x = kd; x + 1 < cnt; x++) keys[x].store(keys[x + 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
+    for (uint32_t x = kd; x + 1 < cnt; x++) keys[x].store(keys[x + 1].load(std::memory_order_relaxed), std::memory_order_release);
     for (uint32_t x = j; x < cnt; x++) ch[x].store(ch[x + 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
     n->count.store(cnt - 1, std::memory_order_release);
   }
