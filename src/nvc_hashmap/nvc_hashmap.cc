@@ -350,7 +350,10 @@ class NvcHashmap final : public Index {
   bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
   void HelpDelete(Node* n) {
     uint64_t v = LoadW(&n->next);
-    if (!(v & kMark)) pm::FetchOr(&n->next, kMark);
+    if (!(v & kMark)) {
+      pm::FetchOr(&n->next, kMark);
+      pm::Persist(&n->next, 8);
+    }
   }
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);

@@ -1,0 +1,277 @@
+// nvc_bench: the NVC-Hashmap figures of issue 7 (docs/nvc_hashmap.md).
+//
+// For 1 and 2 threads (--threads), in the same run and interleaved round by
+// round (--rounds; the median is reported, so a noisy neighbour on the shared
+// machine hits every target alike), it measures on random u64 keys/values:
+//   * inserts/s loading --n records into an empty index,
+//   * finds/s of --n lookups of loaded keys,
+//   * removes: lines flushed and fences per remove (--n/10 removes),
+// for nvc_hashmap (each erratum mode: dirty_bit = default, flush_on_read,
+// none), fptree (if this build registers it), tbb::concurrent_hash_map (a
+// transient concurrent hash map) and dram_btree. It prints per-target
+// figures, the ratios the issue asks for, and the lines flushed / fences per
+// insert and per remove (pm::ThreadCounters of the worker threads).
+//
+// Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--targets a,b,...]
+#include <tbb/concurrent_hash_map.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pmindex/index.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+using namespace pmindex;
+
+namespace {
+
+struct Result {
+  double insert_ops = 0, find_ops = 0;
+  double lines_per_insert = 0, fences_per_insert = 0, lines_per_remove = 0, fences_per_remove = 0;
+};
+
+// A target: a pmindex index (name + params) or the TBB map.
+struct Target {
+  std::string label;
+  std::string index;  // empty: tbb::concurrent_hash_map
+  std::map<std::string, std::string> params;
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> v;
+  std::stringstream ss(s);
+  std::string x;
+  while (std::getline(ss, x, ','))
+    if (!x.empty()) v.push_back(x);
+  return v;
+}
+
+// Runs fn(thread, begin, end) on T threads over [0, n); returns seconds and
+// sums the workers' PM counters into *c.
+template <typename F>
+double Parallel(int T, uint64_t n, pm::Counters* c, F fn) {
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<pm::Counters> cs(T);
+  std::vector<std::thread> th;
+  for (int t = 0; t < T; t++)
+    th.emplace_back([&, t] {
+      const uint64_t b = n * t / T, e = n * (t + 1) / T;
+      ready++;
+      while (!go.load()) {
+      }
+      pm::Counters before = pm::ThreadCounters();
+      fn(t, b, e);
+      cs[t] = pm::ThreadCounters() - before;
+    });
+  while (ready.load() < T) {
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  go = true;
+  for (auto& x : th) x.join();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (c) {
+    *c = pm::Counters{};
+    for (auto& x : cs) *c += x;
+  }
+  return s;
+}
+
+Result RunIndex(const Target& tg, int T, const std::vector<uint64_t>& keys, const std::vector<uint64_t>& probes) {
+  Result r;
+  const uint64_t n = keys.size();
+  Options o;
+  static int seq = 0;
+  o.pool_path = "/dev/shm/nvc_bench-" + std::to_string(::getpid()) + "-" + std::to_string(seq++) + ".pool";
+  o.pool_size = std::max<uint64_t>(256ull << 20, n * 256);
+  o.params = tg.params;
+  o.num_threads = T;
+  std::unique_ptr<Index> idx;
+  Status s = OpenIndex(tg.index, o, &idx);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", tg.label.c_str(), s.ToString().c_str());
+    std::exit(1);
+  }
+  std::atomic<uint64_t> errors{0};
+  pm::Counters c;
+  double t = Parallel(T, n, &c, [&](int, uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; i++)
+      if (!idx->Insert(U64Slice(keys[i]), U64Slice(keys[i])).ok()) errors++;
+  });
+  r.insert_ops = n / t;
+  r.lines_per_insert = double(c.lines_flushed) / n;
+  r.fences_per_insert = double(c.fences) / n;
+  t = Parallel(T, probes.size(), nullptr, [&](int, uint64_t b, uint64_t e) {
+    std::string v;
+    for (uint64_t i = b; i < e; i++)
+      if (!idx->Find(U64Slice(probes[i]), &v).ok() || SliceToU64(v) != probes[i]) errors++;
+  });
+  r.find_ops = probes.size() / t;
+  const uint64_t nr = n / 10;
+  Parallel(T, nr, &c, [&](int, uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; i++)
+      if (!idx->Remove(U64Slice(keys[i])).ok()) errors++;
+  });
+  r.lines_per_remove = double(c.lines_flushed) / nr;
+  r.fences_per_remove = double(c.fences) / nr;
+  if (errors) {
+    std::fprintf(stderr, "%s: %llu failed operations\n", tg.label.c_str(), (unsigned long long)errors.load());
+    std::exit(1);
+  }
+  idx.reset();
+  pm::Pool::Remove(o.pool_path);
+  return r;
+}
+
+Result RunTbb(int T, const std::vector<uint64_t>& keys, const std::vector<uint64_t>& probes) {
+  Result r;
+  tbb::concurrent_hash_map<uint64_t, uint64_t> m;
+  std::atomic<uint64_t> errors{0};
+  double t = Parallel(T, keys.size(), nullptr, [&](int, uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; i++) {
+      tbb::concurrent_hash_map<uint64_t, uint64_t>::accessor a;
+      if (m.insert(a, keys[i])) a->second = keys[i];
+      else errors++;
+    }
+  });
+  r.insert_ops = keys.size() / t;
+  t = Parallel(T, probes.size(), nullptr, [&](int, uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; i++) {
+      tbb::concurrent_hash_map<uint64_t, uint64_t>::const_accessor a;
+      if (!m.find(a, probes[i]) || a->second != probes[i]) errors++;
+    }
+  });
+  r.find_ops = probes.size() / t;
+  if (errors) {
+    std::fprintf(stderr, "tbb: %llu failed operations\n", (unsigned long long)errors.load());
+    std::exit(1);
+  }
+  return r;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t n = 1000000;
+  int rounds = 3;
+  std::vector<int> threads = {1, 2};
+  std::vector<std::string> want = {"nvc_hashmap", "nvc_hashmap:flush_on_read", "nvc_hashmap:none", "fptree", "tbb", "dram_btree"};
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--n") n = std::strtoull(next().c_str(), nullptr, 10);
+    else if (a == "--rounds") rounds = std::atoi(next().c_str());
+    else if (a == "--threads") {
+      threads.clear();
+      for (auto& x : Split(next())) threads.push_back(std::atoi(x.c_str()));
+    } else if (a == "--targets") want = Split(next());
+    else {
+      std::fprintf(stderr, "usage: %s [--n N] [--threads 1,2] [--rounds R] [--targets nvc_hashmap,nvc_hashmap:flush_on_read,nvc_hashmap:none,fptree,tbb,dram_btree]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (n < 10 || rounds < 1 || threads.empty()) {
+    std::fprintf(stderr, "bad arguments\n");
+    return 2;
+  }
+  std::vector<Target> targets;
+  for (const auto& w : want) {
+    if (w == "tbb") {
+      targets.push_back({"tbb_concurrent_hash_map", "", {}});
+      continue;
+    }
+    std::string name = w, fix;
+    if (auto p = w.find(':'); p != std::string::npos) {
+      name = w.substr(0, p);
+      fix = w.substr(p + 1);
+    }
+    if (!FindIndexInfo(name, nullptr)) {
+      std::printf("# %s: not registered in this build, skipped\n", name.c_str());
+      continue;
+    }
+    Target t{w, name, {}};
+    if (!fix.empty()) t.params["erratum_fix"] = fix;
+    if (name == "nvc_hashmap" && fix.empty()) t.label = "nvc_hashmap:dirty_bit";
+    targets.push_back(t);
+  }
+  std::mt19937_64 rng(1729);
+  std::vector<uint64_t> keys(n), probes(n);
+  for (auto& k : keys) k = rng();
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::shuffle(keys.begin(), keys.end(), rng);
+  n = keys.size();
+  probes.resize(n);
+  for (auto& p : probes) p = keys[rng() % n];
+
+  std::printf("# nvc_bench: n=%llu records (u64 keys/values, uniform random), rounds=%d (median), persist mode %s, flush %s, %u hardware threads\n",
+              (unsigned long long)n, rounds, pm::PersistModeName(pm::GetPersistMode()), pm::FlushInstrName(pm::GetFlushInstr()),
+              std::thread::hardware_concurrency());
+  // results[label][threads] -> per-round results
+  std::map<std::string, std::map<int, std::vector<Result>>> res;
+  for (int round = 0; round < rounds; round++)
+    for (int T : threads)
+      for (const auto& tg : targets) res[tg.label][T].push_back(tg.index.empty() ? RunTbb(T, keys, probes) : RunIndex(tg, T, keys, probes));
+
+  auto med = [&](const std::string& l, int T, double Result::*f) {
+    std::vector<double> v;
+    for (const auto& r : res[l][T]) v.push_back(r.*f);
+    return Median(v);
+  };
+  std::printf("\n%-28s %3s %12s %12s %10s %10s %10s %10s\n", "target", "thr", "inserts/s", "finds/s", "lines/ins", "fence/ins", "lines/rm", "fence/rm");
+  for (const auto& tg : targets)
+    for (int T : threads)
+      std::printf("%-28s %3d %12.0f %12.0f %10.2f %10.2f %10.2f %10.2f\n", tg.label.c_str(), T, med(tg.label, T, &Result::insert_ops),
+                  med(tg.label, T, &Result::find_ops), med(tg.label, T, &Result::lines_per_insert), med(tg.label, T, &Result::fences_per_insert),
+                  med(tg.label, T, &Result::lines_per_remove), med(tg.label, T, &Result::fences_per_remove));
+
+  const std::string nvc = "nvc_hashmap:dirty_bit";
+  if (res.count(nvc)) {
+    std::printf("\n# ratios (medians of the same run)\n");
+    for (int T : threads) {
+      for (const char* other : {"fptree", "tbb_concurrent_hash_map", "dram_btree"})
+        if (res.count(other))
+          std::printf("%d thread(s): nvc_hashmap / %-24s inserts %.2fx  finds %.2fx\n", T, other,
+                      med(nvc, T, &Result::insert_ops) / med(other, T, &Result::insert_ops),
+                      med(nvc, T, &Result::find_ops) / med(other, T, &Result::find_ops));
+      // Cost of each erratum fix: throughput with the fix / without (none).
+      const std::string none = "nvc_hashmap:none";
+      for (const std::string& mode : {nvc, std::string("nvc_hashmap:flush_on_read")})
+        if (res.count(mode) && res.count(none))
+          std::printf("%d thread(s): erratum fix %-26s / none: inserts %.2fx  finds %.2fx\n", T, mode.c_str(),
+                      med(mode, T, &Result::insert_ops) / med(none, T, &Result::insert_ops),
+                      med(mode, T, &Result::find_ops) / med(none, T, &Result::find_ops));
+    }
+    if (res[nvc].count(1))
+      for (int T : threads)
+        if (T != 1)
+          std::printf("scaling nvc_hashmap %d threads / 1 thread: inserts %.2fx  finds %.2fx\n", T,
+                      med(nvc, T, &Result::insert_ops) / med(nvc, 1, &Result::insert_ops),
+                      med(nvc, T, &Result::find_ops) / med(nvc, 1, &Result::find_ops));
+  }
+  return 0;
+}
