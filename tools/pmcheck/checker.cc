@@ -29,6 +29,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <atomic>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -320,6 +321,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   target->Remove(path);
   PMINDEX_RETURN_IF_ERROR(target->Prepare(path));
   out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); }, c.threads == 1);
+  if (c.threads > 1) out->rec->PerturbSchedule(c.seed);
   Recorder& rec = *out->rec;
   rec.TraceLine(c.trace_line);
   Recorder::SetThreadId(0);
@@ -338,8 +340,12 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   std::vector<uint32_t> state(wl.num_keys(), 0);
   std::mutex mu;
   std::vector<Failure> wrong;
+  std::atomic<int> ready{0};
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);
+    // Start together, so that the threads' ops really overlap.
+    ready.fetch_add(1);
+    while (c.threads > 1 && ready.load() < c.threads) std::this_thread::yield();
     std::string got;
     for (const Op& op : wl.ops()[size_t(t)]) {
       got.clear();
@@ -380,6 +386,8 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->fences = rec.fences;
   report->missing_flushes = rec.missing_flushes;
   report->erratum_reads = rec.erratum_reads;
+  report->acting_loads = rec.acting_loads;
+  report->unflushed_loads = rec.unflushed_loads;
   report->ops_recorded = rec.ops.size();
   report->events = rec.events.size();
   return Status::OK();
@@ -761,7 +769,8 @@ std::string FormatReport(const Config& c, const Report& r) {
   };
   o << "  lint" << (c.lint ? " (fatal)" : " (informational; --lint makes it fatal)") << ":\n";
   line("  missing flushes (lines)", r.missing_flushes);
-  o << "    erratum reads: " << r.erratum_reads << "\n";
+  o << "    erratum reads: " << r.erratum_reads << " (of " << r.acting_loads << " acting loads, " << r.unflushed_loads
+    << " of a line another thread had not flushed)\n";
   line("  flushes", r.flushes);
   line("  redundant flushes", r.redundant_flushes);
   line("  fences", r.fences);

@@ -99,7 +99,7 @@ struct Report {
   std::vector<Failure> failures;  // up to Config::max_reported per kind
   // Performance lint, by op type.
   std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
-  uint64_t erratum_reads = 0;
+  uint64_t erratum_reads = 0, acting_loads = 0, unflushed_loads = 0;
   double record_seconds = 0, replay_seconds = 0, kill_seconds = 0;
 
   uint64_t total_failures() const;

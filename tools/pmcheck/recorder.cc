@@ -10,6 +10,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <chrono>
+#include <thread>
 
 namespace pmcheck {
 
@@ -110,7 +112,25 @@ bool Recorder::Differs(uint64_t line) const {
   return std::memcmp(shadow_.data() + line, durable_.data() + line, 64) != 0;
 }
 
+void Recorder::MaybeYield() {
+  if (!perturb_seed_) return;
+  thread_local uint64_t x = 0;
+  if (!x) x = perturb_seed_ ^ (uint64_t(tl_tid + 2) * 0x9E3779B97F4A7C15ull);
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  // Mostly a yield; now and then a short sleep, which on a loaded machine is
+  // what actually lets another thread run inside this one's persist window.
+  if (x % 6 == 0) std::this_thread::sleep_for(std::chrono::microseconds(30));
+  else if (x % 3 == 0) std::this_thread::yield();
+}
+
 void Recorder::Store(const void* addr, size_t size, bool is_volatile) {
+  StoreLocked(addr, size, is_volatile);
+  MaybeYield();
+}
+
+void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (size == 0 || !InRange(addr, size, &off)) return;
@@ -160,6 +180,11 @@ void Recorder::CheckLine(uint64_t line, const char* when) {
 }
 
 void Recorder::OnFlush(const void* line) {
+  FlushLocked(line);
+  MaybeYield();
+}
+
+void Recorder::FlushLocked(const void* line) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (!InRange(line, 64, &off)) return;
@@ -203,8 +228,12 @@ void Recorder::OnLoad(const void* addr, size_t size) {
   uint64_t off;
   if (size == 0 || !InRange(addr, size, &off)) return;
   const int tid = Tid();
+  ++acting_loads;
   auto it = lines_.find(off & ~uint64_t(63));
-  if (it != lines_.end() && it->second.dirty && it->second.writer != tid && Differs(it->first)) threads_[tid].tainted.push_back(it->first);
+  if (it != lines_.end() && it->second.dirty && it->second.writer != tid && Differs(it->first)) {
+    ++unflushed_loads;
+    threads_[tid].tainted.push_back(it->first);
+  }
 }
 
 size_t Recorder::BeginOp(const Op& op) {

@@ -65,6 +65,11 @@ class Recorder final : public pmindex::pm::Observer {
   // holding pool offset `off` (debugging a lint finding).
   void TraceLine(int64_t off) { trace_line_ = off < 0 ? -1 : (off & ~int64_t(63)); }
 
+  // Multi-threaded recording: after a store or flush, sometimes yield the CPU
+  // (outside the recorder's lock) so other threads run inside this one's
+  // persist windows (the erratum lint needs such interleavings).
+  void PerturbSchedule(uint64_t seed) { perturb_seed_ = seed | 1; }
+
   // The thread id the calling thread's events are attributed to.
   static void SetThreadId(int tid);
 
@@ -89,6 +94,8 @@ class Recorder final : public pmindex::pm::Observer {
   std::vector<Failure> findings;
   std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
   uint64_t erratum_reads = 0;
+  uint64_t acting_loads = 0;     // pm::LoadAcquire calls seen
+  uint64_t unflushed_loads = 0;  // ... of a line another thread left unflushed
   uint64_t foreign_events = 0;  // primitives on memory outside the pool
 
  private:
@@ -103,6 +110,8 @@ class Recorder final : public pmindex::pm::Observer {
     std::vector<uint64_t> tainted;
   };
   void Store(const void* addr, size_t size, bool is_volatile);
+  void StoreLocked(const void* addr, size_t size, bool is_volatile);
+  void FlushLocked(const void* line);
   int Tid();
   bool InRange(const void* addr, size_t size, uint64_t* off);
   void Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux);
@@ -124,6 +133,8 @@ class Recorder final : public pmindex::pm::Observer {
   std::unordered_map<std::string, uint64_t> finding_counts_;
   int next_foreign_tid_ = 1000;
   int64_t trace_line_ = -1;
+  uint64_t perturb_seed_ = 0;
+  void MaybeYield();
   void Trace(const char* what, uint64_t off, size_t size);
 };
 
