@@ -25,8 +25,9 @@
 //   Allocate: lane{ALLOC}, Persist | bit |= m, *dest = block, Flush both,
 //     Fence | lane.op = 0, Flush (no fence: the thread's next fence orders it).
 //   Free: lane{FREE}, Persist | *dest = 0, bit &= ~m, Flush both, Fence |
-//     lane.op = 0, Flush; the block becomes reusable only after this
-//     thread's next fence (the start of its next Allocate/Free, or its exit).
+//     lane.op = 0 (not flushed); the block becomes reusable only once the
+//     lane was overwritten durably (the next Allocate/Free of this thread) or
+//     flushed and fenced (thread exit, Reclaim, Close).
 //   Recovery: ALLOC lane: *dest == block ? set bit : clear bit. FREE lane:
 //     *dest == block ? *dest = 0 : -; clear bit. Then lane.op = 0; Persist.
 #include <sys/types.h>
@@ -364,7 +365,8 @@ Status PoolAllocator::GetCache(ThreadCache** out) {
 
 void PoolAllocator::ReleaseCache(ThreadCache* tc) {
   if (!ro_) {
-    Fence();  // orders this thread's last lane clear before republishing
+    Flush(tc->lane, sizeof(Lane));
+    Fence();  // this thread's last lane clear is durable: republishing is safe
     PublishPending(tc);
   }
   for (int c = 0; c < kNumClasses; c++) {
@@ -551,7 +553,8 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
 // runs) to the heap, so that chunks can change size class or serve large
 // blocks. Called when the pool is full.
 void PoolAllocator::Reclaim(ThreadCache* tc) {
-  Fence();  // orders this thread's last lane clear: its pending block may be reused
+  Flush(tc->lane, sizeof(Lane));
+  Fence();  // this thread's last lane clear is durable: its pending block may be reused
   PublishPending(tc);
   std::vector<Run*> freed;
   for (int c = 0; c < kNumClasses; c++) {
@@ -787,8 +790,11 @@ void PoolAllocator::Free(uint64_t* dest) {
     Flush(word, 8);
   }
   Fence();
+  // The lane clear is not flushed: a stale FREE lane is harmless (its replay
+  // clears an already clear bit; *dest no longer holds the block), as long as
+  // the block is not reused before the lane is overwritten or flushed, which
+  // the deferred publication guarantees.
   StoreAtomic(&L->op, kOpIdle);
-  Flush(L, sizeof(Lane));
   tc->pending = off;
   bytes_.fetch_sub(usable, std::memory_order_relaxed);
   blocks_.fetch_sub(1, std::memory_order_relaxed);
