@@ -129,6 +129,16 @@ TEST(PmbenchJson, SeveralTargetsGiveAComparison) {
   // The plugin run did the very same operations.
   for (size_t i = 0; i < 2; i++)
     EXPECT_EQ(j.at("results").at(0).at("phases").at(i).at("completed"), j.at("results").at(1).at("phases").at(i).at("completed"));
+
+  // --sequential runs the same operations, one target after the other.
+  r = Pmbench("--index dram_btree --input " + plugin + " -n 2000 -p 1000 --phases read,mixed --sequential --json " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json k = Load(path);
+  std::filesystem::remove(path);
+  EXPECT_EQ(k.at("options").at("sequential"), true);
+  for (size_t t = 0; t < 2; t++)
+    for (size_t i = 0; i < 2; i++)
+      EXPECT_EQ(k.at("results").at(t).at("phases").at(i).at("completed"), j.at("results").at(t).at("phases").at(i).at("completed"));
 }
 
 TEST(PmbenchJson, TimeModeAndRecovery) {

@@ -444,127 +444,132 @@ void RemovePoolFile(const std::string& path) {
   if (std::filesystem::is_regular_file(path, ec)) std::filesystem::remove(path, ec);
 }
 
-void RunTarget(const BenchOptions& o, const TargetSpec& spec, size_t ordinal, size_t ntargets, TargetResult* r) {
-  r->spec = spec;
-  const bool builtin = spec.plugin.empty();
-  r->kind = builtin ? "builtin" : "plugin";
+// One target's state across the steps of a run.
+struct TargetRun {
+  const BenchOptions* o = nullptr;
+  TargetResult* r = nullptr;
   std::unique_ptr<Target> target;
-  if (builtin) {
-    IndexInfo info;
-    if (!pmindex::FindIndexInfo(spec.name, &info)) {
-      r->error = "index '" + spec.name + "' is not registered in this build";
-      return;
-    }
-    r->description = info.description;
-    r->persistent = info.persistent;
-    r->ordered = info.ordered;
-    r->concurrent = info.concurrent;
-    pmindex::Options base;
-    base.params = o.params;
-    target.reset(new BuiltinTarget(spec.name, base));
-  } else {
-    auto* p = new PluginTarget();
-    target.reset(p);
-    Status s = p->Load(spec.plugin);
-    if (!s.ok()) {
-      r->error = s.ToString();
-      return;
-    }
-    r->description = "PiBench plugin " + spec.plugin;
-    r->persistent = true;  // unknown: assume it may keep state in its pool
-  }
-  r->threads = r->concurrent ? o.threads : 1;
-
-  const bool user_pool = !o.pool_path.empty();
-  if (user_pool) r->pool_path = ntargets == 1 ? o.pool_path : o.pool_path + "." + SanitizeName(spec.name);
-  else
-    r->pool_path = "/dev/shm/pmbench-" + SanitizeName(spec.name) + "-" + std::to_string(getpid()) + "-" + std::to_string(ordinal) + ".pool";
-  const bool uses_pool = !builtin || r->persistent;
-  if (!uses_pool) r->pool_path.clear();
-
+  std::unique_ptr<KeyCodec> codec;
+  std::vector<ThreadKeys> keys;
   tree_options_t topt;
-  topt.key_size = o.key_size;
-  topt.value_size = o.value_size;
-  topt.pool_path = r->pool_path;
-  topt.pool_size = o.pool_size ? o.pool_size : AutoPoolSize(o);
-  topt.num_threads = size_t(r->threads);
+  bool builtin = true, user_pool = false, uses_pool = false, open = false;
+  int phase_no = 0;
 
-  auto cleanup = [&] {
-    target->Close();
-    if (!user_pool && uses_pool) {
+  bool failed() const { return !r->error.empty(); }
+
+  void Fail(const std::string& e) {
+    r->error = e;
+    Cleanup();
+  }
+
+  void Cleanup() {
+    if (target) target->Close();
+    open = false;
+    if (!user_pool && uses_pool && !r->pool_path.empty()) {
       if (builtin) pmindex::pm::Pool::Remove(r->pool_path);
       RemovePoolFile(r->pool_path);
     }
-  };
-
-  std::error_code ec;
-  const bool exists = uses_pool && std::filesystem::exists(r->pool_path, ec);
-  if (!o.skip_load && exists) {
-    r->error = "pool " + r->pool_path + " already exists: remove it, or pass --skip_load to run on its records";
-    return;
-  }
-  if (o.skip_load && uses_pool && !exists) {
-    r->error = "--skip_load: no pool at " + r->pool_path + " (load it first with the same -n and --pool_path)";
-    return;
-  }
-  if (o.skip_load && !uses_pool) {
-    r->error = "--skip_load: " + spec.name + " is transient, there is nothing to reopen";
-    return;
   }
 
-  Status s = target->Open(topt);
-  if (!s.ok()) {
-    r->error = "open: " + s.ToString();
-    cleanup();
-    return;
+  // Resolves the target, picks its pool and opens (creates) the index.
+  void Setup(const TargetSpec& spec, size_t ordinal, size_t ntargets) {
+    r->spec = spec;
+    builtin = spec.plugin.empty();
+    r->kind = builtin ? "builtin" : "plugin";
+    if (builtin) {
+      IndexInfo info;
+      if (!pmindex::FindIndexInfo(spec.name, &info)) return Fail("index '" + spec.name + "' is not registered in this build");
+      r->description = info.description;
+      r->persistent = info.persistent;
+      r->ordered = info.ordered;
+      r->concurrent = info.concurrent;
+      pmindex::Options base;
+      base.params = o->params;
+      target.reset(new BuiltinTarget(spec.name, base));
+    } else {
+      auto* p = new PluginTarget();
+      target.reset(p);
+      Status s = p->Load(spec.plugin);
+      if (!s.ok()) return Fail(s.ToString());
+      r->description = "PiBench plugin " + spec.plugin;
+      r->persistent = true;  // unknown: assume it may keep state in its pool
+    }
+    r->threads = r->concurrent ? o->threads : 1;
+
+    user_pool = !o->pool_path.empty();
+    if (user_pool) r->pool_path = ntargets == 1 ? o->pool_path : o->pool_path + "." + SanitizeName(spec.name);
+    else
+      r->pool_path = "/dev/shm/pmbench-" + SanitizeName(spec.name) + "-" + std::to_string(getpid()) + "-" + std::to_string(ordinal) + ".pool";
+    uses_pool = !builtin || r->persistent;
+    if (!uses_pool) r->pool_path.clear();
+
+    topt.key_size = o->key_size;
+    topt.value_size = o->value_size;
+    topt.pool_path = r->pool_path;
+    topt.pool_size = o->pool_size ? o->pool_size : AutoPoolSize(*o);
+    topt.num_threads = size_t(r->threads);
+
+    std::error_code ec;
+    const bool exists = uses_pool && std::filesystem::exists(r->pool_path, ec);
+    if (!o->skip_load && exists) {
+      r->error = "pool " + r->pool_path + " already exists: remove it, or pass --skip_load to run on its records";
+      return;  // not ours: leave it alone
+    }
+    if (o->skip_load && uses_pool && !exists) {
+      r->error = "--skip_load: no pool at " + r->pool_path + " (load it first with the same -n and --pool_path)";
+      return;
+    }
+    if (o->skip_load && !uses_pool) {
+      r->error = "--skip_load: " + spec.name + " is transient, there is nothing to reopen";
+      return;
+    }
+    Status s = target->Open(topt);
+    if (!s.ok()) return Fail("open: " + s.ToString());
+    open = true;
+    codec.reset(new KeyCodec(o->key_size, o->key_prefix, o->value_size));
+    for (int t = 0; t < r->threads; t++) keys.emplace_back(t, r->threads, o->records);
   }
 
-  KeyCodec codec(o.key_size, o.key_prefix, o.value_size);
-  std::vector<ThreadKeys> keys;
-  for (int t = 0; t < r->threads; t++) keys.emplace_back(t, r->threads, o.records);
-  PhaseContext ctx{&o, &codec, target.get(), &keys, r->threads};
+  PhaseContext Ctx() { return PhaseContext{o, codec.get(), target.get(), &keys, r->threads}; }
 
-  int phase_no = 0;
-  if (!o.skip_load) {
-    r->load = RunPhase(ctx, nullptr, phase_no, spec.name + " load");
-    r->loaded = true;
+  void Load() {
+    if (failed()) return;
+    if (!o->skip_load) {
+      r->load = RunPhase(Ctx(), nullptr, phase_no, r->spec.name + " load");
+      r->loaded = true;
+    }
+    phase_no++;
   }
-  phase_no++;
 
-  if (o.recovery) {
+  void Recovery() {
+    if (failed() || !o->recovery) return;
     r->has_recovery = true;
     if (!uses_pool) {
       r->recovery_note = "transient index: nothing to recover";
-    } else {
-      target->Close();
-      auto t0 = Clock::now();
-      s = target->Open(topt);
-      r->recovery_seconds = Since(t0, Clock::now());
-      if (!s.ok()) {
-        r->error = "reopen for --recovery: " + s.ToString();
-        cleanup();
-        return;
-      }
-      if (Index* idx = target->index()) r->index_recovery_seconds = idx->Stats().recovery_seconds;
-      // Check that the loaded records survived: look up to 1000 of them.
-      std::vector<char> kb(o.key_size), vb(o.value_size + 8);
-      const size_t per = 1000 / keys.size() + 1;
-      for (auto& k : keys)
-        for (size_t i = 0; i < k.live.size() && i < per; i++) {
-          codec.EncodeKey(k.live[i], kb.data());
-          r->recovery_probed++;
-          r->recovery_found += target->tree()->find(kb.data(), kb.size(), vb.data());
-        }
-      if (r->recovery_found != r->recovery_probed)
-        r->recovery_note = "only " + std::to_string(r->recovery_found) + " of " + std::to_string(r->recovery_probed) +
-                           " sampled loaded records were found after reopening (not persistent?)";
+      return;
     }
+    target->Close();
+    auto t0 = Clock::now();
+    Status s = target->Open(topt);
+    r->recovery_seconds = Since(t0, Clock::now());
+    if (!s.ok()) return Fail("reopen for --recovery: " + s.ToString());
+    if (Index* idx = target->index()) r->index_recovery_seconds = idx->Stats().recovery_seconds;
+    // Check that the loaded records survived: look up about 1000 of them.
+    std::vector<char> kb(o->key_size), vb(o->value_size + 8);
+    const size_t per = 1000 / keys.size() + 1;
+    for (auto& k : keys)
+      for (size_t i = 0; i < k.live.size() && i < per; i++) {
+        codec->EncodeKey(k.live[i], kb.data());
+        r->recovery_probed++;
+        r->recovery_found += target->tree()->find(kb.data(), kb.size(), vb.data());
+      }
+    if (r->recovery_found != r->recovery_probed)
+      r->recovery_note = "only " + std::to_string(r->recovery_found) + " of " + std::to_string(r->recovery_probed) +
+                         " sampled loaded records were found after reopening (not persistent?)";
   }
 
-  std::vector<PhaseSpec> phases = o.phases;
-  if (phases.empty()) phases.push_back({"run", o.ratios});
-  for (const auto& ph : phases) {
-    const std::string label = spec.name + " " + ph.name;
+  void Phase(const PhaseSpec& ph) {
+    if (failed()) return;
     PhaseResult pr;
     uint64_t live = 0;
     for (auto& k : keys) live += k.live.size();
@@ -572,21 +577,24 @@ void RunTarget(const BenchOptions& o, const TargetSpec& spec, size_t ordinal, si
       pr.name = ph.name;
       pr.ratios = ph.ratios;
       pr.skipped = true;
-      pr.note = "skipped: " + spec.name + " is unordered (no scans)";
-    } else if (!o.time_mode && double(o.operations) * ph.ratios[OpType::kRemove] > double(live) * 0.95) {
+      pr.note = "skipped: " + r->spec.name + " is unordered (no scans)";
+    } else if (!o->time_mode && double(o->operations) * ph.ratios[OpType::kRemove] > double(live) * 0.95) {
       pr.name = ph.name;
       pr.ratios = ph.ratios;
       pr.skipped = true;
-      pr.note = "skipped: about " + std::to_string(uint64_t(double(o.operations) * ph.ratios[OpType::kRemove])) +
+      pr.note = "skipped: about " + std::to_string(uint64_t(double(o->operations) * ph.ratios[OpType::kRemove])) +
                 " removes but only " + std::to_string(live) + " live records (raise -n or lower -p)";
     } else {
-      pr = RunPhase(ctx, &ph, phase_no, label);
+      pr = RunPhase(Ctx(), &ph, phase_no, r->spec.name + " " + ph.name);
     }
     phase_no++;
     r->phases.push_back(std::move(pr));
   }
-  cleanup();
-}
+
+  void Finish() {
+    if (open) Cleanup();
+  }
+};
 
 }  // namespace
 
@@ -637,7 +645,38 @@ Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& tar
   pmindex::pm::SetPersistMode(opts.persist_mode, opts.write_latency_ns);
   results->clear();
   results->resize(targets.size());
-  for (size_t i = 0; i < targets.size(); i++) RunTarget(opts, targets[i], i, targets.size(), &(*results)[i]);
+  std::vector<PhaseSpec> phases = opts.phases;
+  if (phases.empty()) phases.push_back({"run", opts.ratios});
+  auto run_all_steps = [&](TargetRun& t) {
+    t.Load();
+    t.Recovery();
+    for (const auto& ph : phases) t.Phase(ph);
+    t.Finish();
+  };
+  if (opts.sequential || targets.size() == 1) {
+    for (size_t i = 0; i < targets.size(); i++) {
+      TargetRun t;
+      t.o = &opts;
+      t.r = &(*results)[i];
+      t.Setup(targets[i], i, targets.size());
+      run_all_steps(t);
+    }
+    return Status::OK();
+  }
+  // Interleaved: every target is loaded, then every target runs phase 1,
+  // then phase 2, ... so that a change in background load over time hits
+  // all of them alike (the ratios are what matter).
+  std::vector<TargetRun> runs(targets.size());
+  for (size_t i = 0; i < targets.size(); i++) {
+    runs[i].o = &opts;
+    runs[i].r = &(*results)[i];
+    runs[i].Setup(targets[i], i, targets.size());
+  }
+  for (auto& t : runs) t.Load();
+  for (auto& t : runs) t.Recovery();
+  for (const auto& ph : phases)
+    for (auto& t : runs) t.Phase(ph);
+  for (auto& t : runs) t.Finish();
   return Status::OK();
 }
 

@@ -54,6 +54,11 @@ struct BenchOptions {
   std::vector<PhaseSpec> phases;  // empty: one "run" phase with `ratios`
   std::map<std::string, std::string> params;  // built-in index parameters
   bool progress = true;
+  // Several targets: run each one completely before the next (true), or
+  // (default) keep them all open and run each step (load, recovery, phase 1,
+  // phase 2, ...) on every target before the next step, so drifting
+  // background load affects all alike. Sequential needs one pool at a time.
+  bool sequential = false;
 
   Status Validate() const;
 };

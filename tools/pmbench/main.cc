@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   app.add_option("--param", params, "index parameter NAME=VALUE for built-in indexes (repeatable)");
   app.add_option("--json", json_path, "write every option and figure to this JSON file");
   app.add_flag("--no_progress", no_progress, "no progress line on stderr");
+  app.add_flag("--sequential", o.sequential,
+               "several indexes: run each completely before the next (default: each phase on every index in turn)");
   app.add_flag("--list", list, "list built-in indexes and plugins, then exit");
   CLI11_PARSE(app, argc, argv);
 

@@ -147,8 +147,9 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
   std::ostringstream os;
   const auto rows = RowNames(results);
   const TargetResult& base = results[0];
-  auto table = [&](const std::string& title, auto value, bool higher_better) {
-    os << "\n" << title << " (ratio against " << base.spec.name << (higher_better ? "; >1 is faster" : "; <1 is faster") << ")\n";
+  auto table = [&](const std::string& title, auto value, bool higher_better, const char* better = nullptr) {
+    os << "\n" << title << " (ratio against " << base.spec.name << "; " << (better ? better : higher_better ? ">1 is faster" : "<1 is faster")
+       << ")\n";
     std::vector<std::vector<std::string>> cells;
     std::vector<std::string> head{"phase"};
     for (const auto& r : results) head.push_back(r.spec.name);
@@ -186,7 +187,8 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
   for (const auto& r : results)
     for (const auto& p : r.phases) any_pm |= HasPmCost(p);
   if (any_pm)
-    table("PM lines flushed per op", [](const PhaseResult& p) { return PerOp(p.pm.lines_flushed, p); }, false);
+    table("PM lines flushed per op", [](const PhaseResult& p) { return PerOp(p.pm.lines_flushed, p); }, false,
+          "<1 is fewer; no ratio where it flushes nothing");
   (void)o;
   return os.str();
 }
@@ -282,6 +284,7 @@ std::string ToJson(const BenchOptions& o, const Environment& env, const std::vec
   opt["recovery"] = o.recovery;
   opt["persist_mode"] = pmindex::pm::PersistModeName(o.persist_mode);
   opt["write_latency_ns"] = o.write_latency_ns;
+  opt["sequential"] = o.sequential;
   json ph = json::array();
   for (const auto& p : o.phases) ph.push_back(json{{"name", p.name}, {"ratios", RatiosJson(p.ratios)}});
   opt["phases"] = ph;
