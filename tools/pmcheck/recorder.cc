@@ -204,9 +204,11 @@ void Recorder::FlushLocked(const void* line) {
     auto it = lines_.find(t);
     if (it != lines_.end() && it->second.dirty && Differs(t)) {
       ++erratum_reads;
-      Finding(FailKind::kErratum, "thread " + std::to_string(tid) + " (" + label + ") read line " + Off(t) +
-                                      " written by thread " + std::to_string(it->second.writer) +
-                                      " and not yet flushed, then flushed " + Off(off) + " before that line was durable");
+      if (finding_counts_[label + "/erratum@" + std::to_string(t)]++ == 0) {
+        Finding(FailKind::kErratum, "thread " + std::to_string(tid) + " (" + label + ") read line " + Off(t) +
+                                        " written by thread " + std::to_string(it->second.writer) +
+                                        " and not yet flushed, then flushed " + Off(off) + " before that line was durable");
+      }
     }
   }
   ts.tainted.clear();
@@ -268,12 +270,17 @@ void Recorder::EndOp(size_t rec, pmindex::Status::Code result) {
   if (!missing.empty()) {
     std::sort(missing.begin(), missing.end());
     missing_flushes[label] += missing.size();
-    std::string what = "op " + std::to_string(rec) + " (" + label + ", thread " + std::to_string(tid) + ") returned with " +
-                       std::to_string(missing.size()) + " line(s) it wrote unflushed:";
-    for (size_t i = 0; i < missing.size() && i < 4; ++i) what += " " + Off(missing[i]);
-    Finding(FailKind::kMissingFlush, what);
+    // One finding per (op type, first missing line); repeats are counted only.
+    if (finding_counts_[label + "/flush@" + std::to_string(missing[0])]++ == 0) {
+      std::string what = "op " + std::to_string(rec) + " (" + label + ", thread " + std::to_string(tid) + ") returned with " +
+                         std::to_string(missing.size()) + " line(s) it wrote unflushed:";
+      for (size_t i = 0; i < missing.size() && i < 4; ++i) what += " " + Off(missing[i]);
+      what += " (later " + label + " ops leaving " + Off(missing[0]) + " unflushed are counted, not listed; --trace-line " +
+              std::to_string(missing[0]) + " shows the stores)";
+      Finding(FailKind::kMissingFlush, what);
+    }
   }
-  if (ts.unfenced)
+  if (ts.unfenced && finding_counts_[label + "/fence"]++ == 0)
     Finding(FailKind::kMissingFence, "op " + std::to_string(rec) + " (" + label + ", thread " + std::to_string(tid) +
                                          ") returned with flushes or NT stores not ordered by a fence");
   ts.unfenced = false;
