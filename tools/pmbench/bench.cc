@@ -15,6 +15,8 @@
 #include <chrono>
 #include <cctype>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -428,6 +430,27 @@ std::string SanitizeName(const std::string& s) {
   return r;
 }
 
+// Temporary pools, remembered so that a signal handler can unlink them
+// (async-signal-safe: fixed buffers, unlink only).
+constexpr int kMaxTempPools = 64;
+char g_temp_pools[kMaxTempPools][256];
+std::atomic<int> g_num_temp_pools{0};
+
+void RememberTempPool(const std::string& path) {
+  if (path.size() >= sizeof g_temp_pools[0]) return;
+  int i = g_num_temp_pools.load();
+  if (i >= kMaxTempPools) return;
+  std::memcpy(g_temp_pools[i], path.c_str(), path.size() + 1);
+  g_num_temp_pools.store(i + 1);
+}
+
+void RemoveTempPoolsAndReraise(int sig) {
+  int n = g_num_temp_pools.load();
+  for (int i = 0; i < n && i < kMaxTempPools; i++) unlink(g_temp_pools[i]);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 uint64_t AutoPoolSize(const BenchOptions& o) {
   // Roughly 3x the raw data of the loaded records plus the inserts of every
   // phase, at least 64 MiB; pools grow in place if this is not enough.
@@ -502,6 +525,7 @@ struct TargetRun {
       r->pool_path = "/dev/shm/pmbench-" + SanitizeName(spec.name) + "-" + std::to_string(getpid()) + "-" + std::to_string(ordinal) + ".pool";
     uses_pool = !builtin || r->persistent;
     if (!uses_pool) r->pool_path.clear();
+    if (uses_pool && !user_pool) RememberTempPool(r->pool_path);
 
     topt.key_size = o->key_size;
     topt.value_size = o->value_size;
@@ -638,6 +662,10 @@ Status ResolveTargets(const std::string& index_list, const std::string& input_li
   }
   if (out->empty()) return Status::InvalidArgument("nothing to run: give --index NAME[,NAME...] and/or --input PLUGIN.so[,...]");
   return Status::OK();
+}
+
+void RemoveTemporaryPoolsOnSignals() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, RemoveTempPoolsAndReraise);
 }
 
 Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& targets, std::vector<TargetResult>* results) {

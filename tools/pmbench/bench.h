@@ -136,6 +136,10 @@ struct Environment {
 // the options themselves were bad.
 Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& targets, std::vector<TargetResult>* results);
 
+// Installs SIGINT/SIGTERM/SIGHUP handlers that unlink the temporary pools
+// pmbench created in /dev/shm before the signal takes effect.
+void RemoveTemporaryPoolsOnSignals();
+
 // Resolves --index / --input lists ("all" = dram_btree then every other
 // registered index) into targets.
 Status ResolveTargets(const std::string& index_list, const std::string& input_list, std::vector<TargetSpec>* out);

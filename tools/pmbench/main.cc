@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
   env.version = "pmbench 1";
 
   std::vector<TargetResult> results;
+  RemoveTemporaryPoolsOnSignals();
   s = RunBenchmark(o, targets, &results);
   if (!s.ok()) return fail(std::string(s.message()));
   std::cout << FormatSummary(o, results) << FormatComparison(o, results) << std::flush;
