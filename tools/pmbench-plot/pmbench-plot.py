@@ -110,7 +110,11 @@ def plot_timeline(plt, series, phases, title, out):
             p = s["phases"].get(ph)
             if p is None:
                 continue
-            w = p.get("windows", {}).get("list", [])
+            win = p.get("windows", {})
+            # Leave out a short final window (its rate is noise), as the
+            # mean/stddev in the JSON do.
+            half = win.get("sampling_ms", 0) / 2000.0
+            w = [x for x in win.get("list", []) if x["seconds"] >= half] or win.get("list", [])
             if not w:
                 continue
             ax.plot([x["end_s"] for x in w], [x["ops_per_sec"] / 1e6 for x in w], marker=".", label=s["label"])
