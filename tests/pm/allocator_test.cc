@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -221,7 +222,7 @@ TEST(Allocator, PoolFullThenRoomAgain) {
 // a loop; the parent SIGKILLs it at random moments, reopens and checks that
 // every allocated block is owned by exactly one slot and vice versa.
 
-void ChildLoop(const std::string& path, uint64_t seed) {
+void ChildLoop(const std::string& path, uint64_t seed, std::atomic<uint64_t>* progress) {
   std::unique_ptr<Pool> p;
   if (!Pool::Open(path, "crash", PoolOptions{}, &p).ok()) _exit(3);
   Allocator& a = p->allocator();
@@ -229,6 +230,7 @@ void ChildLoop(const std::string& path, uint64_t seed) {
   const int n = int(a.UsableSize(*p->root_slot()) / 8);
   std::mt19937_64 rng(seed);
   for (;;) {
+    progress->fetch_add(1, std::memory_order_relaxed);
     int s = int(rng() % n);
     if (slots[s]) {
       a.Free(&slots[s]);
@@ -273,13 +275,24 @@ TEST(Allocator, CrashSafetyUnderSigkill) {
     ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 512 * 8).ok());
   }
   std::mt19937_64 rng(7);
+  // Shared with the children: operations started, so that every kill lands
+  // after the child opened the pool and made some progress, however loaded
+  // the machine is.
+  void* shm = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shm, MAP_FAILED);
+  auto* progress = new (shm) std::atomic<uint64_t>(0);
   int recovered = 0;
   std::set<uint64_t> states;  // distinct (blocks in use) seen: the child made progress
   for (int k = 0; k < kills; k++) {
+    progress->store(0);
+    const uint64_t target = 1 + rng() % 3000;
+    const uint64_t seed = rng();
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) ChildLoop(f.path, rng());
-    std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 8000));
+    if (pid == 0) ChildLoop(f.path, seed, progress);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (progress->load() < target && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    if (rng() & 1) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
     kill(pid, SIGKILL);
     int st = 0;
     waitpid(pid, &st, 0);
@@ -294,6 +307,7 @@ TEST(Allocator, CrashSafetyUnderSigkill) {
   }
   EXPECT_EQ(recovered, kills);
   EXPECT_GT(states.size(), size_t(kills / 4)) << "the child hardly ran";
+  munmap(shm, 4096);
   std::printf("%d kills, %zu distinct states\n", kills, states.size());
 }
 
