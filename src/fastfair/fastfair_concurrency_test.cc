@@ -5,6 +5,7 @@
 // consistent; splits racing with deletes leave a correct tree (the anchored
 // pitfall fixed by fence keys).
 #include <atomic>
+#include <cstdlib>
 #include <random>
 #include <thread>
 
@@ -69,7 +70,8 @@ TEST_P(FastFairConcurrency, WritersOnOverlappingKeysWithReaders) {
   auto writer = [&](int seed) {
     start();
     std::mt19937_64 rng(seed);
-    for (int i = 0; i < 6000; i++) {
+    const int ops = std::getenv("PMINDEX_LONG") ? 200000 : 6000;
+    for (int i = 0; i < ops; i++) {
       uint64_t id = (rng() % (kIds / 2)) * 2 + 1;
       int t = int(rng() % 4);
       Status s;

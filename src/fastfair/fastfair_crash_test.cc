@@ -36,7 +36,7 @@ struct Op {
 
 class CrashRun {
  public:
-  CrashRun(KeyKind kk, ValueKind vk, int node_size) : kk_(kk), vk_(vk), node_size_(node_size) {
+  CrashRun(KeyKind kk, ValueKind vk, int node_size) : kk_(kk), vk_(vk) {
     opts_ = fftest::MakeOptions(pool_.path, kk, vk, node_size);
     opts_.pool_size = 4ull << 20;
     opts_.max_pool_size = 4ull << 20;
@@ -180,7 +180,6 @@ class CrashRun {
 
   KeyKind kk_;
   ValueKind vk_;
-  int node_size_;
   fftest::PoolGuard pool_{"crash"};
   fftest::PoolGuard img_{"crash-img"};
   Options opts_;
