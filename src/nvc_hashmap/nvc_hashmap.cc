@@ -25,17 +25,18 @@
 //   insert: allocate the node into this thread's persistent pending slot,
 //           write and persist it (key, value, next) -> [erratum fix: make the
 //           link TO the predecessor durable] -> CAS pred.next (linearization
-//           point) -> persist pred.next -> clear the pending slot and kDirty,
-//           flush both, fence.
+//           point) -> persist pred.next -> clear the pending slot and kDirty.
 //   update: new value record allocated into the pending-value slot and
 //           persisted -> CAS node.value (linearization point) -> persist ->
-//           clear slot and kDirty, flush, fence; the old record is retired.
+//           clear slot and kDirty; the old record is retired.
 //   remove: CAS node.value |= kDel (linearization point) -> node.next |=
 //           kMark -> persist the node's header line (both words share it) ->
 //           clear kDirty -> CAS pred.next to the successor (unlink) ->
 //           persist; the node is retired and freed two epochs later.
 // Every operation returns with every line it stored to flushed and fenced
-// (the durability lint's rule), including kDirty clears and slot clears.
+// (the durability lint's rule), except volatile stores (pm::StoreVolatile,
+// CasVolatile): kDirty clears, pending-slot clears, bucket-table entries and
+// the bucket-count hint, whose durable state recovery ignores or rebuilds.
 // Readers (erratum): a word whose value an operation acts on durably (the
 // link to the predecessor it links behind, the link to the node it reports,
 // that node's value word) is made durable first: always (flush_on_read) or
@@ -317,16 +318,17 @@ class NvcHashmap final : public Index {
   }
 
   // Erratum helpers.
-  // Clears kDirty if *w still holds v; true if it stored (the caller then
-  // flushes the word before its next fence).
-  static bool ClearDirtyNoFlush(uint64_t* w, uint64_t v) {
-    uint64_t e = v;
-    return pm::Cas(w, &e, v & ~kDirty);
-  }
+  // Clears kDirty if *w still holds v (whose pointer is already durable).
+  // A volatile store: whether the clear reaches PM does not matter, recovery
+  // strips every kDirty bit; so it is never flushed.
   static void ClearDirty(uint64_t* w, uint64_t v) {
-    if (ClearDirtyNoFlush(w, v)) pm::Persist(w, 8);
+    uint64_t e = v;
+    pm::CasVolatile(w, &e, v & ~kDirty);
   }
   void EnsureWordDurable(uint64_t* w, uint64_t seen);
+  // The pending slot of a linked node: recovery resolves a stale slot by
+  // reachability, so the clear is a volatile store (never flushed).
+  static void ClearPending(uint64_t* w) { pm::StoreVolatile(w, uint64_t(0)); }
   void EnsureDelDurable(Node* n);
 
   // Bucket table.
@@ -572,9 +574,8 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c, int depth) {
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
     pm::Persist(pos.prev_word, 8);
-    pm::StoreAtomic(&c.ps->pending, uint64_t(0));
-    pm::Flush(&c.ps->pending, 8);
-    if (dirty_mode() && ClearDirtyNoFlush(pos.prev_word, desired)) pm::Flush(pos.prev_word, 8);
+    ClearPending(&c.ps->pending);
+    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
     dummy = fresh;
     fresh = nullptr;
     break;
@@ -584,9 +585,9 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c, int depth) {
     pm::Fence();  // Free leaves its lane clear to the caller's next fence
   }
   // Publish only after the dummy's link is durable (it is: persisted above).
+  // The entry is a cache recovery validates; a lost entry is re-found lazily.
   uint64_t exp = 0;
-  if (pm::Cas(e, &exp, Off(dummy))) pm::Flush(e, 8);
-  pm::Fence();
+  pm::CasVolatile(e, &exp, Off(dummy));
   return dummy;
 }
 
@@ -595,10 +596,10 @@ void NvcHashmap::MaybeGrow(const Ctx& c) {
   uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
   if (bc >= kMaxBuckets || Size() <= bc * lf_) return;
   if (!bucket_count_.compare_exchange_strong(bc, bc * 2)) return;
+  // A hint (volatile store): a smaller durable value loses nothing.
   uint64_t cur = pm::LoadRelaxed(&root_->bucket_count);
-  while (cur < bc * 2 && !pm::Cas(&root_->bucket_count, &cur, bc * 2)) {
+  while (cur < bc * 2 && !pm::CasVolatile(&root_->bucket_count, &cur, bc * 2)) {
   }
-  pm::Persist(&root_->bucket_count, 8);
 }
 
 // ---------------------------------------------------------------------------
@@ -757,10 +758,8 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
         continue;
       }
       pm::Persist(&cur->value, 8);
-      pm::StoreAtomic(&c.ps->pending_val, uint64_t(0));
-      pm::Flush(&c.ps->pending_val, 8);
-      if (dirty_mode() && ClearDirtyNoFlush(&cur->value, desired)) pm::Flush(&cur->value, 8);
-      pm::Fence();
+      ClearPending(&c.ps->pending_val);
+      if (dirty_mode()) ClearDirty(&cur->value, desired);
       fresh_val = 0;
       const uint64_t old = v & ~kLow;
       if (!IsInline(cur, old)) Retire(c, old, false);
@@ -788,10 +787,8 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(key);
     const bool skip_link = PMINDEX_FAULT("nvc.insert.skip_link_persist");
     if (!skip_link) pm::Persist(pos.prev_word, 8);
-    pm::StoreAtomic(&c.ps->pending, uint64_t(0));
-    pm::Flush(&c.ps->pending, 8);
-    if (dirty_mode() && ClearDirtyNoFlush(pos.prev_word, desired) && !skip_link) pm::Flush(pos.prev_word, 8);
-    pm::Fence();
+    ClearPending(&c.ps->pending);
+    if (dirty_mode()) ClearDirty(pos.prev_word, desired);
     fresh = nullptr;
     c.st->delta.fetch_add(1, std::memory_order_relaxed);
     MaybeGrow(c);
@@ -871,14 +868,13 @@ Status NvcHashmap::Remove(Slice key) {
   if (!(n & kMark)) n = pm::FetchOr(&cur->next, kMark) | kMark;
   const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
   if (!skip_mark) pm::Persist(cur, kHeader);
-  if (dirty_mode() && ClearDirtyNoFlush(&cur->value, desired) && !skip_mark) pm::Flush(&cur->value, 8);
+  if (dirty_mode()) ClearDirty(&cur->value, desired);
   // Physical unlink: one attempt here; otherwise a search unlinks it.
   uint64_t exp = pos.curr_raw;
   if (pm::Cas(pos.prev_word, &exp, n & ~kLow)) {
     pm::Persist(pos.prev_word, 8);
     Retire(c, Off(cur), true);
   } else {
-    pm::Fence();
     Search(start, so, key, c, &pos);
   }
   return Status::OK();

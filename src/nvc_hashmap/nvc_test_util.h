@@ -88,9 +88,24 @@ class DurableImage : public pm::Observer {
     for (const auto& [off, bytes] : v) std::memcpy(img_.data() + off, bytes.data(), bytes.size());
     v.clear();
   }
+  // Volatile stores (pm::StoreVolatile & co.) may reach PM in either state;
+  // the image keeps the old bytes, SameAsLive ignores them.
+  void OnVolatileStore(const void* addr, size_t n) override {
+    const char* a = static_cast<const char*>(addr);
+    if (a < base_ || a + n > base_ + size_) return;
+    std::lock_guard<std::mutex> g(mu_);
+    volatile_.insert({uint64_t(a - base_), n});
+  }
   std::vector<char> Snapshot() {
     std::lock_guard<std::mutex> g(mu_);
     return img_;
+  }
+  // True if every byte of the pool is durable (volatile words excepted).
+  bool SameAsLive() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<char> img = img_;
+    for (const auto& [off, n] : volatile_) std::memcpy(img.data() + off, base_ + off, n);
+    return std::memcmp(img.data(), base_, img.size()) == 0;
   }
   static void Write(const std::vector<char>& img, const std::string& path) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -103,6 +118,7 @@ class DurableImage : public pm::Observer {
   std::vector<char> img_;
   std::mutex mu_;
   std::map<std::thread::id, std::vector<std::pair<uint64_t, std::string>>> staged_;
+  std::set<std::pair<uint64_t, size_t>> volatile_;
 };
 
 }  // namespace pmindex::nvc_test
