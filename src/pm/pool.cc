@@ -392,6 +392,7 @@ PoolInfo Pool::Info() const {
   PoolInfo info;
   info.path = path_;
   info.type = type_;
+  if (!base_) return info;  // closed
   static const char* kHex = "0123456789abcdef";
   for (uint8_t b : header()->uuid) {
     info.uuid += kHex[b >> 4];

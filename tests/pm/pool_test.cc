@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -417,6 +418,41 @@ TEST(Pool, ReadOnly) {
   EXPECT_TRUE(q->Grow(4 << 20).IsUnsupported());
   std::unique_ptr<Pool> w;
   EXPECT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &w).IsBusy());
+}
+
+// A file system that refuses to grow the file (here: RLIMIT_FSIZE in a
+// child) gives an IOError from Create and Grow, never a SIGBUS later.
+TEST(Pool, NoSpace) {
+  PoolFile f("nospace");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {2 << 20, 2 << 20};
+    setrlimit(RLIMIT_FSIZE, &rl);
+    std::unique_ptr<Pool> p;
+    PoolOptions o;
+    o.size = 8 << 20;
+    Status s = Pool::Create(f.path, "t", o, &p);
+    if (!s.IsIOError()) _exit(10);
+    if (Pool::Exists(f.path)) _exit(11);
+    if (Pool::Exists(f.path + ".creating." + std::to_string(getpid()))) _exit(12);
+    o.size = 1 << 20;
+    if (!Pool::Create(f.path, "t", o, &p).ok()) _exit(13);
+    s = p->Grow(4 << 20);
+    if (!s.IsIOError()) _exit(14);
+    if (p->size() != (1u << 20)) _exit(15);
+    // The allocator reports PoolFull (not a crash) when growth fails.
+    if (!p->allocator().AllocateZeroed(p->root_slot(), 64).ok()) _exit(16);
+    s = p->allocator().Allocate(p->root<uint64_t>(), 3 << 20);
+    if (!s.IsPoolFull()) _exit(17);
+    if (!p->allocator().Check().ok()) _exit(18);
+    _exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0);
 }
 
 TEST(Pool, RemoveOnClose) {
