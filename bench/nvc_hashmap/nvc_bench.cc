@@ -214,7 +214,9 @@ int main(int argc, char** argv) {
       continue;
     }
     Target t{w, name, {}};
-    if (!fix.empty()) t.params["erratum_fix"] = fix;
+    // "name:mode" sets erratum_fix; "name:param=value" sets any parameter.
+    if (auto eq = fix.find('='); eq != std::string::npos) t.params[fix.substr(0, eq)] = fix.substr(eq + 1);
+    else if (!fix.empty()) t.params["erratum_fix"] = fix;
     if (name == "nvc_hashmap" && fix.empty()) t.label = "nvc_hashmap:dirty_bit";
     targets.push_back(t);
   }
