@@ -516,6 +516,16 @@ struct TargetRun {
       if (!s.ok()) return Fail(s.ToString());
       r->description = "PiBench plugin " + spec.plugin;
       r->persistent = true;  // unknown: assume it may keep state in its pool
+      // Our own plugins (libpibench_NAME.so) wrap a registered index: take
+      // its facts, so a single-threaded one is not driven by several threads
+      // and a hash index skips scan phases.
+      IndexInfo info;
+      if (spec.name.rfind("pibench_", 0) == 0 && pmindex::FindIndexInfo(spec.name.substr(8), &info)) {
+        r->persistent = info.persistent;
+        r->ordered = info.ordered;
+        r->concurrent = info.concurrent;
+        r->description += " (" + info.name + ": " + info.description + ")";
+      }
     }
     r->threads = r->concurrent ? o->threads : 1;
 
@@ -523,7 +533,7 @@ struct TargetRun {
     if (user_pool) r->pool_path = ntargets == 1 ? o->pool_path : o->pool_path + "." + SanitizeName(spec.name);
     else
       r->pool_path = "/dev/shm/pmbench-" + SanitizeName(spec.name) + "-" + std::to_string(getpid()) + "-" + std::to_string(ordinal) + ".pool";
-    uses_pool = !builtin || r->persistent;
+    uses_pool = r->persistent;  // plugins: persistent unless known otherwise
     if (!uses_pool) r->pool_path.clear();
     if (uses_pool && !user_pool) RememberTempPool(r->pool_path);
 
