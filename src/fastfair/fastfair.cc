@@ -197,7 +197,9 @@ class FastFair final : public FastFairBase {
     Node* r = At(meta_->root);
     if (BK) {
       St(&r->lk, kBytesLk);
+      St(&r->ents()[0].k, kBytesLk);  // I
       pm::Persist(&r->lk, 8);
+      pm::Persist(&r->ents()[0], sizeof(Entry));
     }
     gen_ = 1;
     pm::Store(&meta_->version, kVersion);
@@ -761,31 +763,53 @@ class FastFair final : public FastFairBase {
   }
 
   // ---- FAST in-node shifts (caller holds the node's write lock) ----------
+  // Invariant I: the slot just past the end is normally an ignored copy,
+  // e[count].k == left key of slot count, so growing `count` reveals
+  // nothing; InsertAt checks it (a removal of the last record breaks it).
   void InsertAt(Node* n, uint32_t pos, uint64_t k, uint64_t v) {
     const uint32_t cnt = n->count;
     Entry* e = n->ents();
     if (n->sw & 1) St(&n->sw, n->sw + 1);  // back to insert mode: readers scan left to right
+    const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
+    uintptr_t dirty = 0;
+    // Flush the dirty line before the first store into another line.
+    auto touch = [&](const void* p, bool shift) {
+      const uintptr_t line = pm::LineOf(p);
+      if (dirty && line != dirty && !(skip && shift)) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      dirty = line;
+    };
     if (pos == cnt) {
-      // Append: the record is invisible until count covers it.
+      // Append: fill the invisible slot, keep I for the next slot, then
+      // count commits.
+      touch(&e[cnt], false);
       St(&e[cnt].v, v);
       St(&e[cnt].k, k);
-      pm::Persist(&e[cnt], sizeof(Entry));
+      if (cnt + 1 < cap_) {
+        touch(&e[cnt + 1], false);
+        St(&e[cnt + 1].k, k);
+      }
+      pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
       St(&n->count, cnt + 1);
       pm::Persist(&n->count, 4);
       return;
     }
-    // An ignored copy of the last record past the end, durable before count.
-    St(&e[cnt].k, e[cnt - 1].k);
-    St(&e[cnt].v, e[cnt - 1].v);
-    pm::Persist(&e[cnt], sizeof(Entry));
+    // I for the grown node (invisible until the next insert), then count:
+    // slot cnt becomes visible as an ignored copy of slot cnt-1 (by I; only
+    // a removal of the last record leaves it otherwise, fixed here first).
+    if (e[cnt].k != e[cnt - 1].k) {
+      St(&e[cnt].k, e[cnt - 1].k);
+      pm::Persist(&e[cnt], sizeof(Entry));
+    }
+    if (cnt + 1 < cap_) {
+      touch(&e[cnt + 1], true);
+      St(&e[cnt + 1].k, e[cnt - 1].k);
+    }
     St(&n->count, cnt + 1);
     pm::Persist(&n->count, 4);
-    const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
-    uintptr_t dirty = 0;
+    touch(&e[cnt], true);
+    St(&e[cnt].v, e[cnt - 1].v);  // complete the copy
     for (int64_t j = int64_t(cnt) - 1; j >= int64_t(pos); j--) {
-      const uintptr_t line = pm::LineOf(&e[j]);
-      if (dirty && line != dirty && !skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
-      dirty = line;
+      touch(&e[j], true);
       St(&e[j].k, j ? e[j - 1].k : n->lk);  // slot j ignored, its copy at j+1 valid
       if (j > int64_t(pos)) {
         St(&e[j].v, e[j - 1].v);
@@ -803,21 +827,29 @@ class FastFair final : public FastFairBase {
     Entry* e = n->ents();
     if (!(n->sw & 1)) St(&n->sw, n->sw + 1);  // delete mode: readers scan right to left
     const bool skip = PMINDEX_FAULT("fastfair.remove.skip_flush");
-    if (pos + 1 < cnt || !commit) {
-      uintptr_t dirty = pm::LineOf(&e[pos]);
-      if (commit) St(&e[pos].k, pos ? e[pos - 1].k : n->lk);  // commit: record pos ignored
-      for (uint32_t j = pos; j + 1 < cnt; j++) {
-        // Flush a line when the shift is about to dirty the next one.
-        const uintptr_t line = pm::LineOf(&e[j]);
-        if (line != dirty) {
-          if (!skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
-          dirty = line;
-        }
-        St(&e[j].v, e[j + 1].v);
-        St(&e[j].k, e[j + 1].k);  // slot j valid again, j+1 its ignored copy
-      }
-      if (!skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+    if (commit && pos + 1 == cnt) {
+      // The last record: the count store alone commits (the slot keeps the
+      // record, so InsertAt re-establishes I before growing count again).
+      St(&n->count, cnt - 1);
+      pm::Persist(&n->count, 4);
+      return;
     }
+    uintptr_t dirty = pm::LineOf(&e[pos]);
+    if (commit) St(&e[pos].k, pos ? e[pos - 1].k : n->lk);  // commit: record pos ignored
+    for (uint32_t j = pos; j + 1 < cnt; j++) {
+      // Flush a line when the shift is about to dirty the next one.
+      const uintptr_t line = pm::LineOf(&e[j]);
+      if (line != dirty) {
+        if (!skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+        dirty = line;
+      }
+      St(&e[j].v, e[j + 1].v);
+      St(&e[j].k, e[j + 1].k);  // slot j valid again, j+1 its ignored copy
+    }
+    if (!skip && (commit || pos + 1 < cnt)) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+    // Slot cnt-1 is now an ignored copy (I holds for the shrunk node). The
+    // count store is persisted too: a stale durable count would let a later
+    // change of slot cnt-2 revive that copy.
     St(&n->count, cnt - 1);
     pm::Persist(&n->count, 4);
   }
@@ -831,6 +863,10 @@ class FastFair final : public FastFairBase {
       if (!used) {
         St(&n->lk, c);
         pm::Persist(&n->lk, 8);
+        if (n->count == 0) {  // I: the first slot is an ignored copy of lk
+          St(&e[0].k, c);
+          pm::Persist(&e[0], sizeof(Entry));
+        }
         return;
       }
     }
@@ -868,8 +904,13 @@ class FastFair final : public FastFairBase {
     h.lk = n->lk;
     pm::Copy(s, &h, sizeof(Node));
     if (h.count) pm::Copy(s->ents(), leaf ? &e[m] : &e[m + 1], h.count * sizeof(Entry));
+    size_t slen = sizeof(Node) + h.count * sizeof(Entry);
+    if (h.count < cap_) {  // I
+      pm::Store(&s->ents()[h.count].k, h.count ? s->ents()[h.count - 1].k : h.lk);
+      slen += sizeof(Entry);
+    }
     const bool early_link = PMINDEX_FAULT("fastfair.split.link_before_persist");
-    if (!early_link) pm::Persist(s, sizeof(Node) + h.count * sizeof(Entry));
+    if (!early_link) pm::Persist(s, slen);
     // Link and cut: all in line 0 of n, one flush.
     if (n->sibling == 0) {
       St(&n->high, K);
@@ -883,7 +924,10 @@ class FastFair final : public FastFairBase {
     St(&n->spare_node, uint64_t(0));
     if (BK && leaf) St(&n->spare_a, uint64_t(0));
     pm::Persist(n, pm::kCacheLine);
-    if (early_link) pm::Persist(s, sizeof(Node) + h.count * sizeof(Entry));
+    // I for the cut node (slot m is past the durable count now).
+    St(&e[m].k, e[m - 1].k);
+    pm::Persist(&e[m], sizeof(Entry));
+    if (early_link) pm::Persist(s, slen);
     *out_k = K;
     *out_s = s;
     return Status::OK();
@@ -902,7 +946,8 @@ class FastFair final : public FastFairBase {
       h.lk = BK ? kBytesLk : 0;
       h.gen = gen_;
       pm::Copy(nr, &h, sizeof(Node));
-      pm::Persist(nr, sizeof(Node));
+      pm::Store(&nr->ents()[0].k, h.lk);  // I
+      pm::Persist(nr, sizeof(Node) + sizeof(Entry));
       // The new root is durable; one 8-byte store publishes it.
       St(&meta_->root, Off(nr));
       St(&meta_->spare_root, uint64_t(0));
@@ -957,6 +1002,15 @@ class FastFair final : public FastFairBase {
       if (Ignored(n, j)) DeleteAt(n, j, false);
       else j++;
     }
+    if (n->count < cap_) {
+      const uint32_t c = n->count;
+      const uint64_t left = c ? e[c - 1].k : n->lk;
+      if (e[c].k != left) {
+        St(&e[c].k, left);
+        pm::Persist(&e[c], sizeof(Entry));
+      }
+    }
+    pm::Persist(&n->count, 4);
     for (uint64_t* sp : {&n->spare_a, &n->spare_b}) {
       if (!*sp) continue;
       if (Referenced(n, *sp)) {

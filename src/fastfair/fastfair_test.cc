@@ -257,21 +257,25 @@ TEST(FastFair, FlushCountsOfShifts) {
     op();
     return pm::ThreadCounters().lines_flushed;
   };
-  // Append: the record's line, then count.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 2u);
-  // Remove the last record: only count.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
   // Record i sits at byte 96 + 16 i: line (96 + 16 i) / 64.
-  auto line_of = [](int slot) { return (96 + 16 * slot) / 64; };
-  // Insert at slot 0 with 20 records: copy of slot 19 into slot 20 (1 line),
-  // count (1), then every line from slot 19 down to slot 0.
-  uint64_t expect_ins = 1 + 1 + (line_of(19) - line_of(0) + 1);
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), expect_ins);
-  // Remove slot 0 again: every line from slot 0 to slot 20, then count.
-  uint64_t expect_rm = (line_of(20) - line_of(0) + 1) + 1;
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), expect_rm);
-  // Remove in the middle (slot 10 of 20): lines of slots 10..19, then count.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(120)).ok()); }), uint64_t(line_of(19) - line_of(10) + 1) + 1);
+  auto line_of = [](int slot) { return uint64_t((96 + 16 * slot) / 64); };
+  // Append (slot 20): the record and the ignored copy past it share a line,
+  // then count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 2u);
+  // Remove the last record: only count (the commit).
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
+  // Insert at slot 0 with 20 records: the copy past the end is re-made
+  // (the removal above left a record there): 1 line; count; then every line
+  // from slot 21 down to slot 0, each once.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + line_of(21) - line_of(0) + 1);
+  // Remove slot 0 of 21: the commit line and every line the shift stores to
+  // (slots 0..19), each once, then count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), line_of(19) - line_of(0) + 1 + 1);
+  // Insert at slot 0 again: now the copy past the end is in place.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + line_of(21) - line_of(0) + 1);
+  ASSERT_TRUE(idx->Remove(U64(1)).ok());
+  // Remove in the middle (slot 10 of 20): lines of slots 10..18, then count.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(120)).ok()); }), line_of(18) - line_of(10) + 1 + 1);
   // An update is one line.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Update(U64(100), U64(3)).ok()); }), 1u);
   ASSERT_TRUE(idx->Check().ok());
