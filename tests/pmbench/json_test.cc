@@ -141,6 +141,27 @@ TEST(PmbenchJson, SeveralTargetsGiveAComparison) {
       EXPECT_EQ(k.at("results").at(t).at("phases").at(i).at("completed"), j.at("results").at(t).at("phases").at(i).at("completed"));
 }
 
+TEST(PmbenchJson, ThirdPartyPluginThroughTheAbi) {
+  const std::string path = TmpJson("third");
+  PmRun r = Pmbench("--input " + std::string(PMBENCH_THIRD_PARTY_PLUGIN) +
+                    " -n 3000 -p 2000 -t 2 -k 16 -v 24 -f ab --phases read,insert,update,delete,scan,mixed --json " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json j = Load(path);
+  std::filesystem::remove(path);
+  const json& t = j.at("results").at(0);
+  EXPECT_EQ(t.at("kind"), "plugin");
+  EXPECT_EQ(t.at("threads"), 2);
+  EXPECT_EQ(t.at("load").at("succeeded_total"), 3000);
+  ASSERT_EQ(t.at("phases").size(), 6u);
+  for (const auto& p : t.at("phases")) {
+    EXPECT_EQ(p.at("completed_total"), 2000) << p.at("name");
+    EXPECT_EQ(p.at("succeeded_total"), 2000) << p.at("name");
+    EXPECT_EQ(p.at("pm_cost").at("instrumented"), false);  // not built on libpmindex
+    EXPECT_TRUE(p.at("stats").is_null());
+  }
+  EXPECT_GT(t.at("phases").at(4).at("scanned_records"), 2000 * 80);
+}
+
 TEST(PmbenchJson, TimeModeAndRecovery) {
   const std::string path = TmpJson("time");
   PmRun r = Pmbench("--index dram_btree -n 1000 --mode time --seconds 0.3 --sampling_ms 50 -r 0.5 -u 0.5 --recovery --json " + path);
