@@ -560,6 +560,15 @@ struct TargetRun {
     Status s = target->Open(topt);
     if (!s.ok()) return Fail("open: " + s.ToString());
     open = true;
+    if (o->skip_load) {
+      // The streams assume the pool holds exactly the ids [0, n) as loaded.
+      if (Index* idx = target->index()) {
+        uint64_t have = idx->Stats().records;
+        if (have != o->records)
+          return Fail("--skip_load: the pool holds " + std::to_string(have) + " records but -n is " + std::to_string(o->records) +
+                      "; --skip_load needs a pool exactly as a load with the same -n left it");
+      }
+    }
     codec.reset(new KeyCodec(o->key_size, o->key_prefix, o->value_size));
     for (int t = 0; t < r->threads; t++) keys.emplace_back(t, r->threads, o->records);
   }
