@@ -3,6 +3,7 @@
 // behaviour, and crash safety by SIGKILLing a child at random moments.
 #include "pmindex/pm/allocator.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -309,6 +310,131 @@ TEST(Allocator, CrashSafetyUnderSigkill) {
   EXPECT_GT(states.size(), size_t(kills / 4)) << "the child hardly ran";
   munmap(shm, 4096);
   std::printf("%d kills, %zu distinct states\n", kills, states.size());
+}
+
+
+// ---------------------------------------------------------------------------
+// Recovery of hand-made crash states: a lane planted at each step of the
+// protocol, then the pool reopened. Uses the on-media layout directly
+// (docs/allocator.md): lanes at 4 KiB, chunk state word at the chunk start,
+// run bitmap after the chunk header line; 1 KiB blocks are size class 14,
+// start 128 bytes into their chunk.
+
+namespace planted {
+constexpr uint64_t kOpAlloc = 0x414C4C4F43A5A501ull;
+constexpr uint64_t kOpFree = 0x46524545A5A5A502ull;
+constexpr uint64_t kArgLarge = 1ull << 63;
+constexpr uint64_t kClass1K = 14;
+constexpr uint64_t C = Allocator::kChunkSize;
+
+struct Lane {
+  uint64_t op, block, dest, arg;
+};
+Lane* LaneAt(Pool* p, int i) { return reinterpret_cast<Lane*>(p->base() + 4096 + 64 * i); }
+uint64_t ChunkStart(uint64_t off) { return (off / C) * C; }  // heap starts at one chunk
+uint64_t* BitWord(Pool* p, uint64_t off, uint64_t* mask) {
+  const uint64_t cs = ChunkStart(off);
+  const uint64_t idx = (off - cs - 128) / 1024;
+  *mask = 1ull << (idx % 64);
+  return reinterpret_cast<uint64_t*>(p->base() + cs + 64) + idx / 64;
+}
+}  // namespace planted
+
+TEST(Allocator, RecoveryOfPlantedLanes) {
+  using namespace planted;
+  PoolFile f("planted");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(4 << 20), &p).ok());
+  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 64 * 8).ok());
+  auto reopen = [&] {
+    p.reset();
+    Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    Status c = p->allocator().Check();
+    EXPECT_TRUE(c.ok()) << c.ToString();
+  };
+  auto slots = [&] { return p->root<uint64_t>(); };
+  auto plant = [&](uint64_t op, uint64_t block, uint64_t* dest, uint64_t arg) {
+    Lane* l = LaneAt(p.get(), 1023);
+    l->block = block;
+    l->dest = p->OffsetOf(dest);
+    l->arg = arg;
+    l->op = op;
+  };
+  uint64_t m;
+
+  // (a) ALLOC committed (*dest == block) but the bit never reached PM.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[0], 1024).ok());
+  uint64_t b = slots()[0];
+  *BitWord(p.get(), b, &m) &= ~m;
+  plant(kOpAlloc, b, &slots()[0], kClass1K);
+  reopen();
+  EXPECT_TRUE(p->allocator().IsAllocated(b));
+  EXPECT_EQ(slots()[0], b);
+  EXPECT_EQ(LaneAt(p.get(), 1023)->op, 0u);
+
+  // (b) ALLOC not committed: bit set, *dest still 0 -> rolled back.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[1], 1024).ok());
+  b = slots()[1];
+  slots()[1] = 0;
+  plant(kOpAlloc, b, &slots()[1], kClass1K);
+  reopen();
+  EXPECT_FALSE(p->allocator().IsAllocated(b));
+  EXPECT_EQ(slots()[1], 0u);
+
+  // (c) FREE logged, nothing else done: rolled forward.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[2], 1024).ok());
+  b = slots()[2];
+  plant(kOpFree, b, &slots()[2], kClass1K);
+  reopen();
+  EXPECT_FALSE(p->allocator().IsAllocated(b));
+  EXPECT_EQ(slots()[2], 0u);
+
+  // (d) FREE with *dest cleared but the bit still set: bit cleared.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[3], 1024).ok());
+  b = slots()[3];
+  slots()[3] = 0;
+  plant(kOpFree, b, &slots()[3], kClass1K);
+  reopen();
+  EXPECT_FALSE(p->allocator().IsAllocated(b));
+
+  // (e) LARGE ALLOC not committed: head rolled back to FREE.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[4], 300000).ok());
+  b = slots()[4];
+  const uint64_t span = (300000 + 64 + C - 1) / C;
+  slots()[4] = 0;
+  plant(kOpAlloc, b, &slots()[4], kArgLarge | span);
+  reopen();
+  EXPECT_FALSE(p->allocator().IsAllocated(b));
+  EXPECT_EQ(*reinterpret_cast<uint64_t*>(p->base() + ChunkStart(b)), 0u);
+
+  // (f) LARGE FREE logged: rolled forward, later chunk headers cleared.
+  ASSERT_TRUE(p->allocator().Allocate(&slots()[5], 600000).ok());
+  b = slots()[5];
+  Set(p->base() + b, 0x5a, 600000);  // user data over the later chunks' header lines
+  plant(kOpFree, b, &slots()[5], kArgLarge | ((600000 + 64 + C - 1) / C));
+  reopen();
+  EXPECT_FALSE(p->allocator().IsAllocated(b));
+  EXPECT_EQ(slots()[5], 0u);
+  EXPECT_EQ(p->allocator().BlocksInUse(), 2u);  // root array + (a)
+
+  // (g) Garbage lanes make Open fail with Corrupt, not crash.
+  LaneAt(p.get(), 1023)->op = 0x1234;
+  p.reset();
+  Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  // Repair through the file, then an out-of-pool block.
+  int fd = ::open(f.path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  Lane bad{kOpAlloc, 1ull << 40, 4096 * 64, kClass1K};
+  ASSERT_EQ(::pwrite(fd, &bad, sizeof bad, 4096 + 64 * 1023), ssize_t(sizeof bad));
+  s = Pool::Open(f.path, "t", PoolOptions{}, &p);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  Lane idle{0, 0, 0, 0};
+  ASSERT_EQ(::pwrite(fd, &idle, sizeof idle, 4096 + 64 * 1023), ssize_t(sizeof idle));
+  ::close(fd);
+  reopen();
+  EXPECT_EQ(p->allocator().BlocksInUse(), 2u);
 }
 
 }  // namespace
