@@ -435,6 +435,7 @@ Run* PoolAllocator::MakeRun(uint64_t chunk, int cls, bool from_pm) {
 // Finds `span` contiguous free chunks, growing the pool if needed.
 Status PoolAllocator::NewChunks(uint64_t span, uint64_t* first) {
   for (int attempt = 0; attempt < 2; attempt++) {
+    SyncChunkCount();  // the pool may also have been grown through Pool::Grow
     const uint64_t n = NumChunks();
     if (span == 1) {
       for (uint64_t k = 0; k < n; k++) {

@@ -185,6 +185,11 @@ TEST(Pool, AllocatorGrowsPool) {
   EXPECT_EQ(p->size(), size);
   EXPECT_EQ(p->allocator().BlocksInUse(), 41u);
   EXPECT_TRUE(p->allocator().Check().ok());
+  // Chunks added by an explicit Grow are used before growing again.
+  ASSERT_TRUE(p->Grow(size + 4 * Allocator::kChunkSize).ok());
+  slots = p->root<uint64_t>();
+  for (int i = 40; i < 44; i++) ASSERT_TRUE(p->allocator().Allocate(&slots[i], 100000).ok()) << i;
+  EXPECT_EQ(p->size(), size + 4 * Allocator::kChunkSize);
 }
 
 TEST(Pool, BadMagic) {
