@@ -112,22 +112,30 @@ bool Recorder::Differs(uint64_t line) const {
   return std::memcmp(shadow_.data() + line, durable_.data() + line, 64) != 0;
 }
 
-void Recorder::MaybeYield() {
+namespace {
+thread_local bool tl_shared_store = false;  // the last store hit a line another thread acts on
+}  // namespace
+
+void Recorder::MaybeYield(bool shared_line) {
   if (!perturb_seed_) return;
   thread_local uint64_t x = 0;
   if (!x) x = perturb_seed_ ^ (uint64_t(tl_tid + 2) * 0x9E3779B97F4A7C15ull);
   x ^= x << 13;
   x ^= x >> 7;
   x ^= x << 17;
-  // Mostly a yield; now and then a short sleep, which on a loaded machine is
+  // A store to a line other threads load and act on (a link word) opens the
+  // window the erratum lint looks for: hold it open for a while. Otherwise
+  // mostly a yield, now and then a short sleep, which on a loaded machine is
   // what actually lets another thread run inside this one's persist window.
-  if (x % 6 == 0) std::this_thread::sleep_for(std::chrono::microseconds(30));
+  if (shared_line && x % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  else if (x % 6 == 0) std::this_thread::sleep_for(std::chrono::microseconds(30));
   else if (x % 3 == 0) std::this_thread::yield();
 }
 
 void Recorder::Store(const void* addr, size_t size, bool is_volatile) {
+  tl_shared_store = false;
   StoreLocked(addr, size, is_volatile);
-  MaybeYield();
+  MaybeYield(tl_shared_store);
 }
 
 void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
@@ -145,6 +153,7 @@ void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
     LineState& ls = lines_[l];
     ls.dirty = true;
     ls.writer = tid;
+    if (ls.loaders & ~(uint64_t(1) << (tid % 64))) tl_shared_store = true;
     if (ts.op >= 0) ts.written.insert(l);
   }
 }
@@ -181,7 +190,7 @@ void Recorder::CheckLine(uint64_t line, const char* when) {
 
 void Recorder::OnFlush(const void* line) {
   FlushLocked(line);
-  MaybeYield();
+  MaybeYield(false);
 }
 
 void Recorder::FlushLocked(const void* line) {
@@ -231,6 +240,7 @@ void Recorder::OnLoad(const void* addr, size_t size) {
   if (size == 0 || !InRange(addr, size, &off)) return;
   const int tid = Tid();
   ++acting_loads;
+  lines_[off & ~uint64_t(63)].loaders |= uint64_t(1) << (tid % 64);
   auto it = lines_.find(off & ~uint64_t(63));
   if (it != lines_.end() && it->second.dirty && it->second.writer != tid && Differs(it->first)) {
     ++unflushed_loads;

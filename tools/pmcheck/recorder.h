@@ -102,6 +102,7 @@ class Recorder final : public pmindex::pm::Observer {
   struct LineState {
     bool dirty = false;
     int writer = -1;
+    uint64_t loaders = 0;  // threads (bit tid % 64) that ever pm::LoadAcquire'd the line
   };
   struct ThreadState {
     int64_t op = -1;  // current op record
@@ -134,7 +135,7 @@ class Recorder final : public pmindex::pm::Observer {
   int next_foreign_tid_ = 1000;
   int64_t trace_line_ = -1;
   uint64_t perturb_seed_ = 0;
-  void MaybeYield();
+  void MaybeYield(bool shared_line);
   void Trace(const char* what, uint64_t off, size_t size);
 };
 
