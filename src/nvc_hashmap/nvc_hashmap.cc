@@ -992,7 +992,6 @@ Status NvcHashmap::Check() {
   for (;;) {
     const uint64_t raw = LoadW(&prev->next);
     if (raw & kMark) return bad("reachable node at " + std::to_string(Off(prev)) + " is marked deleted");
-    if (raw & kDirty) return bad("next word at " + std::to_string(Off(prev)) + " still carries the write-pending bit");
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
@@ -1015,7 +1014,6 @@ Status NvcHashmap::Check() {
         return bad("node " + std::to_string(off) + " split-order key does not match its key's hash");
       const uint64_t v = LoadW(&n->value);
       if (v & kDel) return bad("reachable node " + std::to_string(off) + " is logically deleted");
-      if (v & kDirty) return bad("value word of node " + std::to_string(off) + " still carries the write-pending bit");
       const uint64_t rec = v & ~kLow;
       if (!IsInline(n, rec)) {
         if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
@@ -1131,7 +1129,17 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
   bucket_count_.store(bc);
   *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();
-  if (!*needs_recovery) base_count_ = root_->count;
+  if (!*needs_recovery) {
+    base_count_ = root_->count;
+    // After a clean close every slot's block is linked or freed; a nonzero
+    // word is a volatile clear that did not reach PM (DAX): drop it.
+    for (auto& ps : root_->slots)
+      for (uint64_t* w : {&ps.pending, &ps.pending_val, &ps.scratch})
+        if (*w) {
+          pm::StoreAtomic(w, uint64_t(0));
+          pm::Persist(w, 8);
+        }
+  }
   return Status::OK();
 }
 
