@@ -855,7 +855,12 @@ class FPTree final : public Index {
     // Everything but the trailer (whose lock word other threads CAS on).
     pm::Copy(n, l, lay_.trailer);
     pm::Store(Bm(n), upper);
-    pm::Store(Next(n), Ld(Next(l)));
+    // SplitFinish flushes l's bitmap and next with one fence, so a crash image
+    // may hold l.next == n with l's bitmap still full: the copy is then redone,
+    // and n.next (durable since the first copy's fence) must be kept rather
+    // than set to l.next (that would make n point to itself).
+    uint64_t lnext = Ld(Next(l));
+    if (lnext != uint64_t(n - base_)) pm::Store(Next(n), lnext);
     pm::Store(Ver(n), uint64_t(1));  // born locked; the lock word is never meaningful in PM
     if (pointers_) {
       for (uint32_t i = 0; i < lay_.m; i++) {
