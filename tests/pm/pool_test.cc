@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -325,7 +326,8 @@ TEST(Pool, InterruptedCreationFiles) {
 TEST(Pool, KilledDuringCreate) {
   std::mt19937_64 rng(11);
   int created = 0, missing = 0;
-  for (int round = 0; round < 20; round++) {
+  const int rounds = std::getenv("PMINDEX_LONG") ? 200 : 20;
+  for (int round = 0; round < rounds; round++) {
     PoolFile f("killcreate");
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
