@@ -75,6 +75,11 @@ void PmCost(uint64_t n) {
   for (uint64_t i = 0; i < n; i++) Die(idx->Insert(K(i), V(i)), "insert");
   double t1 = Now();
   pm::Counters ins = pm::ThreadCounters();
+  // Reopen (lazy recovery) before the deletes.
+  idx.reset();
+  double o0 = Now();
+  Die(OpenIndex("fastfair", Opts(path), &idx), "reopen");
+  double open_secs = Now() - o0;
   std::mt19937_64 rng(1);
   std::vector<uint64_t> del(n);
   for (uint64_t i = 0; i < n; i++) del[i] = i;
@@ -88,6 +93,7 @@ void PmCost(uint64_t n) {
               internal::fastfair::Height(idx.get()));
   std::printf("  %9s       lines/delete %.2f  fences/delete %.2f  (%zu random deletes)\n", "", double(rm.lines_flushed) / del.size(),
               double(rm.fences) / del.size(), del.size());
+  std::printf("  %9s       open (OpenIndex, pool and index) %.6f s\n", "", open_secs);
   idx.reset();
   pm::Pool::Remove(path);
 }
@@ -199,7 +205,7 @@ int main(int argc, char** argv) {
   }
   if (!skip_big) {
     std::printf("3. open time with %llu records\n", (unsigned long long)big);
-    std::printf("  fastfair  %.6f s (lazy recovery: no node is read)\n", OpenTime("fastfair", big));
+    std::printf("  fastfair  see section 1 (lazy recovery: no node is read)\n");
     if (FindIndexInfo("fptree", &info)) std::printf("  fptree    %.6f s (rebuilds its DRAM inner nodes)\n", OpenTime("fptree", big));
   }
   return 0;

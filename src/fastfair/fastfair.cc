@@ -317,6 +317,33 @@ class FastFair final : public FastFairBase {
         bool have_last = false;
         uint64_t last = 0;
         while (n && c < limit) {
+          const uint64_t sw = Ld(&n->sw);
+          if (!(sw & 1)) {
+            // Insert mode: records only move right, so emit each validated
+            // record > last directly; if sw changed, rescan this node
+            // (emitting only records > last) before moving on.
+            Entry* e = n->ents();
+            __builtin_prefetch(At(Ld(&n->sibling)));
+            for (uint32_t j = 0; j < Ld(&n->count); j++) {
+              uint64_t k1 = Ld(&e[j].k);
+              if (k1 < sk || (have_last && k1 <= last)) continue;
+              uint64_t v = Ld(&e[j].v);
+              uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+              uint64_t k2 = Ld(&e[j].k);
+              if (p == k1 || k2 != k1) continue;
+              ++c;
+              last = k1;
+              have_last = true;
+              if (!cb(U64Slice(k1), U64Slice(v)) || c >= limit) {
+                if (count) *count = c;
+                return Status::OK();
+              }
+            }
+            Node* next = At(Ld(&n->sibling));
+            if (Ld(&n->sw) != sw) continue;
+            n = next;
+            continue;
+          }
           Node* next = SnapshotLeafLF(n, sk, have_last, last, &buf);
           for (const Entry& r : buf) {
             if (c >= limit) break;
