@@ -293,6 +293,7 @@ TEST(Allocator, CrashSafetyUnderSigkill) {
     if (pid == 0) ChildLoop(f.path, seed, progress);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (progress->load() < target && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    EXPECT_GE(progress->load(), target) << "the child made no progress in 30 s";
     if (rng() & 1) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
     kill(pid, SIGKILL);
     int st = 0;
@@ -307,7 +308,6 @@ TEST(Allocator, CrashSafetyUnderSigkill) {
     if (::testing::Test::HasFailure()) break;
   }
   EXPECT_EQ(recovered, kills);
-  EXPECT_GT(states.size(), size_t(kills / 4)) << "the child hardly ran";
   munmap(shm, 4096);
   std::printf("%d kills, %zu distinct states\n", kills, states.size());
 }
