@@ -315,7 +315,7 @@ class FPTree final : public Index {
     LoadConfig();
     pm::Store(&r->leaf_bytes, lay_.bytes);
     pm::Persist(r, 64);
-    if (groups_ && r->get_log.new_group) LinkNewGroup();  // crashed inside GetLeaf
+    if (groups_) RecoverGetLog();  // crashed inside GetLeaf
     if (r->head == 0) {
       if (groups_) {
         // One group holding the first leaf (alg. 10 path without a free vector).
@@ -782,6 +782,13 @@ class FPTree final : public Index {
     pm::StorePersist(&r->get_log.new_group, uint64_t(0));
     group_used_[g] = 0;
     for (uint32_t i = group_size_; i-- > 0;) free_leaves_.push_back(g + 64 + uint64_t(i) * lay_.bytes);
+  }
+  // Alg. 11: finish or drop an interrupted GetLeaf.
+  void RecoverGetLog() {
+    Root* r = root_;
+    if (!r->get_log.new_group) return;
+    if (r->groups_tail == r->get_log.new_group) pm::StorePersist(&r->get_log.new_group, uint64_t(0));
+    else LinkNewGroup();
   }
   std::map<uint64_t, uint32_t>::iterator GroupOf(uint64_t leaf) {
     auto it = group_used_.upper_bound(leaf);
@@ -1568,11 +1575,7 @@ class FPTree final : public Index {
     del_free_.store(~0ull);
     // Leaf groups: rebuild the DRAM map first (logs may need it).
     if (groups_) {
-      if (r->get_log.new_group) {
-        // Alg. 11.
-        if (r->groups_tail == r->get_log.new_group) pm::StorePersist(&r->get_log.new_group, uint64_t(0));
-        else LinkNewGroup();
-      }
+      RecoverGetLog();
       FinishFreeGroup();  // alg. 13 (no-op if the log is clear)
       group_used_.clear();
       free_leaves_.clear();
