@@ -16,15 +16,16 @@
 // refuses an existing key; key-block offsets are unique allocations;
 // separators are distinct split keys). A record whose k equals the k of its
 // left neighbour (for slot 0: the node's `lk` word, chosen never to equal a
-// key of the node) is ignored by every reader. FAST insert (sec. 3.3):
-// duplicate the last record into the slot past the end, persist it, bump
-// `count`, then shift right one record at a time: "k[j] = k[j-1]" flips
-// validity from slot j to its copy at j+1 with ONE 8-byte store, then
-// "v[j] = v[j-1]" fills the now-ignored slot; at the insertion point v is
-// written while the slot is ignored and the final store of k is the commit.
-// FAST delete (sec. 3.5) is the reverse: "k[pos] = k[pos-1]" is the commit,
-// then "v[j] = v[j+1]; k[j] = k[j+1]" shifts left, then `count` shrinks.
-// Deleting the last record is the single store of `count`. A valid record's
+// key of the node) is ignored by every reader. The slot past the end is kept
+// an ignored copy (invariant I, see InsertAt). FAST insert (sec. 3.3): grow
+// `count` (persisted; the new slot is an ignored copy), then shift right one
+// record at a time: "k[j] = k[j-1]" flips validity from slot j to its copy
+// at j+1 with ONE 8-byte store, then "v[j] = v[j-1]" fills the now-ignored
+// slot; at the insertion point v is written while the slot is ignored and
+// the final store of k is the commit. FAST delete (sec. 3.5) is the reverse:
+// "k[pos] = k[pos-1]" is the commit, then "v[j] = v[j+1]; k[j] = k[j+1]"
+// shifts left, then `count` shrinks (persisted). Deleting the last record
+// is the single store of `count`. A valid record's
 // v is never modified by a shift, so a reader that saw k, v, the left k and k
 // again consistent has a record that existed. A cache line is flushed (and
 // fenced) only when the shift is about to store into the next line, and the
@@ -1026,7 +1027,7 @@ class FastFair final : public FastFairBase {
       }
     }
     for (uint32_t j = 0; j < n->count;) {
-      if (Ignored(n, j)) DeleteAt(n, j, false);
+      if (Ignored(n, j)) DeleteAt(n, j, false);  // persists count
       else j++;
     }
     if (n->count < cap_) {
@@ -1037,7 +1038,6 @@ class FastFair final : public FastFairBase {
         pm::Persist(&e[c], sizeof(Entry));
       }
     }
-    pm::Persist(&n->count, 4);
     for (uint64_t* sp : {&n->spare_a, &n->spare_b}) {
       if (!*sp) continue;
       if (Referenced(n, *sp)) {
