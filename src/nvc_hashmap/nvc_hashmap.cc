@@ -88,6 +88,8 @@ constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
 constexpr uint64_t kMark = 1, kDel = 1, kDirty = 2, kLow = 7;
 constexpr uint32_t kDummyFlag = 1;
+// A bucket-table slot is a 32-byte dummy node whose value word holds its state.
+constexpr uint64_t kSlotFree = 0, kSlotClaimed = 1, kSlotLinked = 2;
 constexpr size_t kHeader = 32;
 constexpr uint64_t kRetireBatch = 32;
 
@@ -344,9 +346,24 @@ class NvcHashmap final : public Index {
     *i = b - (seg0_ << (w - 1));
   }
   uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
-  uint64_t* BucketEntry(uint64_t b, bool create);
+  Node* BucketSlot(uint64_t b, bool create);
+  Node* Published(uint64_t b);
+  // The bucket-table segment holding pool offset off, as (segment, index),
+  // or false if off is not a slot.
+  bool SlotOf(uint64_t off, int* s, uint64_t* i) const {
+    for (int k = 0; k < kMaxSegments; k++) {
+      const uint64_t base = root_->seg[k];
+      if (!base || off < base || off >= base + SegSize(k) * kHeader) continue;
+      if ((off - base) % kHeader) return false;
+      *s = k;
+      *i = (off - base) / kHeader;
+      return true;
+    }
+    return false;
+  }
+  uint64_t FirstBucket(int s) const { return s == 0 ? 0 : seg0_ << (s - 1); }
   Node* StartFor(uint64_t h, const Ctx& c, bool init);
-  Node* InitBucket(uint64_t b, const Ctx& c, int depth);
+  Node* InitBucket(uint64_t b, const Ctx& c);
 
   void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
@@ -395,7 +412,7 @@ class NvcHashmap final : public Index {
   uint64_t seg0_ = 256;
   int log_seg0_ = 8;
   std::atomic<uint64_t> bucket_count_{1};
-  std::atomic<uint64_t*> segs_[kMaxSegments] = {};
+  std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
   std::atomic<uint64_t> global_epoch_{1};
@@ -494,101 +511,90 @@ void NvcHashmap::EnsureDelDurable(Node* n) {
 // ---------------------------------------------------------------------------
 // Bucket table.
 
-uint64_t* NvcHashmap::BucketEntry(uint64_t b, bool create) {
+Node* NvcHashmap::BucketSlot(uint64_t b, bool create) {
   int s;
   uint64_t i;
   SegOf(b, &s, &i);
   if (s >= kMaxSegments) return nullptr;
-  uint64_t* seg = segs_[s].load(std::memory_order_acquire);
+  char* seg = segs_[s].load(std::memory_order_acquire);
   if (!seg) {
     if (!create) return nullptr;
     std::lock_guard<std::mutex> g(seg_mu_);
     seg = segs_[s].load(std::memory_order_acquire);
     if (!seg) {
-      if (!pool_->allocator().AllocateZeroed(&root_->seg[s], SegSize(s) * 8).ok()) return nullptr;
-      seg = reinterpret_cast<uint64_t*>(base_ + root_->seg[s]);
+      if (!pool_->allocator().AllocateZeroed(&root_->seg[s], SegSize(s) * kHeader).ok()) return nullptr;
+      seg = base_ + root_->seg[s];
       segs_[s].store(seg, std::memory_order_release);
     }
   }
-  return seg + i;
+  return reinterpret_cast<Node*>(seg + i * kHeader);
+}
+
+// Bucket b's dummy if it is linked and published, else nullptr.
+Node* NvcHashmap::Published(uint64_t b) {
+  if (b == 0) return N(root_->head);
+  Node* d = BucketSlot(b, false);
+  return d && LoadW(&d->value) == kSlotLinked ? d : nullptr;
 }
 
 // The dummy to start a search for hash h: its bucket's, initialised on
-// demand if `init`; otherwise, or if that fails (pool full), the nearest
-// initialised ancestor's, which is correct (the list is complete) but walks
-// further. Remove and Update pass init = false: they never allocate.
+// demand if `init`; otherwise, or if that is not possible now (pool full,
+// another thread initialising it), the nearest published ancestor's, which is
+// correct (the list is complete) but walks further. Remove and Update pass
+// init = false: they never allocate.
 Node* NvcHashmap::StartFor(uint64_t h, const Ctx& c, bool init) {
   uint64_t b = h & (bucket_count_.load(std::memory_order_relaxed) - 1);
-  if (uint64_t* e = BucketEntry(b, false)) {
-    uint64_t d = LoadW(e);
-    if (d) return N(d);
-  }
+  if (Node* d = Published(b)) return d;
   if (init) {
-    if (Node* d = InitBucket(b, c, 0)) return d;
+    if (Node* d = InitBucket(b, c)) return d;
   }
   while (b) {
     b = ParentBucket(b);
-    if (uint64_t* e = BucketEntry(b, false)) {
-      uint64_t d = LoadW(e);
-      if (d) return N(d);
-    }
+    if (Node* d = Published(b)) return d;
   }
   return N(root_->head);
 }
 
-Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c, int depth) {
-  uint64_t* e = BucketEntry(b, true);
-  if (!e) return nullptr;
-  uint64_t d = LoadW(e);
-  if (d) return N(d);
-  if (b == 0) return N(root_->head);  // never reached: entry 0 is set at creation
-  uint64_t pb = ParentBucket(b);
-  Node* parent = nullptr;
-  if (uint64_t* pe = BucketEntry(pb, false)) {
-    uint64_t pd = LoadW(pe);
-    if (pd) parent = N(pd);
-  }
-  if (!parent) parent = InitBucket(pb, c, depth + 1);
+// Links bucket b's dummy, which lives in its bucket-table slot (no
+// allocation). The slot is claimed with a volatile CAS (free -> claimed), so
+// one thread writes it; others use an ancestor meanwhile (never wait). The
+// slot is published (linked) only after its link is durable.
+Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
+  if (b == 0) return N(root_->head);
+  Node* d = BucketSlot(b, true);
+  if (!d) return nullptr;
+  if (LoadW(&d->value) == kSlotLinked) return d;
+  const uint64_t pb = ParentBucket(b);
+  Node* parent = Published(pb);
+  if (!parent) parent = InitBucket(pb, c);
   if (!parent) return nullptr;
+  uint64_t st = kSlotFree;
+  if (!pm::CasVolatile(&d->value, &st, kSlotClaimed)) return st == kSlotLinked ? d : nullptr;
   const uint64_t so = SoDummy(b);
-  Node* fresh = nullptr;
-  Node* dummy = nullptr;
+  pm::Store(&d->so, so);
+  pm::Store(&d->klen, uint32_t(0));
+  pm::Store(&d->flags, kDummyFlag);
   Pos pos;
   for (;;) {
     Search(parent, so, Slice(), c, &pos);
-    if (pos.found) {
-      dummy = pos.curr;
-      EnsureWordDurable(pos.prev_word, pos.curr_raw);
-      break;
+    if (pos.found) {  // impossible: only this slot holds bucket b's dummy
+      pm::StoreVolatile(&d->value, kSlotFree);
+      return nullptr;
     }
-    const uint64_t succ = pos.curr_raw & ~kLow;
-    if (!fresh) {
-      if (!AllocNode(c, so, Slice(), Slice(), true, succ, &fresh).ok()) return nullptr;
-    } else if (fresh->next != succ) {
-      pm::StoreAtomic(&fresh->next, succ);
-      pm::Persist(&fresh->next, 8);
-    }
+    pm::StoreAtomic(&d->next, pos.curr_raw & ~kLow);
+    pm::Persist(d, kHeader);
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
     uint64_t exp = pos.curr_raw;
-    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0);
+    const uint64_t desired = Off(d) | (dirty_mode() ? kDirty : 0);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
     pm::Persist(pos.prev_word, 8);
-    ClearPending(&c.ps->pending);
     if (dirty_mode()) ClearDirty(pos.prev_word, desired);
-    dummy = fresh;
-    fresh = nullptr;
-    break;
+    // Volatile: recovery recomputes slot states from the list; Close
+    // persists the segments.
+    pm::StoreVolatile(&d->value, kSlotLinked);
+    return d;
   }
-  if (fresh) {
-    pool_->allocator().Free(&c.ps->pending);
-    pm::Fence();  // Free leaves its lane clear to the caller's next fence
-  }
-  // Publish only after the dummy's link is durable (it is: persisted above).
-  // The entry is a cache recovery validates; a lost entry is re-found lazily.
-  uint64_t exp = 0;
-  pm::CasVolatile(e, &exp, Off(dummy));
-  return dummy;
 }
 
 void NvcHashmap::MaybeGrow(const Ctx& c) {
@@ -959,8 +965,10 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
     if (root_->seg[s]) fn(root_->seg[s]);
   for (uint64_t raw = root_->head; N(raw); raw = LoadW(&N(raw)->next)) {
     Node* n = N(raw);
-    fn(Off(n));
-    if (!(n->flags & kDummyFlag)) {
+    if (n->flags & kDummyFlag) {
+      if (Off(n) == root_->head) fn(Off(n));  // other dummies live in segments
+    } else {
+      fn(Off(n));
       const uint64_t v = LoadW(&n->value) & ~kLow;
       if (!IsInline(n, v)) fn(v);
     }
@@ -995,10 +1003,18 @@ Status NvcHashmap::Check() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    if (off % 16 || off >= psize || !a.IsAllocated(off))
+    int ss;
+    uint64_t si;
+    const bool in_slot = SlotOf(off, &ss, &si);
+    if (in_slot) {
+      if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
+        return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
+      if (LoadW(&n->value) != kSlotLinked) return bad("linked dummy " + std::to_string(off) + " is not published");
+    } else if (off % 64 || off >= psize || !a.IsAllocated(off)) {
       return bad("next pointer " + std::to_string(off) + " does not point to an allocated node");
+    }
     const bool dummy = n->flags & kDummyFlag;
-    if (!dummy && off % 64) return bad("regular node " + std::to_string(off) + " is not 64-byte aligned");
+    if (dummy && !in_slot) return bad("dummy " + std::to_string(off) + " outside the bucket table");
     if (dummy != !(n->so & 1)) return bad("node " + std::to_string(off) + " dummy flag disagrees with its split-order key");
     if (prev->so > n->so) return bad("split order violated at node " + std::to_string(off));
     if (prev->so == n->so) {
@@ -1027,17 +1043,17 @@ Status NvcHashmap::Check() {
     }
     prev = n;
   }
-  // Bucket entries: every initialised bucket's dummy is in the list.
+  // Bucket-table slots: every published (initialised) bucket's dummy is in
+  // the list (the converse was checked above); none is half-initialised.
   for (int s = 0; s < kMaxSegments; s++) {
-    uint64_t* seg = segs_[s].load(std::memory_order_acquire);
+    char* seg = segs_[s].load(std::memory_order_acquire);
     if (!seg) continue;
-    const uint64_t first = s == 0 ? 0 : seg0_ << (s - 1);
     for (uint64_t i = 0; i < SegSize(s); i++) {
-      const uint64_t d = LoadW(&seg[i]);
-      if (!d) continue;
-      auto it = dummies.find(d);
-      if (it == dummies.end()) return bad("bucket " + std::to_string(first + i) + " points to a node not in the list");
-      if (it->second != SoDummy(first + i)) return bad("bucket " + std::to_string(first + i) + " points to another bucket's dummy");
+      Node* d = reinterpret_cast<Node*>(seg + i * kHeader);
+      const uint64_t st = LoadW(&d->value);
+      if (st == kSlotFree) continue;
+      if (st != kSlotLinked) return bad("bucket " + std::to_string(FirstBucket(s) + i) + " is still being initialised");
+      if (!dummies.count(Off(d))) return bad("bucket " + std::to_string(FirstBucket(s) + i) + " is published but its dummy is not in the list");
     }
   }
   if (count != Size())
@@ -1066,6 +1082,11 @@ IndexStats NvcHashmap::Stats() {
 Status NvcHashmap::Close() {
   if (closed_) return Status::OK();
   for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  // Slot states were published with volatile stores: make them durable so a
+  // clean open can trust them.
+  for (int s = 0; s < kMaxSegments; s++)
+    if (char* seg = segs_[s].load()) pm::Flush(seg, SegSize(s) * kHeader);
+  pm::Fence();
   pm::StoreAtomic(&root_->count, Size());
   pm::Persist(&root_->count, 8);
   pm::StoreAtomic(&root_->clean, uint64_t(1));
@@ -1099,10 +1120,8 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   Node* head = N(root_->head);
   pm::Store(&head->flags, kDummyFlag);
   pm::Persist(head, kHeader);
-  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * 8));
-  segs_[0].store(reinterpret_cast<uint64_t*>(base_ + root_->seg[0]));
-  pm::StoreAtomic(&segs_[0].load()[0], root_->head);
-  pm::Persist(segs_[0].load(), 8);
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kHeader));
+  segs_[0].store(base_ + root_->seg[0]);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);
@@ -1124,7 +1143,7 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   log_seg0_ = 63 - __builtin_clzll(seg0_);
   if (!root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing list head or bucket table");
   for (int s = 0; s < kMaxSegments; s++)
-    if (root_->seg[s]) segs_[s].store(reinterpret_cast<uint64_t*>(base_ + root_->seg[s]));
+    if (root_->seg[s]) segs_[s].store(base_ + root_->seg[s]);
   uint64_t bc = root_->bucket_count;
   if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
   bucket_count_.store(bc);
@@ -1154,6 +1173,7 @@ Status NvcHashmap::Recover() {
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
   owned.push_back(root_->head);
   uint64_t count = 0;
+  std::vector<uint64_t> linked_slots;  // reachable in-table dummies
   Node* prev = N(root_->head);
   if (!a.IsAllocated(root_->head)) return bad("list head not allocated");
   for (;;) {
@@ -1170,10 +1190,18 @@ Status NvcHashmap::Recover() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    if (off % 16 || off >= psize || !a.IsAllocated(off))
+    int ss;
+    uint64_t si;
+    const bool in_slot = SlotOf(off, &ss, &si);
+    if (in_slot) {
+      if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
+        return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
+      linked_slots.push_back(off);
+    } else if (off % 64 || off >= psize || !a.IsAllocated(off)) {
       return bad("dangling next pointer " + std::to_string(off) + " in node " + std::to_string(Off(prev)));
+    }
     const bool dummy = n->flags & kDummyFlag;
-    if (!dummy && off % 64) return bad("regular node " + std::to_string(off) + " is not 64-byte aligned");
+    if (dummy && !in_slot) return bad("dummy " + std::to_string(off) + " outside the bucket table");
     uint64_t v = n->value;
     if (!dummy && (v & kDel)) {
       // Complete the remove: unlink; the node is freed by the sweep below.
@@ -1188,7 +1216,7 @@ Status NvcHashmap::Recover() {
     }
     if (prev->so > n->so || (prev->so == n->so && (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
       return bad("list out of split order at node " + std::to_string(off));
-    owned.push_back(off);
+    if (!in_slot) owned.push_back(off);
     if (!dummy) {
       count++;
       const uint64_t rec = v & ~kLow;
@@ -1203,17 +1231,23 @@ Status NvcHashmap::Recover() {
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
   auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
-  // Bucket entries must name reachable dummies of their own bucket.
+  // Slot states: linked iff the dummy is reachable; other slots are reset
+  // (a claim or an unpublished dummy whose link did not become durable).
+  std::sort(linked_slots.begin(), linked_slots.end());
   for (int s = 0; s < kMaxSegments; s++) {
-    uint64_t* seg = segs_[s].load();
+    char* seg = segs_[s].load();
     if (!seg) continue;
-    const uint64_t first = s == 0 ? 0 : seg0_ << (s - 1);
     for (uint64_t i = 0; i < SegSize(s); i++) {
-      const uint64_t d = seg[i];
-      if (!d) continue;
-      if (is_owned(d) && d % 16 == 0 && (N(d)->flags & kDummyFlag) && N(d)->so == SoDummy(first + i)) continue;
-      pm::StoreAtomic(&seg[i], uint64_t(0));
-      pm::Flush(&seg[i], 8);
+      Node* d = reinterpret_cast<Node*>(seg + i * kHeader);
+      if (std::binary_search(linked_slots.begin(), linked_slots.end(), Off(d))) {
+        if (d->value != kSlotLinked) {
+          pm::StoreAtomic(&d->value, kSlotLinked);
+          pm::Flush(d, kHeader);
+        }
+      } else if (d->next || d->so || d->value || d->flags) {
+        pm::Set(d, 0, kHeader);
+        pm::Flush(d, kHeader);
+      }
     }
   }
   pm::Fence();
