@@ -152,7 +152,8 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
        << ")\n";
     std::vector<std::vector<std::string>> cells;
     std::vector<std::string> head{"phase"};
-    for (const auto& r : results) head.push_back(r.spec.name);
+    for (const auto& r : results)  // flag targets run with fewer threads (single-threaded indexes)
+      head.push_back(r.threads != base.threads ? r.spec.name + " [" + std::to_string(r.threads) + " thr]" : r.spec.name);
     cells.push_back(head);
     for (const auto& row : rows) {
       std::vector<std::string> line{row};
