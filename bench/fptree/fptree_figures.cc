@@ -165,6 +165,7 @@ void BigFigures(const std::string& name, uint64_t n, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   uint64_t records = 1000000, big = 10000000;
   bool skip_big = false;
   for (int i = 1; i < argc; i++) {
