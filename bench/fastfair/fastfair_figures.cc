@@ -8,7 +8,7 @@
 //   3. Open time of a --big pool: fastfair (lazy recovery) vs fptree (rebuilds
 //      its DRAM inner nodes).
 // Usage: fastfair_figures [--records N] [--ops M] [--big N] [--skip-big]
-//        [--repeat R]
+//        [--repeat R] [--persist_mode flush|none]
 // Pools live in /dev/shm and are removed at exit. The machine may be shared:
 // throughput is wall-clock of this run; compare the ratios, not the values.
 #include <unistd.h>
@@ -172,8 +172,13 @@ int main(int argc, char** argv) {
     else if (a == "--big") big = next();
     else if (a == "--repeat") repeat = int(next());
     else if (a == "--skip-big") skip_big = true;
+    else if (a == "--persist_mode" && i + 1 < argc) {
+      pm::PersistMode m;
+      if (!pm::ParsePersistMode(argv[++i], &m)) return 2;
+      pm::SetPersistMode(m);
+    }
     else {
-      std::fprintf(stderr, "usage: %s [--records N] [--ops M] [--big N] [--skip-big] [--repeat R]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--records N] [--ops M] [--big N] [--skip-big] [--repeat R] [--persist_mode flush|none]\n", argv[0]);
       return 2;
     }
   }
