@@ -43,6 +43,7 @@
 
 #include "pm/layout.h"
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -919,6 +920,11 @@ Status PoolAllocator::ReplayLane(uint32_t i, bool alloc_pass) {
   if (op == kOpIdle) return Status::OK();
   if (op != kOpAlloc && op != kOpFree) return Status::Corrupt("allocator lane " + std::to_string(i) + " has an invalid op word");
   if ((op == kOpAlloc) != alloc_pass) return Status::OK();
+  if (PMINDEX_FAULT("pm.alloc.skip_replay")) {
+    // Deliberately broken recovery (proves the crash tests): forget the lane.
+    StorePersist(&L->op, kOpIdle);
+    return Status::OK();
+  }
   const uint64_t size = pool_->size();
   const uint64_t block = L->block, dest_off = L->dest, arg = L->arg;
   if (block < layout::kHeapOffset + 64 || block >= size || dest_off + 8 > size || (dest_off & 7) ||
