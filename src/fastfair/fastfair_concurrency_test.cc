@@ -55,10 +55,15 @@ class FastFairConcurrency : public testing::TestWithParam<Case> {
   }
   fftest::PoolGuard g_{"conc"};
   std::unique_ptr<Index> idx_;
+
+  void RunOverlap(uint64_t kIds, int base_ops);
 };
 
-TEST_P(FastFairConcurrency, WritersOnOverlappingKeysWithReaders) {
-  const uint64_t kIds = 3000;
+TEST_P(FastFairConcurrency, WritersOnOverlappingKeysWithReaders) { RunOverlap(3000, 6000); }
+// A few hot leaves: every writer and reader meets the others in the same nodes.
+TEST_P(FastFairConcurrency, HotLeaves) { RunOverlap(60, 6000); }
+
+void FastFairConcurrency::RunOverlap(uint64_t kIds, int base_ops) {
   for (uint64_t id = 0; id < kIds; id += 2) ASSERT_TRUE(idx_->Insert(Key(id), Value(id, 0)).ok());
   std::atomic<int> writers_left{2};
   std::atomic<uint64_t> errors{0}, reads{0};
@@ -70,7 +75,7 @@ TEST_P(FastFairConcurrency, WritersOnOverlappingKeysWithReaders) {
   auto writer = [&](int seed) {
     start();
     std::mt19937_64 rng(seed);
-    const int ops = std::getenv("PMINDEX_LONG") ? 200000 : 6000;
+    const int ops = std::getenv("PMINDEX_LONG") ? 200000 : base_ops;
     for (int i = 0; i < ops; i++) {
       uint64_t id = (rng() % (kIds / 2)) * 2 + 1;
       int t = int(rng() % 4);
