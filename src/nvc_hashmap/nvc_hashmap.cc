@@ -8,7 +8,9 @@
 // equal split-order keys. Bucket b starts at a dummy node whose split-order
 // key is reverse(b) (lowest bit clear). The bucket count doubles without
 // moving any node; bucket b is initialised lazily by inserting its dummy after
-// the dummy of its parent (b with its highest set bit cleared).
+// the dummy of its parent (b with its highest set bit cleared). Dummies live
+// in the persistent bucket-table segments (32-byte slots; bucket 0's dummy,
+// the list head, is its own block), so initialising a bucket allocates nothing.
 //
 // PM words (8 bytes, pool offsets, paper 3.3 (2)):
 //   node.next  = successor | kMark (node deleted, word frozen) | kDirty
@@ -17,8 +19,8 @@
 // word may not be durable yet.
 //
 // Invariants: the list is strictly sorted by (split-order key, key); dummies
-// are never removed; a bucket-table entry is either 0 or the offset of its
-// bucket's durably linked dummy; a node is freed only after it was unlinked,
+// are never removed and sit in their own bucket's slot; a slot is published
+// only after its dummy's link is durable; a node is freed only after it was unlinked,
 // the unlink was persisted, and two epochs passed (no reader can hold it).
 //
 // Persist ordering (paper 3.3 (4), figure 3):
@@ -134,7 +136,7 @@ struct Root {
   uint64_t scratch;       // Free() destination during recovery
   uint64_t pad1[4];
   // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
-  // holds [seg0 << (s-1), seg0 << s). Entries are dummy offsets (not owning).
+  // holds [seg0 << (s-1), seg0 << s). Each slot is a 32-byte dummy node.
   uint64_t seg[kMaxSegments];
   PSlot slots[kMaxSlots];
 };
