@@ -345,9 +345,9 @@ TEST(Allocator, CrashTestDetectsBrokenRecovery) {
   MakeCrashPool(f.path);
   EnableFault("pm.alloc.skip_replay");
   std::string why;
-  const int bad = KillLoop(f.path, 200, /*stop_at_first=*/true, &why);
+  const int bad = KillLoop(f.path, 400, /*stop_at_first=*/true, &why);
   DisableFault("pm.alloc.skip_replay");
-  EXPECT_GE(bad, 1) << "200 kills with lane replay disabled went unnoticed";
+  EXPECT_GE(bad, 1) << "400 kills with lane replay disabled went unnoticed";
   std::printf("detected: %s\n", why.c_str());
 }
 
