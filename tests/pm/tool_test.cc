@@ -2,6 +2,7 @@
 // a corrupt chunk header, a file that is not a pool, a missing file, bad usage.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,6 +95,44 @@ TEST(PoolTool, CheckFindsCorruption) {
   r = RunTool("check " + g.path);
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("past the last block"), std::string::npos) << r.out;
+}
+
+// A pool held open by another process: info shows the header only, check
+// reports that it cannot open it (exit 2).
+TEST(PoolTool, PoolInUse) {
+  PoolFile f("tooluse");
+  MakePool(f.path);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::unique_ptr<Pool> p;
+    char ok = Pool::Open(f.path, "fptree", PoolOptions{}, &p).ok() ? 'y' : 'n';
+    (void)!write(fds[1], &ok, 1);
+    pause();
+    _exit(0);
+  }
+  close(fds[1]);
+  char ok = 0;
+  ASSERT_EQ(read(fds[0], &ok, 1), 1);
+  close(fds[0]);
+  ASSERT_EQ(ok, 'y');
+  Result r = RunTool("info " + f.path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("fptree"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("open in another process"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("clean shutdown:  no"), std::string::npos) << r.out;
+  r = RunTool("check " + f.path);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("already open"), std::string::npos) << r.out;
+  kill(pid, SIGKILL);
+  int st;
+  waitpid(pid, &st, 0);
+  r = RunTool("check " + f.path);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("not cleanly closed"), std::string::npos) << r.out;
 }
 
 TEST(PoolTool, MissingFileAndUsage) {
