@@ -173,9 +173,10 @@ void CopyNT(void* dst, const void* src, size_t n) {
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += n;
   PMINDEX_OBSERVE(OnNonTemporalStore(dst, n));
-  // Head and tail went through the cache: write them back.
-  if (head && detail::g_mode == PersistMode::kFlush) detail::FlushLineInstr(d);
-  if (tail && detail::g_mode == PersistMode::kFlush) detail::FlushLineInstr(d + i);
+  // Head and tail went through the cache: write them back (counted and
+  // reported like any other flush).
+  if (head) Flush(d, head);
+  if (tail && (!head || LineOf(d + i) != LineOf(d))) Flush(d + i, tail);
 }
 
 bool AtomicLineWriteAvailable() { return Cpu().movdir64b || g_line_write_emulation; }
