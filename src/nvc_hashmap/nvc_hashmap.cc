@@ -376,7 +376,7 @@ class NvcHashmap final : public Index {
       pm::Persist(&n->next, 8);
     }
   }
-  Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next, Node** out);
+  Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
   Status Put(Slice key, Slice value, PutMode mode);
   void ReadValue(uint64_t rec, std::string* out) const {
@@ -657,14 +657,13 @@ bool NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, 
   return true;
 }
 
-Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, bool dummy, uint64_t next,
-                             Node** out) {
-  const uint64_t vsize = dummy ? 0 : ValueRecSize(value);
-  uint64_t size = kHeader + A8(key.size()) + vsize;
-  // Regular nodes take >= 64 bytes (64-byte aligned: header in one line, so
-  // kDel and kMark persist together). Dummies take 32 bytes, a size class of
-  // their own, so lazily created dummies never eat blocks freed by removes.
-  size = dummy ? 32 : (size + 63) & ~uint64_t(63);
+// A regular node, allocated into this thread's pending slot, written and
+// persisted. Nodes take >= 64 bytes, so they are 64-byte aligned and their
+// header is one cache line (kDel and kMark persist together).
+Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out) {
+  const uint64_t vsize = ValueRecSize(value);
+  const uint64_t voff = kHeader + A8(key.size());
+  const uint64_t size = (voff + vsize + 63) & ~uint64_t(63);
   Status s = pool_->allocator().Allocate(&c.ps->pending, size);
   if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending, size);
   if (!s.ok()) return s;
@@ -675,19 +674,16 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   h.next = next;
   h.so = so;
   h.klen = uint32_t(key.size());
-  h.flags = dummy ? kDummyFlag : 0;
-  const uint64_t voff = kHeader + A8(key.size());
-  h.value = dummy ? 0 : Off(n) + voff;
+  h.flags = 0;
+  h.value = Off(n) + voff;
   std::memcpy(buf.data(), &h, kHeader);
-  if (!key.empty()) std::memcpy(buf.data() + kHeader, key.data(), key.size());
-  if (!dummy) {
-    if (vk_ == ValueKind::kU64) {
-      std::memcpy(buf.data() + voff, value.data(), 8);
-    } else {
-      uint64_t len = value.size();
-      std::memcpy(buf.data() + voff, &len, 8);
-      if (len) std::memcpy(buf.data() + voff + 8, value.data(), len);
-    }
+  std::memcpy(buf.data() + kHeader, key.data(), key.size());
+  if (vk_ == ValueKind::kU64) {
+    std::memcpy(buf.data() + voff, value.data(), 8);
+  } else {
+    uint64_t len = value.size();
+    std::memcpy(buf.data() + voff, &len, 8);
+    if (len) std::memcpy(buf.data() + voff + 8, value.data(), len);
   }
   const size_t used = voff + vsize;
   pm::Copy(n, buf.data(), used);
@@ -780,7 +776,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     }
     const uint64_t succ = pos.curr_raw & ~kLow;
     if (!fresh) {
-      result = AllocNode(c, so, key, value, false, succ, &fresh);
+      result = AllocNode(c, so, key, value, succ, &fresh);
       if (!result.ok()) break;
     } else if (fresh->next != succ) {
       pm::StoreAtomic(&fresh->next, succ);
