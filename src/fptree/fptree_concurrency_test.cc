@@ -203,6 +203,13 @@ TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
   const int ops = Long() ? 200000 : 25000;
   const uint64_t space = GetParam().small ? 300 : 2000;
   std::atomic<int> errors{0};
+  std::mutex emu;
+  std::string first_error;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard l(emu);
+    if (first_error.empty()) first_error = what;
+    errors++;
+  };
   std::vector<std::thread> ts;
   for (int t = 0; t < T; t++) {
     ts.emplace_back([&, t] {
@@ -215,25 +222,25 @@ TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
         std::string out;
         if (op < 30) {
           Status s = idx_->Insert(k, v);
-          if (!s.ok() && !s.IsAlreadyExists()) errors++;
+          if (!s.ok() && !s.IsAlreadyExists()) fail("insert: " + s.ToString());
         } else if (op < 50) {
           Status s = idx_->Upsert(k, v);
-          if (!s.ok()) errors++;
+          if (!s.ok()) fail("upsert: " + s.ToString());
         } else if (op < 60) {
           Status s = idx_->Update(k, v);
-          if (!s.ok() && !s.IsNotFound()) errors++;
+          if (!s.ok() && !s.IsNotFound()) fail("update: " + s.ToString());
         } else if (op < 80) {
           Status s = idx_->Remove(k);
-          if (!s.ok() && !s.IsNotFound()) errors++;
+          if (!s.ok() && !s.IsNotFound()) fail("remove: " + s.ToString());
         } else if (op < 92) {
           Status s = idx_->Find(k, &out);
-          if (s.ok() ? !ValOk(id, out) : !s.IsNotFound()) errors++;
+          if (s.ok() ? !ValOk(id, out) : !s.IsNotFound()) fail("find: " + s.ToString() + " value " + out);
         } else {
           std::string prev;
           bool have = false;
           idx_->Scan(k, 50, [&](Slice a, Slice b) {
-            if (have && !Less(prev, a)) errors++;
-            if (!ValOk(IdOf(a), b)) errors++;
+            if (have && !Less(prev, a)) fail("scan order: " + prev + " then " + std::string(a));
+            if (!ValOk(IdOf(a), b)) fail("scan value: " + std::string(a) + " -> " + std::string(b));
             prev.assign(a.data(), a.size());
             have = true;
             return true;
@@ -243,7 +250,7 @@ TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
     });
   }
   for (auto& t : ts) t.join();
-  ASSERT_EQ(errors.load(), 0);
+  ASSERT_EQ(errors.load(), 0) << first_error;
   Status c = idx_->Check();
   ASSERT_TRUE(c.ok()) << c.ToString();
   std::set<uint64_t> owned, alloc;
