@@ -5,7 +5,8 @@
 #   1. one thread, >= 2000 crash images, durability lint fatal (zero missing
 #      flushes, missing fences, erratum reads);
 #   2. two threads, 600 crash images, lint fatal;
-#   3. 20 process kills.
+#   3. byte keys and values, 500 crash images, lint fatal;
+#   4. 20 process kills.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
 # clean runs pass and all faults are caught. Set PMCHECK_CI_SCALE=N to
@@ -54,6 +55,8 @@ for idx in $indexes; do
   run "$idx clean" 0 --index "$idx" --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10 $p
   # shellcheck disable=SC2086
   run "$idx 2 threads" 0 --index "$idx" --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
+  # shellcheck disable=SC2086
+  run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
 done

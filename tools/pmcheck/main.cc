@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", c.threads, "workload threads (disjoint key ranges)")->check(CLI::Range(1, 64));
   app.add_option("--seed", c.seed, "seed for workload, point sample and crash images");
   app.add_option("--points", points, "crash points: all, none (record + lint only), or a sample size K");
-  app.add_option("--images-per-point", c.images_per_point, "crash images per point (0: none persisted, 1: all, others random)")
+  app.add_option("--images-per-point", c.images_per_point, "crash images per point (image 0 keeps no pending store, 1 all, 2.. random prefixes)")
       ->check(CLI::Range(1, 1000));
   app.add_option("--images", c.image_budget, "crash-image budget: sample points until this many images (overrides --points)");
   app.add_option("--stop-after", c.stop_after, "stop replaying after this many failures (fault checks)");
