@@ -614,11 +614,16 @@ void NvcHashmap::MaybeGrow(const Ctx& c) {
 // The list (Michael's lock-free list in split order).
 
 void NvcHashmap::Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
+  // Without a fix (the paper's original algorithm) every link followed is
+  // acted on unchecked: report each one to the observer, so pmcheck's erratum
+  // lint sees every read of a not-yet-durable link.
+  const bool report = fix() == Fix::kNone;
+  auto load = [report](const uint64_t* w) { return report ? pm::LoadAcquire(w) : LoadW(w); };
 retry:
   pos->pp_word = nullptr;
   pos->pp_raw = 0;
   pos->prev_word = &start->next;
-  pos->curr_raw = LoadW(pos->prev_word) & ~kMark;  // dummies are never marked
+  pos->curr_raw = load(pos->prev_word) & ~kMark;  // dummies are never marked
   for (;;) {
     Node* curr = N(pos->curr_raw);
     pos->curr = curr;
@@ -626,7 +631,7 @@ retry:
       pos->found = false;
       return;
     }
-    const uint64_t next_raw = LoadW(&curr->next);
+    const uint64_t next_raw = load(&curr->next);
     if (next_raw & kMark) {
       if (!HelpUnlink(pos->prev_word, pos->curr_raw, curr, next_raw, c)) goto retry;
       pos->curr_raw = next_raw & ~kLow;
