@@ -2,12 +2,30 @@
 // durability checker (issue 5). See docs/pmcheck.md and pmcheck.h; this file
 // only parses options and prints the report. Exit status: 0 no failure,
 // 1 failures found, 2 the check could not run (bad arguments, unknown index).
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
 #include "pmcheck.h"
 #include "pmindex/index.h"
+
+namespace {
+// Pool files this run may leave in the pool directory; removed if pmcheck is
+// interrupted (SIGINT/SIGTERM/SIGHUP), so an aborted run does not fill /dev/shm.
+char g_paths[4][512];
+void OnSignal(int sig) {
+  for (auto& p : g_paths)
+    if (p[0]) ::unlink(p);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+std::string PathFor(const pmcheck::Config& c, const char* what) {
+  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   pmcheck::Config c;
@@ -80,6 +98,9 @@ int main(int argc, char** argv) {
     c.points = k;
   }
   c.progress = true;
+  const char* kinds[4] = {"rec", "img", "kill", "killv"};
+  for (int i = 0; i < 4; ++i) std::snprintf(g_paths[i], sizeof g_paths[i], "%s", PathFor(c, kinds[i]).c_str());
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::signal(sig, OnSignal);
   pmcheck::Report r;
   pmindex::Status s = pmcheck::Run(c, &r);
   if (!s.ok()) {
