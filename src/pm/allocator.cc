@@ -795,8 +795,9 @@ void PoolAllocator::Free(uint64_t* dest) {
   // The lane clear is not flushed: a stale FREE lane is harmless (its replay
   // clears an already clear bit; *dest no longer holds the block), as long as
   // the block is not reused before the lane is overwritten or flushed, which
-  // the deferred publication guarantees.
-  StoreAtomic(&L->op, kOpIdle);
+  // the deferred publication guarantees. Hence a volatile store: the lint
+  // must not report it as a missing flush.
+  StoreVolatile(&L->op, kOpIdle);
   tc->pending = off;
   bytes_.fetch_sub(usable, std::memory_order_relaxed);
   blocks_.fetch_sub(1, std::memory_order_relaxed);
