@@ -1283,11 +1283,21 @@ class FPTree final : public Index {
         uint64_t lv = 0;
         uint64_t loff = FindLeaf(k, &lv);
         size_t want = std::min<size_t>(n - done, 512);
+        bool incl = inclusive;
         while (out.size() < want) {
           char* l = L(loff);
           uint64_t nx = 0;
-          if (!ReadLeafRecs(l, lv, k, inclusive, &leafrecs, &nx)) break;  // changed: re-traverse
+          if (!ReadLeafRecs(l, lv, k, incl, &leafrecs, &nx)) break;  // changed: re-traverse
           for (auto& r : leafrecs) out.push_back(std::move(r));
+          // Later leaves are filtered by the last key collected: a leaf we
+          // passed may have emptied and been deleted meanwhile, its range
+          // merged into the next leaf, which can then hold smaller keys
+          // inserted after we read them.
+          if (!out.empty()) {
+            if constexpr (kBytes) k.s = out.back().ks;
+            else k.u = out.back().k;
+            incl = false;
+          }
           if (nx == 0) {
             end = true;
             break;
@@ -1352,6 +1362,10 @@ class FPTree final : public Index {
           if (!LeafValidate(l, lv)) break;
           std::sort(tmp, tmp + c, [](auto& a, auto& b) { return a.first < b.first; });
           out.insert(out.end(), tmp, tmp + c);
+          if (c > 0) {  // see Scan: filter later leaves by the last key collected
+            resume = tmp[c - 1].first;
+            inclusive = false;
+          }
           if (nx == 0) {
             end = true;
             break;
