@@ -297,6 +297,7 @@ class FastFair final : public FastFairBase {
       DeleteAt(n, pos, true);
       if (BK) alloc_->Free(&n->spare_a);
       if (bv_) alloc_->Free(&n->spare_b);
+      if (BK || bv_) pm::Fence();  // orders the allocator's flushed lane clear
     }
     WUnlock(n);
     EnsurePending(pend);
@@ -1055,7 +1056,10 @@ class FastFair final : public FastFairBase {
         alloc_->Free(sp);
       }
     }
-    pm::Store(&n->gen, gen_);
+    // Durable so that the line is clean when the op returns (losing it
+    // would only cause an idempotent second repair).
+    St(&n->gen, gen_);
+    pm::Persist(&n->gen, 8);
   }
 
   // Inserts (K, child) at `level` unless present (idempotent: the splitter
@@ -1151,7 +1155,7 @@ class FastFair final : public FastFairBase {
     pm::Persist(&e[pos], sizeof(Entry));
     alloc_->Free(&n->spare_b);
     St(&n->spare_a, uint64_t(0));
-    pm::Persist(&n->spare_a, 8);
+    pm::Persist(&n->spare_a, 8);  // (its fence also orders the lane clear)
     return Status::OK();
   }
 
