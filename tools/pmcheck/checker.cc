@@ -679,6 +679,8 @@ Status Run(const Config& c, Report* report) {
   if (c.timeout_s <= 0) return Status::InvalidArgument("--timeout must be > 0");
   std::unique_ptr<Target> target;
   PMINDEX_RETURN_IF_ERROR(MakeTarget(c, &target));
+  if (c.threads > 1 && !target->concurrent())
+    return Status::InvalidArgument(c.index + " is not concurrent (single-threaded index): use --threads 1");
   for (const auto& f : c.faults) pm::EnableFault(f);
 
   if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.lint || c.kills == 0)) {

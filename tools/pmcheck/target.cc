@@ -89,6 +89,7 @@ class RealTarget final : public Target {
                            std::to_string(leaked) + " leaked, " + std::to_string(unknown) + " unknown:" + msg);
   }
   bool ordered() const override { return info_.ordered; }
+  bool concurrent() const override { return info_.concurrent; }
   void Remove(const std::string& path) override {
     ::unlink(path.c_str());
   }
@@ -130,6 +131,7 @@ class ToyTarget final : public Target {
   }
   Status CheckLeaks(pmindex::Index* index) override { return ToyCheckLeaks(index); }
   bool ordered() const override { return true; }
+  bool concurrent() const override { return true; }
   void Remove(const std::string& path) override { ::unlink(path.c_str()); }
 
  private:

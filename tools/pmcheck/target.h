@@ -37,6 +37,7 @@ class Target {
   // otherwise a description of the difference.
   virtual pmindex::Status CheckLeaks(pmindex::Index* index) = 0;
   virtual bool ordered() const = 0;
+  virtual bool concurrent() const = 0;
   virtual void Remove(const std::string& path) = 0;
 };
 
