@@ -95,5 +95,15 @@ TEST(PmcheckNvcErratum, ReportedWithoutTheFixOnly) {
   }
 }
 
+TEST(PmcheckIndexes, SingleThreadedIndexRefusesThreads) {
+  if (!pmindex::FindIndexInfo("fptree_single", nullptr)) GTEST_SKIP() << "fptree_single is not built";
+  Config c;
+  c.index = "fptree_single";
+  c.threads = 2;
+  c.points = 0;
+  Report r;
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+}
+
 }  // namespace
 }  // namespace pmcheck
