@@ -62,8 +62,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/index_util.h"
@@ -90,6 +92,18 @@ constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
 constexpr uint64_t kMark = 1, kDel = 1, kDirty = 2, kLow = 7;
 constexpr uint32_t kDummyFlag = 1;
+constexpr uint32_t kSlabFlag = 2;  // a regular node carved from an index-owned slab
+// Index-managed node slabs (node_alloc=slab): one allocator block of
+// kSlabSize bytes holds a header (next slab, node class, the free bitmap
+// written at clean close) and fixed-size node slots of one class.
+// 32 KiB: the allocator's largest run class (larger requests take a whole
+// 256 KiB chunk, of which 64 bytes are lost); 509 slots of 64 bytes.
+constexpr uint64_t kSlabSize = 32 * 1024;
+constexpr uint64_t kSlabHeader = 192;
+constexpr uint64_t kSlabMagic = 0x42414c5343564e01ull;
+constexpr int kNumClasses = 3;  // node slots of 64, 128, 256 bytes
+constexpr uint64_t kClassSize[kNumClasses] = {64, 128, 256};
+constexpr size_t kLocalFreeMax = 4096;  // per-thread free nodes kept before sharing half
 // A bucket-table slot is a 32-byte dummy node whose value word holds its state.
 constexpr uint64_t kSlotFree = 0, kSlotClaimed = 1, kSlotLinked = 2;
 constexpr size_t kHeader = 32;
@@ -128,18 +142,39 @@ struct Root {
   uint64_t max_key, max_value;
   uint64_t seg0;  // buckets in segment 0 (power of two)
   uint64_t head;  // owns the dummy of bucket 0: the list head
-  uint64_t pad0[2];
+  uint64_t slab_head;   // first node slab (node_alloc=slab), linked by SlabHdr::next
+  uint64_t node_alloc;  // 0: one allocator block per node; 1: slabs (fixed at creation)
   // Line 1: mutable state.
   uint64_t bucket_count;  // a durable hint; a smaller value loses nothing
   uint64_t count;         // records; valid only when clean == 1
   uint64_t clean;         // 1 after a clean close
   uint64_t scratch;       // Free() destination during recovery
-  uint64_t pad1[4];
+  uint64_t slab_pending;  // a new slab until it is linked into slab_head
+  uint64_t pad1[3];
   // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
   // holds [seg0 << (s-1), seg0 << s). Each slot is a 32-byte dummy node.
   uint64_t seg[kMaxSegments];
   PSlot slots[kMaxSlots];
 };
+
+// Header of a node slab (three cache lines). next/cls/nslots/magic are
+// written and persisted before the slab is linked; the bitmap (bit set = slot
+// free) is valid only after a clean close (root.clean == 1).
+struct SlabHdr {
+  uint64_t next;
+  uint64_t cls;  // node class index
+  uint64_t nslots;
+  uint64_t magic;
+  uint64_t pad[4];
+  uint64_t free_bits[16];  // up to 1024 slots
+};
+static_assert(sizeof(SlabHdr) == kSlabHeader);
+
+inline int ClassOf(uint64_t size) {
+  for (int k = 0; k < kNumClasses; k++)
+    if (size <= kClassSize[k]) return k;
+  return -1;
+}
 
 inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
@@ -219,6 +254,9 @@ struct alignas(64) SlotState {
   uint64_t ops = 0;  // owner thread only
   std::mutex limbo_mu;
   std::vector<Retired> limbo;
+  // Free slab node slots (volatile; node_alloc=slab). Used only by the thread
+  // owning the slot (and by Close/recovery, single-threaded).
+  std::vector<uint64_t> free_nodes[kNumClasses];
 };
 
 struct Pos {
@@ -234,8 +272,8 @@ enum class PutMode { kInsert, kUpdate, kUpsert };
 
 class NvcHashmap final : public Index {
  public:
-  NvcHashmap(std::unique_ptr<pm::Pool> pool, Fix fix, uint64_t lf)
-      : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), id_(g_next_id.fetch_add(1)) {
+  NvcHashmap(std::unique_ptr<pm::Pool> pool, Fix fix, uint64_t lf, bool slab)
+      : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), id_(g_next_id.fetch_add(1)), slab_(slab) {
     root_ = pool_->root<Root>();
     std::lock_guard<std::mutex> g(g_reg_mu);
     Registry_()[id_] = this;
@@ -395,8 +433,32 @@ class NvcHashmap final : public Index {
   void Retire(const Ctx& c, uint64_t off, bool node);
   void TryAdvance();
   void Reclaim(int slot, bool all);
-  void FreeRetired(PSlot* ps, const Retired& r);
+  void FreeRetired(SlotState* st, PSlot* ps, const Retired& r);
   bool ReclaimForSpace(const Ctx& c);
+
+  // Node slabs (node_alloc=slab).
+  Status SlabAlloc(const Ctx& c, int cls, uint64_t* off);
+  void SlabFree(SlotState* st, uint64_t off, int cls);
+  Status NewSlab(int cls, std::vector<uint64_t>* out);
+  uint64_t SlabSlot(uint64_t slab, int cls, uint64_t i) const { return slab + kSlabHeader + i * kClassSize[cls]; }
+  // The slab holding pool offset off: (slab offset, class, slot index) if off
+  // is exactly a slot of a slab.
+  bool InSlab(uint64_t off, uint64_t* slab, int* cls, uint64_t* idx) const {
+    auto it = slab_cls_.upper_bound(off);
+    if (it == slab_cls_.begin()) return false;
+    --it;
+    if (off < it->first + kSlabHeader || off >= it->first + kSlabSize) return false;
+    const uint64_t rel = off - it->first - kSlabHeader, sz = kClassSize[it->second];
+    if (rel % sz || rel / sz >= (kSlabSize - kSlabHeader) / sz) return false;
+    *slab = it->first;
+    *cls = it->second;
+    *idx = rel / sz;
+    return true;
+  }
+  Status LoadSlabs(bool use_bitmaps);
+  void WriteSlabBitmaps();
+  static bool IsSlabNode(const Node* n) { return n->flags & kSlabFlag; }
+  static int SlabClassOf(const Node* n) { return int(n->flags >> 4); }
 
   Status InitNew(const Options& o, uint64_t initial_buckets);
   Status LoadRoot(bool* needs_recovery);
@@ -421,6 +483,10 @@ class NvcHashmap final : public Index {
   SlotState slots_[kMaxSlots];
   double recovery_seconds_ = 0;
   bool closed_ = false;
+  bool slab_;                // node_alloc=slab (the pool's setting wins on open)
+  std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_
+  std::map<uint64_t, int> slab_cls_;  // slab offset -> class (volatile index of the slab list)
+  std::vector<uint64_t> gfree_[kNumClasses];  // shared free slots
 };
 
 TlCache::~TlCache() {
@@ -669,17 +735,28 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   const uint64_t vsize = ValueRecSize(value);
   const uint64_t voff = kHeader + A8(key.size());
   const uint64_t size = (voff + vsize + 63) & ~uint64_t(63);
-  Status s = pool_->allocator().Allocate(&c.ps->pending, size);
-  if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending, size);
-  if (!s.ok()) return s;
-  Node* n = N(c.ps->pending);
+  const int cls = slab_ ? ClassOf(size) : -1;
+  Node* n;
+  if (cls >= 0) {
+    // A slab slot: volatile bookkeeping only; an unlinked slot is free by
+    // definition (recovery frees everything unreachable), so no pending slot.
+    uint64_t off;
+    Status s = SlabAlloc(c, cls, &off);
+    if (!s.ok()) return s;
+    n = N(off);
+  } else {
+    Status s = pool_->allocator().Allocate(&c.ps->pending, size);
+    if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending, size);
+    if (!s.ok()) return s;
+    n = N(c.ps->pending);
+  }
   static thread_local std::vector<char> buf;
   buf.assign(size, 0);
   Node h{};
   h.next = next;
   h.so = so;
   h.klen = uint32_t(key.size());
-  h.flags = 0;
+  h.flags = cls >= 0 ? (kSlabFlag | uint32_t(cls) << 4) : 0;
   h.value = Off(n) + voff;
   std::memcpy(buf.data(), &h, kHeader);
   std::memcpy(buf.data() + kHeader, key.data(), key.size());
@@ -796,7 +873,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(key);
     const bool skip_link = PMINDEX_FAULT("nvc.insert.skip_link_persist");
     if (!skip_link) pm::Persist(pos.prev_word, 8);
-    ClearPending(&c.ps->pending);
+    if (!IsSlabNode(fresh)) ClearPending(&c.ps->pending);
     if (dirty_mode()) ClearDirty(pos.prev_word, desired);
     fresh = nullptr;
     c.st->delta.fetch_add(1, std::memory_order_relaxed);
@@ -804,9 +881,11 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     result = Status::OK();
     break;
   }
-  if (fresh) pool_->allocator().Free(&c.ps->pending);
+  const bool fresh_block = fresh && !IsSlabNode(fresh);
+  if (fresh && !fresh_block) SlabFree(c.st, Off(fresh), SlabClassOf(fresh));  // never linked: free as is
+  if (fresh_block) pool_->allocator().Free(&c.ps->pending);
   if (fresh_val) pool_->allocator().Free(&c.ps->pending_val);
-  if (fresh || fresh_val) pm::Fence();  // Free leaves its lane clear to our next fence
+  if (fresh_block || fresh_val) pm::Fence();  // Free leaves its lane clear to our next fence
   return result;
 }
 
@@ -817,7 +896,9 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   const Ctx c = op.ctx();
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   Pos pos;
-  Search(StartFor(h, c, true), so, key, c, &pos);
+  // Finds never initialise buckets (that would flush on the read path): an
+  // uninitialised bucket is searched from its nearest published ancestor.
+  Search(StartFor(h, c, false), so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
   const uint64_t v = LoadW(&cur->value);
@@ -912,7 +993,7 @@ void NvcHashmap::TryAdvance() {
   global_epoch_.compare_exchange_strong(e, e + 1, std::memory_order_seq_cst);
 }
 
-void NvcHashmap::FreeRetired(PSlot* ps, const Retired& r) {
+void NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
   pm::Allocator& a = pool_->allocator();
   if (r.node) {
     const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
@@ -921,9 +1002,128 @@ void NvcHashmap::FreeRetired(PSlot* ps, const Retired& r) {
       pm::StoreAtomic(&ps->scratch, v);
       a.Free(&ps->scratch);
     }
+    if (IsSlabNode(n)) {
+      // Unlinked durably (before Retire): unreachable, hence free. Its PM
+      // contents stay as they are until the slot is reused.
+      SlabFree(st, r.off, SlabClassOf(n));
+      return;
+    }
   }
   pm::StoreAtomic(&ps->scratch, r.off);
   a.Free(&ps->scratch);
+}
+
+// ---------------------------------------------------------------------------
+// Node slabs. The only allocator transaction is a slab's; a slot's ownership
+// is reachability from the list: a slot is in use iff a durable link points to
+// it. Free slots are tracked in DRAM (per-thread lists + a shared pool) and
+// recomputed on open: from the slab bitmaps after a clean close, by walking
+// the list after a crash.
+
+Status NvcHashmap::SlabAlloc(const Ctx& c, int cls, uint64_t* off) {
+  auto& mine = c.st->free_nodes[cls];
+  if (mine.empty()) {
+    std::lock_guard<std::mutex> g(slab_mu_);
+    auto& g_free = gfree_[cls];
+    const size_t take = std::min<size_t>(g_free.size(), 256);
+    mine.insert(mine.end(), g_free.end() - take, g_free.end());
+    g_free.resize(g_free.size() - take);
+    if (mine.empty()) {
+      Status s = NewSlab(cls, &mine);
+      if (s.IsPoolFull()) {
+        slab_mu_.unlock();
+        const bool got = ReclaimForSpace(c);
+        slab_mu_.lock();
+        if (got && !mine.empty()) s = Status::OK();
+      }
+      if (!s.ok()) return s;
+    }
+  }
+  *off = mine.back();
+  mine.pop_back();
+  return Status::OK();
+}
+
+void NvcHashmap::SlabFree(SlotState* st, uint64_t off, int cls) {
+  auto& mine = st->free_nodes[cls];
+  mine.push_back(off);
+  if (mine.size() >= kLocalFreeMax) {
+    std::lock_guard<std::mutex> g(slab_mu_);
+    gfree_[cls].insert(gfree_[cls].end(), mine.begin() + kLocalFreeMax / 2, mine.end());
+    mine.resize(kLocalFreeMax / 2);
+  }
+}
+
+// Allocates a slab (caller holds slab_mu_): allocate into root.slab_pending,
+// write and persist the header, link it at the head of the slab list,
+// persist, clear slab_pending. Recovery frees a pending slab that is not in
+// the list. All its slots go to *out.
+Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
+  pm::Allocator& a = pool_->allocator();
+  PMINDEX_RETURN_IF_ERROR(a.Allocate(&root_->slab_pending, kSlabSize));
+  const uint64_t off = root_->slab_pending;
+  SlabHdr* hdr = reinterpret_cast<SlabHdr*>(base_ + off);
+  const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
+  SlabHdr h{};
+  h.next = root_->slab_head;
+  h.cls = uint64_t(cls);
+  h.nslots = n;
+  h.magic = kSlabMagic;
+  pm::Copy(hdr, &h, sizeof(h));
+  pm::Persist(hdr, sizeof(h));
+  pm::StoreAtomic(&root_->slab_head, off);
+  pm::Persist(&root_->slab_head, 8);
+  pm::StoreAtomic(&root_->slab_pending, uint64_t(0));
+  pm::Persist(&root_->slab_pending, 8);
+  slab_cls_[off] = cls;
+  for (uint64_t i = n; i-- > 0;) out->push_back(SlabSlot(off, cls, i));
+  return Status::OK();
+}
+
+// Rebuilds slab_cls_ from the persistent slab list and, if use_bitmaps (open
+// after a clean close), the shared free lists from the slabs' bitmaps.
+Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
+  pm::Allocator& a = pool_->allocator();
+  slab_cls_.clear();
+  for (auto& g : gfree_) g.clear();
+  uint64_t n = 0;
+  for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) {
+    if (off >= pool_->size() || !a.IsAllocated(off) || a.UsableSize(off) < kSlabSize)
+      return Status::Corrupt("nvc_hashmap: slab list points to " + std::to_string(off) + ", not a slab block");
+    const SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    if (h->magic != kSlabMagic || h->cls >= uint64_t(kNumClasses) ||
+        h->nslots != (kSlabSize - kSlabHeader) / kClassSize[h->cls])
+      return Status::Corrupt("nvc_hashmap: bad slab header at " + std::to_string(off));
+    if (!slab_cls_.emplace(off, int(h->cls)).second || ++n > pool_->size() / kSlabSize)
+      return Status::Corrupt("nvc_hashmap: slab list has a cycle");
+    if (use_bitmaps)
+      for (uint64_t i = 0; i < h->nslots; i++)
+        if (h->free_bits[i / 64] >> (i % 64) & 1) gfree_[h->cls].push_back(SlabSlot(off, int(h->cls), i));
+  }
+  return Status::OK();
+}
+
+// Clean close: record every free slot in its slab's bitmap (every slot that
+// is not free is reachable: Close frees all retired nodes first).
+void NvcHashmap::WriteSlabBitmaps() {
+  std::map<uint64_t, std::vector<uint64_t>> bits;
+  for (auto& [off, cls] : slab_cls_) bits[off].assign(16, 0);
+  auto mark = [&](uint64_t node) {
+    uint64_t slab, idx;
+    int cls;
+    if (InSlab(node, &slab, &cls, &idx)) bits[slab][idx / 64] |= 1ull << (idx % 64);
+  };
+  for (int k = 0; k < kNumClasses; k++) {
+    for (uint64_t o : gfree_[k]) mark(o);
+    for (auto& st : slots_)
+      for (uint64_t o : st.free_nodes[k]) mark(o);
+  }
+  for (auto& [off, b] : bits) {
+    SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    pm::Copy(h->free_bits, b.data(), sizeof(h->free_bits));
+    pm::Flush(h->free_bits, sizeof(h->free_bits));
+  }
+  pm::Fence();
 }
 
 void NvcHashmap::Reclaim(int slot, bool all) {
@@ -935,7 +1135,7 @@ void NvcHashmap::Reclaim(int slot, bool all) {
   if (std::none_of(st.limbo.begin(), st.limbo.end(), ready)) return;
   size_t keep = 0;
   for (size_t i = 0; i < st.limbo.size(); i++) {
-    if (ready(st.limbo[i])) FreeRetired(ps, st.limbo[i]);
+    if (ready(st.limbo[i])) FreeRetired(&st, ps, st.limbo[i]);
     else st.limbo[keep++] = st.limbo[i];
   }
   st.limbo.resize(keep);
@@ -966,12 +1166,13 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   fn(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) fn(root_->seg[s]);
+  for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) fn(off);
   for (uint64_t raw = root_->head; N(raw); raw = LoadW(&N(raw)->next)) {
     Node* n = N(raw);
     if (n->flags & kDummyFlag) {
       if (Off(n) == root_->head) fn(Off(n));  // other dummies live in segments
     } else {
-      fn(Off(n));
+      if (!IsSlabNode(n)) fn(Off(n));  // slab nodes: the slab is the block
       const uint64_t v = LoadW(&n->value) & ~kLow;
       if (!IsInline(n, v)) fn(v);
     }
@@ -979,7 +1180,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   for (auto& st : slots_) {
     std::lock_guard<std::mutex> g(st.limbo_mu);
     for (const auto& r : st.limbo) {
-      fn(r.off);
+      if (!r.node || !IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) fn(r.off);
       if (r.node) {
         const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
         const uint64_t v = n->value & ~kLow;
@@ -995,7 +1196,17 @@ Status NvcHashmap::Check() {
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
   std::unordered_map<uint64_t, uint64_t> dummies;  // offset -> split-order key
+  std::unordered_set<uint64_t> live_slab;          // reachable slab nodes
   uint64_t count = 0;
+  {
+    // The slab list must equal slab_cls_ (our volatile index of it).
+    size_t n = 0;
+    for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) {
+      if (!slab_cls_.count(off) || ++n > slab_cls_.size()) return bad("slab list disagrees with the slab index");
+      if (!a.IsAllocated(off)) return bad("slab " + std::to_string(off) + " not allocated");
+    }
+    if (n != slab_cls_.size()) return bad("slab list disagrees with the slab index");
+  }
   Node* prev = N(root_->head);
   if (!prev || !(prev->flags & kDummyFlag) || prev->so != 0) return bad("head is not bucket 0's dummy");
   dummies[Off(prev)] = 0;
@@ -1006,14 +1217,17 @@ Status NvcHashmap::Check() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    int ss;
-    uint64_t si;
+    int ss, cl = 0;
+    uint64_t si, sl = 0, ix = 0;
     const bool in_slot = SlotOf(off, &ss, &si);
     if (in_slot) {
       if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
         return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
       if (LoadW(&n->value) != kSlotLinked) return bad("linked dummy " + std::to_string(off) + " is not published");
-    } else if (off % 64 || off >= psize || !a.IsAllocated(off)) {
+    } else if (InSlab(off, &sl, &cl, &ix)) {
+      if (!IsSlabNode(n) || SlabClassOf(n) != cl) return bad("slab node " + std::to_string(off) + " has wrong flags");
+      if (!live_slab.emplace(off).second) return bad("slab node " + std::to_string(off) + " reached twice");
+    } else if (off % 64 || off >= psize || !a.IsAllocated(off) || IsSlabNode(n)) {
       return bad("next pointer " + std::to_string(off) + " does not point to an allocated node");
     }
     const bool dummy = n->flags & kDummyFlag;
@@ -1061,6 +1275,35 @@ Status NvcHashmap::Check() {
   }
   if (count != Size())
     return bad("list holds " + std::to_string(count) + " records but the count says " + std::to_string(Size()));
+  // Slab slots: every slot is exactly one of reachable, free, retired (no
+  // leak, no slot handed out twice).
+  if (!slab_cls_.empty()) {
+    std::unordered_set<uint64_t> seen = live_slab;
+    uint64_t total = 0;
+    for (auto& [off, cls] : slab_cls_) total += (kSlabSize - kSlabHeader) / kClassSize[cls];
+    auto add = [&](uint64_t o, const char* what) -> Status {
+      uint64_t sl, ix;
+      int cl;
+      if (!InSlab(o, &sl, &cl, &ix)) return bad(std::string(what) + " slot " + std::to_string(o) + " is not in a slab");
+      if (!seen.insert(o).second) return bad(std::string(what) + " slot " + std::to_string(o) + " is also reachable or listed twice");
+      return Status::OK();
+    };
+    {
+      std::lock_guard<std::mutex> g(slab_mu_);
+      for (auto& gl : gfree_)
+        for (uint64_t o : gl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
+    }
+    for (auto& st : slots_) {
+      for (auto& fl : st.free_nodes)
+        for (uint64_t o : fl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
+      std::lock_guard<std::mutex> g(st.limbo_mu);
+      for (const auto& r : st.limbo)
+        if (r.node && IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) PMINDEX_RETURN_IF_ERROR(add(r.off, "retired"));
+    }
+    if (seen.size() != total)
+      return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(seen.size()) +
+                 " are reachable, free or retired (leak)");
+  }
   for (int i = 0; i < kMaxSlots; i++) {
     const PSlot& ps = root_->slots[i];
     if (ps.pending || ps.pending_val || ps.scratch)
@@ -1085,6 +1328,7 @@ IndexStats NvcHashmap::Stats() {
 Status NvcHashmap::Close() {
   if (closed_) return Status::OK();
   for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  if (!slab_cls_.empty()) WriteSlabBitmaps();
   // Slot states were published with volatile stores: make them durable so a
   // clean open can trust them.
   for (int s = 0; s < kMaxSegments; s++)
@@ -1117,6 +1361,7 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   pm::Store(&root_->max_key, uint64_t(max_key_));
   pm::Store(&root_->max_value, uint64_t(max_value_));
   pm::Store(&root_->seg0, seg0_);
+  pm::Store(&root_->node_alloc, uint64_t(slab_ ? 1 : 0));
   pm::Store(&root_->bucket_count, initial_buckets);
   bucket_count_.store(initial_buckets);
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->head, 64));
@@ -1142,6 +1387,9 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   max_key_ = root_->max_key;
   max_value_ = root_->max_value;
   seg0_ = root_->seg0;
+  if (root_->node_alloc > 1) return Status::Corrupt("nvc_hashmap: bad node_alloc in root");
+  slab_ = root_->node_alloc == 1;
+  if (!slab_ && root_->slab_head) return Status::Corrupt("nvc_hashmap: slabs in a node_alloc=allocator pool");
   if (seg0_ == 0 || (seg0_ & (seg0_ - 1)) || seg0_ > (1ull << 30)) return Status::Corrupt("nvc_hashmap: bad segment size");
   log_seg0_ = 63 - __builtin_clzll(seg0_);
   if (!root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing list head or bucket table");
@@ -1152,6 +1400,7 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   bucket_count_.store(bc);
   *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();
   if (!*needs_recovery) {
+    PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/true));
     base_count_ = root_->count;
     // After a clean close every slot's block is linked or freed; a nonzero
     // word is a volatile clear that did not reach PM (DAX): drop it.
@@ -1175,6 +1424,9 @@ Status NvcHashmap::Recover() {
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
   owned.push_back(root_->head);
+  PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
+  for (auto& [off, cls] : slab_cls_) owned.push_back(off);
+  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
   uint64_t count = 0;
   std::vector<uint64_t> linked_slots;  // reachable in-table dummies
   Node* prev = N(root_->head);
@@ -1193,14 +1445,19 @@ Status NvcHashmap::Recover() {
     Node* n = N(raw);
     if (!n) break;
     const uint64_t off = Off(n);
-    int ss;
-    uint64_t si;
+    int ss, cl = 0;
+    uint64_t si, sl = 0, ix = 0;
     const bool in_slot = SlotOf(off, &ss, &si);
+    bool in_slab = false;
     if (in_slot) {
       if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
         return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
       linked_slots.push_back(off);
-    } else if (off % 64 || off >= psize || !a.IsAllocated(off)) {
+    } else if (InSlab(off, &sl, &cl, &ix)) {
+      if (!IsSlabNode(n) || SlabClassOf(n) != cl || (n->flags & kDummyFlag))
+        return bad("slab node " + std::to_string(off) + " has wrong flags");
+      in_slab = true;
+    } else if (off % 64 || off >= psize || !a.IsAllocated(off) || IsSlabNode(n)) {
       return bad("dangling next pointer " + std::to_string(off) + " in node " + std::to_string(Off(prev)));
     }
     const bool dummy = n->flags & kDummyFlag;
@@ -1219,7 +1476,11 @@ Status NvcHashmap::Recover() {
     }
     if (prev->so > n->so || (prev->so == n->so && (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
       return bad("list out of split order at node " + std::to_string(off));
-    if (!in_slot) owned.push_back(off);
+    if (in_slab) {
+      if (!live_slab.insert(off).second) return bad("slab node " + std::to_string(off) + " linked twice");
+    } else if (!in_slot) {
+      owned.push_back(off);
+    }
     if (!dummy) {
       count++;
       const uint64_t rec = v & ~kLow;
@@ -1281,12 +1542,18 @@ Status NvcHashmap::Recover() {
     resolve(&ps.scratch);
   }
   resolve(&root_->scratch);
+  resolve(&root_->slab_pending);
   for (size_t i = 0; i < unowned.size(); i++) {
     if (freed[i]) continue;
     pm::StoreAtomic(&root_->scratch, unowned[i]);
     a.Free(&root_->scratch);
   }
   pm::Fence();
+  for (auto& [off, cls] : slab_cls_) {
+    const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
+    for (uint64_t i = 0; i < n; i++)
+      if (!live_slab.count(SlabSlot(off, cls, i))) gfree_[cls].push_back(SlabSlot(off, cls, i));
+  }
   base_count_ = count;
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::OK();
@@ -1296,11 +1563,16 @@ struct Config {
   Fix fix = Fix::kDirtyBit;
   long long initial_buckets = 1024;
   long long load_factor = 2;
+  bool slab = false;
 };
 
 Status ParseConfig(const Options& o, Config* cfg) {
   Params p(o.params);
-  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor"}));
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "node_alloc"}));
+  std::string na;
+  PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "allocator", &na));
+  if (na == "slab") cfg->slab = true;
+  else if (na != "allocator") return Status::InvalidArgument("parameter node_alloc=" + na + " is not one of slab, allocator");
   std::string fix;
   PMINDEX_RETURN_IF_ERROR(p.GetString("erratum_fix", "dirty_bit", &fix));
   if (fix == "dirty_bit") cfg->fix = Fix::kDirtyBit;
@@ -1320,7 +1592,7 @@ Status NvcHashmap::Create(std::unique_ptr<pm::Pool> pool, const Options& o, std:
   if (o.read_only) return Status::Unsupported("nvc_hashmap cannot create a read-only pool");
   if (o.max_key_size == 0 || o.max_key_size > (1u << 20) || o.max_value_size > (1u << 24))
     return Status::InvalidArgument("nvc_hashmap: max_key_size/max_value_size out of range");
-  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor));
+  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
   Status s = h->InitNew(o, uint64_t(cfg.initial_buckets));
   if (!s.ok()) {
     h->closed_ = true;
@@ -1338,7 +1610,7 @@ Status NvcHashmap::Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::u
   PMINDEX_RETURN_IF_ERROR(ParseConfig(o, &cfg));
   if (o.read_only || pool->read_only())
     return Status::Unsupported("nvc_hashmap does not support read-only opens (recovery writes)");
-  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor));
+  auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
   bool recover = false;
   Status s = h->LoadRoot(&recover);
   if (s.ok() && recover) s = h->Recover();

@@ -25,6 +25,7 @@ int OpsPerThread() { return std::getenv("PMINDEX_LONG") ? 200000 : 15000; }
 struct Case {
   KeyKind kk;
   std::string fix;
+  std::string na = "allocator";  // node_alloc
 };
 
 class NvcConcurrency : public testing::TestWithParam<Case> {
@@ -34,7 +35,7 @@ class NvcConcurrency : public testing::TestWithParam<Case> {
     opts_.pool_size = 64ull << 20;
     opts_.key_kind = GetParam().kk;
     opts_.value_kind = ValueKind::kBytes;
-    opts_.params = {{"erratum_fix", GetParam().fix}, {"initial_buckets", "2"}};
+    opts_.params = {{"erratum_fix", GetParam().fix}, {"initial_buckets", "2"}, {"node_alloc", GetParam().na}};
     ASSERT_TRUE(OpenIndex("nvc_hashmap", opts_, &idx_).ok());
   }
   void Reopen() {
@@ -225,9 +226,11 @@ TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, NvcConcurrency,
                          testing::Values(Case{KeyKind::kU64, "dirty_bit"}, Case{KeyKind::kBytes, "dirty_bit"},
-                                         Case{KeyKind::kU64, "flush_on_read"}, Case{KeyKind::kU64, "none"}),
+                                         Case{KeyKind::kU64, "flush_on_read"}, Case{KeyKind::kU64, "none"},
+                                         Case{KeyKind::kU64, "dirty_bit", "slab"}, Case{KeyKind::kBytes, "dirty_bit", "slab"},
+                                         Case{KeyKind::kU64, "flush_on_read", "slab"}),
                          [](const testing::TestParamInfo<Case>& i) {
-                           return std::string(i.param.kk == KeyKind::kU64 ? "u64_" : "bytes_") + i.param.fix;
+                           return std::string(i.param.kk == KeyKind::kU64 ? "u64_" : "bytes_") + i.param.fix + "_" + i.param.na;
                          });
 
 }  // namespace

@@ -38,6 +38,7 @@ struct DiffCase {
   KeyKind kk;
   ValueKind vk;
   std::string fix;
+  std::string na = "allocator";  // node_alloc
 };
 
 class Differential : public testing::TestWithParam<DiffCase> {};
@@ -46,7 +47,7 @@ TEST_P(Differential, RandomOpsMatchUnorderedMap) {
   const auto& p = GetParam();
   PoolFile pf("diff");
   // Few initial buckets: the table doubles many times during the run.
-  Options o = Opts(pf.path, p.kk, p.vk, {{"erratum_fix", p.fix}, {"initial_buckets", "2"}});
+  Options o = Opts(pf.path, p.kk, p.vk, {{"erratum_fix", p.fix}, {"initial_buckets", "2"}, {"node_alloc", p.na}});
   std::unique_ptr<Index> idx;
   ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
   std::unordered_map<std::string, std::string> model;
@@ -124,10 +125,13 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(DiffCase{KeyKind::kU64, ValueKind::kU64, "dirty_bit"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "dirty_bit"},
                     DiffCase{KeyKind::kBytes, ValueKind::kU64, "dirty_bit"}, DiffCase{KeyKind::kBytes, ValueKind::kBytes, "dirty_bit"},
                     DiffCase{KeyKind::kU64, ValueKind::kU64, "flush_on_read"}, DiffCase{KeyKind::kBytes, ValueKind::kBytes, "flush_on_read"},
-                    DiffCase{KeyKind::kU64, ValueKind::kBytes, "none"}),
+                    DiffCase{KeyKind::kU64, ValueKind::kBytes, "none"},
+                    DiffCase{KeyKind::kU64, ValueKind::kU64, "dirty_bit", "slab"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "dirty_bit", "slab"},
+                    DiffCase{KeyKind::kBytes, ValueKind::kU64, "dirty_bit", "slab"}, DiffCase{KeyKind::kBytes, ValueKind::kBytes, "dirty_bit", "slab"},
+                    DiffCase{KeyKind::kU64, ValueKind::kU64, "flush_on_read", "slab"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "none", "slab"}),
     [](const testing::TestParamInfo<DiffCase>& i) {
       return std::string(i.param.kk == KeyKind::kU64 ? "u64key_" : "byteskey_") + (i.param.vk == ValueKind::kU64 ? "u64val_" : "bytesval_") +
-             i.param.fix;
+             i.param.fix + "_" + i.param.na;
     });
 
 TEST(NvcHashmap, ParametersAreValidated) {
@@ -137,6 +141,7 @@ TEST(NvcHashmap, ParametersAreValidated) {
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"leaf_size", "8"}}), &idx).IsInvalidArgument());
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "3"}}), &idx).IsInvalidArgument());
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"load_factor", "0"}}), &idx).IsInvalidArgument());
+  EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"node_alloc", "malloc"}}), &idx).IsInvalidArgument());
   EXPECT_FALSE(pm::Pool::Exists(pf.path)) << "a rejected create leaves no pool";
   ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"erratum_fix", "flush_on_read"}}), &idx).ok());
   IndexInfo info;
@@ -152,8 +157,10 @@ TEST(NvcHashmap, ParametersAreValidated) {
 }
 
 TEST(NvcHashmap, CleanReopenIsInstantAndKeepsKinds) {
+  for (std::string na : {"allocator", "slab"}) {
+  SCOPED_TRACE(na);
   PoolFile pf("reopen");
-  Options o = Opts(pf.path, KeyKind::kBytes, ValueKind::kBytes);
+  Options o = Opts(pf.path, KeyKind::kBytes, ValueKind::kBytes, {{"node_alloc", na}});
   std::unique_ptr<Index> idx;
   ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
   for (uint64_t i = 0; i < 20000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kBytes, i), MakeValue(ValueKind::kBytes, i, 0)).ok());
@@ -161,6 +168,7 @@ TEST(NvcHashmap, CleanReopenIsInstantAndKeepsKinds) {
   idx.reset();  // the destructor closes cleanly
   o.key_kind = KeyKind::kU64;  // an existing pool keeps its own kinds
   o.value_kind = ValueKind::kU64;
+  o.params["node_alloc"] = na == "slab" ? "allocator" : "slab";  // and its node allocation
   ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
   EXPECT_EQ(idx->key_kind(), KeyKind::kBytes);
   EXPECT_FALSE(idx->pool()->recovered_from_crash());
@@ -176,6 +184,43 @@ TEST(NvcHashmap, CleanReopenIsInstantAndKeepsKinds) {
       }
   }
   ExpectNoLeak(idx.get());
+  }
+}
+
+// Node slots freed before a clean close are found free again after the
+// reopen (slab bitmaps) and after a crash (the list walk): inserting as many
+// new records as were removed allocates nothing new.
+TEST(NvcHashmap, FreedSlabSlotsAreReusedAfterReopen) {
+  for (bool crash : {false, true}) {
+    SCOPED_TRACE(crash ? "crash" : "clean");
+    PoolFile pf("slabreuse");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"node_alloc", "slab"}});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    for (uint64_t i = 0; i < 8000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    for (uint64_t i = 0; i < 8000; i += 2) ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, i)).ok());
+    ASSERT_TRUE(idx->Close().ok());
+    idx.reset();
+    if (crash) {
+      // Make the pool look as if the process died: open needs recovery.
+      std::unique_ptr<pm::Pool> p;
+      pm::PoolOptions po;
+      ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+      auto* clean = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot()) + 10;  // Root::clean
+      pm::StoreAtomic(clean, uint64_t(0));
+      pm::Persist(clean, 8);
+      ASSERT_TRUE(p->Close().ok());
+    }
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+    EXPECT_EQ(idx->Stats().recovery_seconds > 0, crash);
+    const uint64_t before = idx->pool()->allocator().BytesInUse();
+    for (uint64_t i = 100000; i < 104000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    EXPECT_EQ(idx->pool()->allocator().BytesInUse(), before) << "free slab slots were not reused";
+    EXPECT_EQ(idx->Size(), 8000u);
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    ExpectNoLeak(idx.get());
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -303,12 +348,23 @@ TEST(NvcHashmapErratum, NoFixFaultReproducesIt) {
 }
 TEST(NvcHashmapErratum, DirtyBitFixKeepsIt) { EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "dirty_bit"}}, false)); }
 TEST(NvcHashmapErratum, FlushOnReadFixKeepsIt) { EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}}, false)); }
+TEST(NvcHashmapErratum, SlabNodesWithoutFixLoseIt) {
+  EXPECT_FALSE(RunErratumScenario({{"erratum_fix", "none"}, {"node_alloc", "slab"}}, false));
+}
+TEST(NvcHashmapErratum, SlabNodesDirtyBitFixKeepsIt) {
+  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "dirty_bit"}, {"node_alloc", "slab"}}, false));
+}
+TEST(NvcHashmapErratum, SlabNodesFlushOnReadFixKeepsIt) {
+  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "slab"}}, false));
+}
 
 // Without faults, every acknowledged operation is in the durable image at any
 // instant between operations (checked after each one).
 TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
-  for (std::string fix : {"dirty_bit", "flush_on_read"}) {
-    CrashHarness h("acked", {{"erratum_fix", fix}, {"initial_buckets", "2"}});
+  for (std::string cfg : {"dirty_bit/allocator", "flush_on_read/allocator", "dirty_bit/slab", "flush_on_read/slab"}) {
+    SCOPED_TRACE(cfg);
+    const std::string fix = cfg.substr(0, cfg.find('/')), na = cfg.substr(cfg.find('/') + 1);
+    CrashHarness h("acked", {{"erratum_fix", fix}, {"initial_buckets", "2"}, {"node_alloc", na}});
     std::map<std::string, std::string> model;
     std::mt19937_64 rng(7);
     std::vector<std::vector<char>> images;
@@ -363,9 +419,12 @@ TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
 
 // Each fault switch breaks durability in a way a crash image shows.
 TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
+  for (std::string na : {"allocator", "slab"}) {
+  SCOPED_TRACE(na);
+  const std::map<std::string, std::string> prm{{"node_alloc", na}};
   const std::string k1 = nvc_test::U64(11), k2 = nvc_test::U64(12);
   {  // skip_link_persist: the acknowledged insert is not durable.
-    CrashHarness h("f-link", {});
+    CrashHarness h("f-link", prm);
     pm::EnableFault("nvc.insert.skip_link_persist");
     ASSERT_TRUE(h.idx->Insert(k1, nvc_test::U64(1)).ok());
     std::unique_ptr<Index> rec;
@@ -375,7 +434,7 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
   }
   {  // skip_node_persist: the durable link points to a node whose content is
      // not durable; recovery finds it corrupt or the record is lost.
-    CrashHarness h("f-node", {});
+    CrashHarness h("f-node", prm);
     pm::EnableFault("nvc.insert.skip_node_persist");
     ASSERT_TRUE(h.idx->Insert(k1, nvc_test::U64(1)).ok());
     std::unique_ptr<Index> rec;
@@ -390,7 +449,7 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
      // lint reports it as a missing flush; with a concurrent reader that
      // reports the key absent before the unlink, a crash resurrects it).
     for (bool fault : {false, true}) {
-      CrashHarness h(fault ? "f-mark" : "f-mark-ctl", {});
+      CrashHarness h(fault ? "f-mark" : "f-mark-ctl", prm);
       ASSERT_TRUE(h.idx->Insert(k1, nvc_test::U64(1)).ok());
       ASSERT_TRUE(h.idx->Insert(k2, nvc_test::U64(2)).ok());
       if (fault) pm::EnableFault("nvc.remove.skip_mark_persist");
@@ -400,7 +459,7 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
     }
   }
   {  // Control: without faults the same removes are durable.
-    CrashHarness h("f-ctl", {});
+    CrashHarness h("f-ctl", prm);
     ASSERT_TRUE(h.idx->Insert(k1, nvc_test::U64(1)).ok());
     ASSERT_TRUE(h.idx->Insert(k2, nvc_test::U64(2)).ok());
     ASSERT_TRUE(h.idx->Remove(k1).ok());
@@ -411,6 +470,7 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
     EXPECT_TRUE(rec->Find(k2, &v).ok());
     EXPECT_TRUE(rec->Check().ok());
     ExpectNoLeak(rec.get());
+  }
   }
 }
 
@@ -435,9 +495,12 @@ std::vector<ChildOp> ChildOps(uint64_t n) {
 }
 
 TEST(NvcHashmapCrash, SigkillOfLoadingChild) {
-  for (KeyKind kk : {KeyKind::kU64, KeyKind::kBytes}) {
+  for (int variant = 0; variant < 3; variant++) {
+    const KeyKind kk = variant == 1 ? KeyKind::kBytes : KeyKind::kU64;
+    const std::string na = variant == 2 ? "slab" : "allocator";
+    SCOPED_TRACE(na);
     PoolFile pf("kill");
-    Options o = Opts(pf.path, kk, ValueKind::kBytes, {{"initial_buckets", "4"}});
+    Options o = Opts(pf.path, kk, ValueKind::kBytes, {{"initial_buckets", "4"}, {"node_alloc", na}});
     const auto ops = ChildOps(400000);
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);
