@@ -16,6 +16,11 @@
 // the workers were descheduled; neither is a timing assertion.
 //
 // Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--targets a,b,...]
+// A target is an index name with optional settings after ':' joined by '+':
+// an erratum mode (dirty_bit, flush_on_read, none), a node allocation (slab,
+// allocator) or any param=value, e.g. nvc_hashmap:none+slab. Ratios are
+// printed for every nvc_hashmap target; the erratum-fix cost pairs a target
+// with the same label where its mode is replaced by none.
 #include <tbb/concurrent_hash_map.h>
 #include <unistd.h>
 
@@ -200,7 +205,9 @@ int main(int argc, char** argv) {
   uint64_t n = 1000000;
   int rounds = 3;
   std::vector<int> threads = {1, 2};
-  std::vector<std::string> want = {"nvc_hashmap", "nvc_hashmap:flush_on_read", "nvc_hashmap:none", "fptree", "tbb", "dram_btree"};
+  std::vector<std::string> want = {"nvc_hashmap:dirty_bit+slab",      "nvc_hashmap:flush_on_read+slab", "nvc_hashmap:none+slab",
+                                   "nvc_hashmap:dirty_bit+allocator", "nvc_hashmap:none+allocator",     "fptree",
+                                   "tbb",                             "dram_btree"};
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -241,10 +248,18 @@ int main(int argc, char** argv) {
       continue;
     }
     Target t{w, name, {}};
-    // "name:mode" sets erratum_fix; "name:param=value" sets any parameter.
-    if (auto eq = fix.find('='); eq != std::string::npos) t.params[fix.substr(0, eq)] = fix.substr(eq + 1);
-    else if (!fix.empty()) t.params["erratum_fix"] = fix;
-    if (name == "nvc_hashmap" && fix.empty()) t.label = "nvc_hashmap:dirty_bit";
+    // "name:a+b+...": each part an erratum mode, a node allocation or param=value.
+    size_t from = 0;
+    while (from < fix.size()) {
+      size_t to = fix.find('+', from);
+      if (to == std::string::npos) to = fix.size();
+      const std::string part = fix.substr(from, to - from);
+      from = to + 1;
+      if (auto eq = part.find('='); eq != std::string::npos) t.params[part.substr(0, eq)] = part.substr(eq + 1);
+      else if (part == "slab" || part == "allocator") t.params["node_alloc"] = part;
+      else if (!part.empty()) t.params["erratum_fix"] = part;
+    }
+    if (name == "nvc_hashmap" && fix.empty()) t.label = "nvc_hashmap:default";
     targets.push_back(t);
   }
   std::mt19937_64 rng(1729);
@@ -281,31 +296,36 @@ int main(int argc, char** argv) {
                   med(tg.label, T, &Result::lines_per_insert), med(tg.label, T, &Result::fences_per_insert),
                   med(tg.label, T, &Result::lines_per_remove), med(tg.label, T, &Result::fences_per_remove));
 
-  const std::string nvc = "nvc_hashmap:dirty_bit";
-  if (res.count(nvc)) {
-    std::printf("\n# ratios (medians of the same run)\n");
+  std::printf("\n# ratios (medians of the same run)\n");
+  for (const auto& tg : targets) {
+    const std::string& nvc = tg.label;
+    if (tg.index != "nvc_hashmap") continue;
     for (int T : threads) {
       for (const char* other : {"fptree", "tbb_concurrent_hash_map", "dram_btree"})
         if (res.count(other))
-          std::printf("%d thread(s): nvc_hashmap / %-24s inserts %.2fx (cpu %.2fx)  finds %.2fx (cpu %.2fx)\n", T, other,
+          std::printf("%d thr: %-32s / %-24s inserts %.2fx (cpu %.2fx)  finds %.2fx (cpu %.2fx)\n", T, nvc.c_str(), other,
                       med(nvc, T, &Result::insert_ops) / med(other, T, &Result::insert_ops),
                       med(nvc, T, &Result::insert_cpu_ops) / med(other, T, &Result::insert_cpu_ops),
                       med(nvc, T, &Result::find_ops) / med(other, T, &Result::find_ops),
                       med(nvc, T, &Result::find_cpu_ops) / med(other, T, &Result::find_cpu_ops));
-      // Cost of each erratum fix: throughput with the fix / without (none).
-      const std::string none = "nvc_hashmap:none";
-      for (const std::string& mode : {nvc, std::string("nvc_hashmap:flush_on_read")})
-        if (res.count(mode) && res.count(none))
-          std::printf("%d thread(s): erratum fix %-26s / none: inserts %.2fx (cpu %.2fx)  finds %.2fx (cpu %.2fx)\n", T, mode.c_str(),
-                      med(mode, T, &Result::insert_ops) / med(none, T, &Result::insert_ops),
-                      med(mode, T, &Result::insert_cpu_ops) / med(none, T, &Result::insert_cpu_ops),
-                      med(mode, T, &Result::find_ops) / med(none, T, &Result::find_ops),
-                      med(mode, T, &Result::find_cpu_ops) / med(none, T, &Result::find_cpu_ops));
+      // Cost of the erratum fix: throughput with the fix / without (none).
+      for (const std::string mode : {"dirty_bit", "flush_on_read"}) {
+        const size_t at = nvc.find(mode);
+        if (at == std::string::npos) continue;
+        std::string none = nvc;
+        none.replace(at, mode.size(), "none");
+        if (res.count(none))
+          std::printf("%d thr: erratum fix %-32s / none: inserts %.2fx (cpu %.2fx)  finds %.2fx (cpu %.2fx)\n", T, nvc.c_str(),
+                      med(nvc, T, &Result::insert_ops) / med(none, T, &Result::insert_ops),
+                      med(nvc, T, &Result::insert_cpu_ops) / med(none, T, &Result::insert_cpu_ops),
+                      med(nvc, T, &Result::find_ops) / med(none, T, &Result::find_ops),
+                      med(nvc, T, &Result::find_cpu_ops) / med(none, T, &Result::find_cpu_ops));
+      }
     }
     if (res[nvc].count(1))
       for (int T : threads)
         if (T != 1)
-          std::printf("scaling nvc_hashmap %d threads / 1 thread: wall inserts %.2fx finds %.2fx; cpu inserts %.2fx finds %.2fx\n", T,
+          std::printf("scaling %s %d threads / 1 thread: wall inserts %.2fx finds %.2fx; cpu inserts %.2fx finds %.2fx\n", nvc.c_str(), T,
                       med(nvc, T, &Result::insert_ops) / med(nvc, 1, &Result::insert_ops),
                       med(nvc, T, &Result::find_ops) / med(nvc, 1, &Result::find_ops),
                       med(nvc, T, &Result::insert_cpu_ops) / med(nvc, 1, &Result::insert_cpu_ops),

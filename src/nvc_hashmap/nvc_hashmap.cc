@@ -1563,14 +1563,14 @@ struct Config {
   Fix fix = Fix::kDirtyBit;
   long long initial_buckets = 1024;
   long long load_factor = 2;
-  bool slab = false;
+  bool slab = true;
 };
 
 Status ParseConfig(const Options& o, Config* cfg) {
   Params p(o.params);
   PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "node_alloc"}));
   std::string na;
-  PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "allocator", &na));
+  PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "slab", &na));
   if (na == "slab") cfg->slab = true;
   else if (na != "allocator") return Status::InvalidArgument("parameter node_alloc=" + na + " is not one of slab, allocator");
   std::string fix;

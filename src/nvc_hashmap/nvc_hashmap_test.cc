@@ -348,14 +348,14 @@ TEST(NvcHashmapErratum, NoFixFaultReproducesIt) {
 }
 TEST(NvcHashmapErratum, DirtyBitFixKeepsIt) { EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "dirty_bit"}}, false)); }
 TEST(NvcHashmapErratum, FlushOnReadFixKeepsIt) { EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}}, false)); }
-TEST(NvcHashmapErratum, SlabNodesWithoutFixLoseIt) {
-  EXPECT_FALSE(RunErratumScenario({{"erratum_fix", "none"}, {"node_alloc", "slab"}}, false));
+TEST(NvcHashmapErratum, AllocatorNodesWithoutFixLoseIt) {
+  EXPECT_FALSE(RunErratumScenario({{"erratum_fix", "none"}, {"node_alloc", "allocator"}}, false));
 }
-TEST(NvcHashmapErratum, SlabNodesDirtyBitFixKeepsIt) {
-  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "dirty_bit"}, {"node_alloc", "slab"}}, false));
+TEST(NvcHashmapErratum, AllocatorNodesDirtyBitFixKeepsIt) {
+  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "dirty_bit"}, {"node_alloc", "allocator"}}, false));
 }
-TEST(NvcHashmapErratum, SlabNodesFlushOnReadFixKeepsIt) {
-  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "slab"}}, false));
+TEST(NvcHashmapErratum, AllocatorNodesFlushOnReadFixKeepsIt) {
+  EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "allocator"}}, false));
 }
 
 // Without faults, every acknowledged operation is in the durable image at any
