@@ -23,11 +23,23 @@
 // only after its dummy's link is durable; a node is freed only after it was unlinked,
 // the unlink was persisted, and two epochs passed (no reader can hold it).
 //
+// Node memory (node_alloc, docs/nvc_hashmap.md "Node slabs"): by default
+// nodes of <= 256 bytes are slots of index-owned 32 KiB slabs (a persistent
+// list from root.slab_head; each slab is one allocator block). A slot's
+// ownership is reachability from the list: free slots live only in DRAM free
+// lists, rebuilt on open from the slab bitmaps written at clean close, or by
+// the recovery walk after a crash (every unreachable slot is free). Larger
+// nodes, and all nodes with node_alloc=allocator, are allocator blocks
+// allocated into the thread's pending slot.
+//
 // Persist ordering (paper 3.3 (4), figure 3):
-//   insert: allocate the node into this thread's persistent pending slot,
-//           write and persist it (key, value, next) -> [erratum fix: make the
-//           link TO the predecessor durable] -> CAS pred.next (linearization
-//           point) -> persist pred.next -> clear the pending slot and kDirty.
+//   insert: take a free slab slot (or allocate the node into this thread's
+//           persistent pending slot), write and persist it (key, value, next)
+//           -> [erratum fix: make the link TO the predecessor durable] -> CAS
+//           pred.next (linearization point) -> persist pred.next -> clear the
+//           pending slot (allocator nodes) and kDirty.
+//   new slab: allocate into root.slab_pending -> persist its header ->
+//           root.slab_head = slab, persist -> clear slab_pending, persist.
 //   update: new value record allocated into the pending-value slot and
 //           persisted -> CAS node.value (linearization point) -> persist ->
 //           clear slot and kDirty; the old record is retired.
@@ -44,8 +56,8 @@
 // that node's value word) is made durable first: always (flush_on_read) or
 // only when it carries kDirty (dirty_bit, the default).
 //
-// Recovery: a clean close stores the record count and sets root.clean; the
-// next open is O(threads). After a crash, open walks the list once: it strips
+// Recovery: a clean close stores the record count and the slab bitmaps and
+// sets root.clean; the next open is O(threads + slabs). After a crash, open walks the list once: it strips
 // kDirty, completes removes (unlinks kDel nodes), recounts, validates bucket
 // entries, resolves the per-thread pending slots (reachable -> clear, else
 // free) and frees every allocated block the structure does not own (removed
@@ -1571,8 +1583,8 @@ Status ParseConfig(const Options& o, Config* cfg) {
   PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "node_alloc"}));
   std::string na;
   PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "slab", &na));
-  if (na == "slab") cfg->slab = true;
-  else if (na != "allocator") return Status::InvalidArgument("parameter node_alloc=" + na + " is not one of slab, allocator");
+  cfg->slab = na == "slab";
+  if (na != "slab" && na != "allocator") return Status::InvalidArgument("parameter node_alloc=" + na + " is not one of slab, allocator");
   std::string fix;
   PMINDEX_RETURN_IF_ERROR(p.GetString("erratum_fix", "dirty_bit", &fix));
   if (fix == "dirty_bit") cfg->fix = Fix::kDirtyBit;

@@ -187,6 +187,34 @@ TEST(NvcHashmap, CleanReopenIsInstantAndKeepsKinds) {
   }
 }
 
+// node_alloc selects how nodes are allocated: one allocator block each, or
+// slots of a few 32 KiB slabs; reopening keeps the pool's own setting.
+TEST(NvcHashmap, NodeAllocIsSelectableAndKept) {
+  for (std::string na : {"allocator", "slab"}) {
+    SCOPED_TRACE(na);
+    PoolFile pf("nodealloc");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"node_alloc", na}});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    for (int round = 0; round < 2; round++) {
+      const uint64_t b0 = idx->pool()->allocator().BlocksInUse();
+      for (uint64_t i = 0; i < 1000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, round * 1000 + i), nvc_test::U64(i)).ok());
+      const uint64_t blocks = idx->pool()->allocator().BlocksInUse() - b0;
+      if (na == "allocator") {
+        EXPECT_GE(blocks, 1000u);
+      } else {
+        EXPECT_LE(blocks, 10u);
+      }
+      idx.reset();
+      o.create_if_missing = false;
+      o.params["node_alloc"] = na == "slab" ? "allocator" : "slab";  // ignored: the pool keeps its own
+      ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+    }
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    ExpectNoLeak(idx.get());
+  }
+}
+
 // Node slots freed before a clean close are found free again after the
 // reopen (slab bitmaps) and after a crash (the list walk): inserting as many
 // new records as were removed allocates nothing new.
