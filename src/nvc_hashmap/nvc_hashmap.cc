@@ -1100,7 +1100,7 @@ Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
   for (auto& g : gfree_) g.clear();
   uint64_t n = 0;
   for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) {
-    if (off >= pool_->size() || !a.IsAllocated(off) || a.UsableSize(off) < kSlabSize)
+    if (off % 64 || off >= pool_->size() || !a.IsAllocated(off) || a.UsableSize(off) < kSlabSize)
       return Status::Corrupt("nvc_hashmap: slab list points to " + std::to_string(off) + ", not a slab block");
     const SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
     if (h->magic != kSlabMagic || h->cls >= uint64_t(kNumClasses) ||
