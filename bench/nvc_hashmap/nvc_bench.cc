@@ -6,9 +6,10 @@
 //   * inserts/s loading --n records into an empty index,
 //   * finds/s of --n lookups of loaded keys,
 //   * removes: lines flushed and fences per remove (--n/10 removes),
-// for nvc_hashmap (each erratum mode: dirty_bit = default, flush_on_read,
-// none), fptree (if this build registers it), tbb::concurrent_hash_map (a
-// transient concurrent hash map) and dram_btree. It prints per-target
+// for nvc_hashmap (erratum modes dirty_bit = default, flush_on_read, none,
+// with node_alloc=slab = default and allocator), fptree (if this build
+// registers it), tbb::concurrent_hash_map (a transient concurrent hash map)
+// and dram_btree. It prints per-target
 // figures, the ratios the issue asks for, and the lines flushed / fences per
 // insert and per remove (pm::ThreadCounters of the worker threads).
 // Throughput is given per wall-clock second and per worker CPU-second (x
