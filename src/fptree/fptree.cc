@@ -99,6 +99,19 @@ const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == k
 
 inline void Pause() { _mm_pause(); }
 
+// Volatile scan-order cache; see FPTree::GetScanCache.
+struct ScanCache {
+  static constexpr int kWords = 8;  // 64 one-byte slot indices (ptree leaves hold up to 64)
+  static constexpr int kBits = 16;
+  static constexpr size_t kEntries = size_t(1) << kBits;
+  struct Entry {
+    std::atomic<uint64_t> tag{0};  // leaf offset (never 0)
+    std::atomic<uint64_t> perm[kWords] = {};
+  };
+  std::unique_ptr<Entry[]> e{new Entry[kEntries]};
+  Entry* Slot(uint64_t off) { return &e[((off >> 6) * 0x9E3779B97F4A7C15ull) >> (64 - kBits)]; }
+};
+
 // ---------------------------------------------------------------------------
 // PM root object.
 struct alignas(64) SplitLog {
@@ -288,7 +301,10 @@ class FPTree final : public Index {
     std::string ks, vs;
   };
 
-  FPTree(std::unique_ptr<pm::Pool> pool, const Options& o) : pool_(std::move(pool)), opts_(o) { base_ = pool_->base(); }
+  FPTree(std::unique_ptr<pm::Pool> pool, const Options& o) : pool_(std::move(pool)), opts_(o) {
+    base_ = pool_->base();
+    pool_size_ = pool_->size();
+  }
   ~FPTree() override { Close(); }
 
   std::string_view Name() const override { return VariantName(variant_); }
@@ -586,12 +602,12 @@ class FPTree final : public Index {
   bool LeafTryLock(char* l, uint64_t v) {
     if constexpr (!kConc) return true;
     if (v & 3) return false;
-    return pm::Cas(Ver(l), &v, v | 1, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+    return pm::CasVolatile(Ver(l), &v, v | 1, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
   }
   void LeafUnlock(char* l, bool obsolete = false) {
     if constexpr (!kConc) return;
     uint64_t v = __atomic_load_n(Ver(l), __ATOMIC_RELAXED);
-    pm::StoreAtomic(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
+    pm::StoreVolatile(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
   }
 
   // Traverses to the leaf covering k. Returns its offset and (concurrent) an
@@ -868,7 +884,7 @@ class FPTree final : public Index {
     // than set to l.next (that would make n point to itself).
     uint64_t lnext = Ld(Next(l));
     if (lnext != uint64_t(n - base_)) pm::Store(Next(n), lnext);
-    pm::Store(Ver(n), uint64_t(1));  // born locked; the lock word is never meaningful in PM
+    pm::StoreVolatile(Ver(n), uint64_t(1));  // born locked; the lock word is never meaningful in PM
     if (pointers_) {
       for (uint32_t i = 0; i < lay_.m; i++) {
         if (upper >> i & 1) continue;
@@ -1330,14 +1346,40 @@ class FPTree final : public Index {
     if (count) *count = done;
     return Status::OK();
   }
+  // Volatile scan-order cache (DRAM only, never persisted, not part of the
+  // layout): a direct-mapped table keyed by leaf offset holding the slot
+  // indices of a leaf's records in key order, as last computed by a scan.
+  // Writers never touch it. An entry is trusted only after it verifies
+  // against the leaf as read: it must name exactly popcount(bitmap) slots,
+  // each valid, with strictly ascending keys; such a list is the sorted order
+  // of the current records whatever happened since it was written (inserts,
+  // deletes, slot reuse, a leaf freed and reallocated, a torn entry written
+  // by two scans at once). Verifying costs the key loads a scan makes anyway;
+  // a failed check falls back to sorting and refreshes the entry. Allocated
+  // at the first u64 scan (kEntries * 72 B = 4.5 MiB, counted in dram_bytes).
+  ScanCache* GetScanCache() {
+    ScanCache* c = scache_.load(std::memory_order_acquire);
+    if (c) return c;
+    auto* fresh = new ScanCache;
+    if (scache_.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) {
+      dram_bytes_.fetch_add(ScanCache::kEntries * sizeof(ScanCache::Entry), std::memory_order_relaxed);
+      return fresh;
+    }
+    delete fresh;
+    return c;
+  }
+
   // Scan for u64 keys and values: the same algorithm as Scan with plain
-  // (key, value) pairs instead of owned strings.
+  // (key, value) pairs instead of owned strings, plus the volatile sorted
+  // permutation cache (see ScanCache): a leaf whose cached order still checks
+  // out is read in key order without sorting.
   Status ScanU64(uint64_t start, size_t n, ScanCallback cb, size_t* count) {
     size_t done = 0;
     uint64_t resume = start;
     bool inclusive = true;
     thread_local std::vector<std::pair<uint64_t, uint64_t>> out;
-    std::pair<uint64_t, uint64_t> tmp[64];
+    ScanCache* cache = GetScanCache();
+    out.reserve(512 + 64);
     while (done < n) {
       out.clear();
       bool end = false;
@@ -1350,22 +1392,22 @@ class FPTree final : public Index {
         size_t want = std::min<size_t>(n - done, 512);
         while (out.size() < want) {
           char* l = L(loff);
-          uint64_t bm = Ld(Bm(l));
-          int c = 0;
-          for (uint64_t m = bm; m; m &= m - 1) {
-            int i = __builtin_ctzll(m);
-            uint64_t kk = Ld(Key(l, i));
-            if (kk < resume || (kk == resume && !inclusive)) continue;
-            tmp[c++] = {kk, Ld(Val(l, i))};
+          size_t before = out.size();
+          bool truncated = false;
+          if (!ReadLeafSortedU64(l, loff, lv, cache, resume, inclusive, want - before, &out, &truncated)) {
+            out.resize(before);
+            break;  // changed: re-traverse from the last key collected
           }
           uint64_t nx = Ld(Next(l));
-          if (!LeafValidate(l, lv)) break;
-          std::sort(tmp, tmp + c, [](auto& a, auto& b) { return a.first < b.first; });
-          out.insert(out.end(), tmp, tmp + c);
-          if (c > 0) {  // see Scan: filter later leaves by the last key collected
-            resume = tmp[c - 1].first;
+          if (!LeafValidate(l, lv)) {
+            out.resize(before);
+            break;
+          }
+          if (out.size() > before) {  // see Scan: filter later leaves by the last key collected
+            resume = out.back().first;
             inclusive = false;
           }
+          if (truncated) break;  // enough records; the rest of this leaf is not needed
           if (nx == 0) {
             end = true;
             break;
@@ -1393,6 +1435,89 @@ class FPTree final : public Index {
     }
     if (count) *count = done;
     return Status::OK();
+  }
+  // Appends to ScanU64's `out` the records of leaf l (offset loff, version lv)
+  // with key >= from (> from if !incl), ascending, at most `room` of them
+  // (*truncated = true if more were left). Uses the cached order when it
+  // verifies, else sorts and caches. False if the leaf changed while it was
+  // read (torn key/bitmap); the caller also validates the version afterwards,
+  // which covers the values read here.
+  bool ReadLeafSortedU64(char* l, uint64_t loff, uint64_t lv, ScanCache* cache, uint64_t from, bool incl, size_t room,
+                         std::vector<std::pair<uint64_t, uint64_t>>* outp, bool* truncated) {
+    auto& out = *outp;
+    uint64_t bm = Ld(Bm(l)) & lay_.full;
+    int cnt = __builtin_popcountll(bm);
+    if (room > size_t(cnt)) {
+      // The scan will go on to the next leaf (a random address, one dependent
+      // miss after another otherwise): fetch it while this one is read. A
+      // stale offset only wastes the prefetch.
+      uint64_t nx = Ld(Next(l));
+      if (nx && nx + lay_.bytes <= pool_size_)
+        for (uint32_t off = 0; off < lay_.bytes; off += 64) __builtin_prefetch(L(nx) + off);
+    }
+    ScanCache::Entry* e = cache ? cache->Slot(loff) : nullptr;
+    if (e && e->tag.load(std::memory_order_relaxed) == loff) {
+      // Cached order: valid iff it lists cnt slots, each set in bm, with
+      // strictly ascending keys (then it is exactly the set of valid slots in
+      // key order, however it was obtained or torn).
+      uint64_t w[ScanCache::kWords];
+      for (int j = 0; j < (cnt + 7) / 8; j++) w[j] = e->perm[j].load(std::memory_order_relaxed);
+      const uint8_t* pm8 = reinterpret_cast<const uint8_t*>(w);
+      size_t base = out.size();
+      bool ok = true;
+      uint64_t prev = 0;
+      for (int j = 0; j < cnt; j++) {
+        unsigned s = pm8[j];
+        if (s >= lay_.m || !(bm >> s & 1)) {
+          ok = false;
+          break;
+        }
+        uint64_t kk = Ld(Key(l, s));
+        if (j > 0 && kk <= prev) {
+          ok = false;
+          break;
+        }
+        prev = kk;
+        if (kk < from || (kk == from && !incl)) continue;
+        if (out.size() - base == room) {
+          *truncated = true;
+          continue;  // keep verifying the order of the rest
+        }
+        out.emplace_back(kk, Ld(Val(l, s)));
+      }
+      if (ok) return true;
+      out.resize(base);
+      *truncated = false;
+      if (kConc && !LeafValidate(l, lv)) return false;
+    }
+    // Miss: sort (key, slot) pairs, cache the order, emit.
+    std::pair<uint64_t, uint32_t> ks[64];
+    int c = 0;
+    for (uint64_t m = bm; m; m &= m - 1) {
+      int i = __builtin_ctzll(m);
+      ks[c++] = {Ld(Key(l, i)), uint32_t(i)};
+    }
+    if (kConc && !LeafValidate(l, lv)) return false;  // do not cache a torn order
+    std::sort(ks, ks + c, [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (e) {
+      uint64_t w[ScanCache::kWords] = {};
+      uint8_t* pm8 = reinterpret_cast<uint8_t*>(w);
+      for (int j = 0; j < c; j++) pm8[j] = uint8_t(ks[j].second);
+      e->tag.store(loff, std::memory_order_relaxed);
+      for (int j = 0; j < (c + 7) / 8; j++) e->perm[j].store(w[j], std::memory_order_relaxed);
+    }
+    size_t got = 0;
+    for (int j = 0; j < c; j++) {
+      uint64_t kk = ks[j].first;
+      if (kk < from || (kk == from && !incl)) continue;
+      if (got == room) {
+        *truncated = true;
+        break;
+      }
+      out.emplace_back(kk, Ld(Val(l, int(ks[j].second))));
+      got++;
+    }
+    return true;
   }
 
   // Snapshot of leaf l's records >= k (> k if !inclusive), sorted. False if the
@@ -1577,6 +1702,7 @@ class FPTree final : public Index {
     for (KeyBlob* b : blobs_) std::free(b);
     nodes_.clear();
     blobs_.clear();
+    delete scache_.exchange(nullptr);
     Status s = pool_ ? pool_->Close() : Status::OK();
     return s;
   }
@@ -1658,7 +1784,7 @@ class FPTree final : public Index {
     auto work = [&](size_t from, size_t to) {
       for (size_t j = from; j < to; j++) {
         char* l = L(leaves[j]);
-        pm::Store(Ver(l), uint64_t(0));
+        pm::StoreVolatile(Ver(l), uint64_t(0));
         uint64_t bm = *Bm(l) & lay_.full;
         if (bm != *Bm(l)) pm::Store(Bm(l), bm);
         empty[j] = bm == 0;
@@ -1805,6 +1931,8 @@ class FPTree final : public Index {
   std::vector<Inner*> nodes_;
   std::vector<KeyBlob*> blobs_;
   std::atomic<uint64_t> dram_bytes_{0};
+  std::atomic<ScanCache*> scache_{nullptr};
+  uint64_t pool_size_ = 0;  // for ScanU64's prefetch bound
   std::atomic<uint64_t> split_free_{~0ull}, del_free_{~0ull};
   std::vector<uint64_t> free_leaves_;
   std::map<uint64_t, uint32_t> group_used_;

@@ -364,6 +364,70 @@ TEST(FPTreeMisc, ParamsPersistAcrossReopen) {
   pm::Pool::Remove(path);
 }
 
+// Scans keep a volatile sorted order per leaf and reuse it while it verifies.
+// A slot reused by a different key can leave the bitmap exactly as it was
+// (delete 20 from slot 1, insert 5 into slot 1): the cached order must not be
+// trusted then. Also updates, a split and leaf deletion between scans.
+TEST(FPTreeMisc, ScanOrderCacheNeverServesAStaleOrder) {
+  for (const char* variant : {"fptree", "fptree_single", "ptree"}) {
+    SCOPED_TRACE(variant);
+    std::string path = PoolPath("scancache");
+    Options o;
+    o.pool_path = path;
+    o.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
+    std::map<uint64_t, uint64_t> model;
+    auto scan_all = [&]() {
+      std::vector<std::pair<uint64_t, uint64_t>> got, want(model.begin(), model.end());
+      ASSERT_TRUE(idx->Scan(U64Slice(0), 1000, [&](Slice k, Slice v) {
+                       got.emplace_back(SliceToU64(k), SliceToU64(v));
+                       return true;
+                     }).ok());
+      ASSERT_EQ(got, want);
+      // From the middle of the first leaf, exclusive of what precedes it.
+      if (model.size() > 1) {
+        auto it = std::next(model.begin());
+        got.clear();
+        ASSERT_TRUE(idx->Scan(U64Slice(it->first), 2, [&](Slice k, Slice v) {
+                         got.emplace_back(SliceToU64(k), SliceToU64(v));
+                         return true;
+                       }).ok());
+        std::vector<std::pair<uint64_t, uint64_t>> w2;
+        for (; it != model.end() && w2.size() < 2; ++it) w2.push_back(*it);
+        ASSERT_EQ(got, w2);
+      }
+    };
+    auto ins = [&](uint64_t k, uint64_t v) {
+      ASSERT_TRUE(idx->Insert(U64Slice(k), U64Slice(v)).ok());
+      model[k] = v;
+    };
+    auto del = [&](uint64_t k) {
+      ASSERT_TRUE(idx->Remove(U64Slice(k)).ok());
+      model.erase(k);
+    };
+    ins(10, 1);
+    ins(20, 2);
+    ins(30, 3);
+    scan_all();
+    del(20);
+    ins(5, 4);  // same bitmap as before, slot order no longer sorted
+    scan_all();
+    ASSERT_TRUE(idx->Update(U64Slice(30), U64Slice(9)).ok());
+    model[30] = 9;
+    scan_all();
+    for (uint64_t k = 100; k > 40; k -= 3) ins(k, k);  // splits
+    scan_all();
+    for (uint64_t k = 100; k > 60; k -= 3) del(k);  // leaf deletions
+    scan_all();
+    for (uint64_t k = 61; k < 120; k += 2) ins(k, k + 1);  // leaves reallocated
+    scan_all();
+    ASSERT_TRUE(idx->Check().ok());
+    idx.reset();
+    pm::Pool::Remove(path);
+  }
+}
+
 // Full pool during splits: PoolFull, nothing acknowledged is lost, the tree
 // stays consistent, readable and leak-free.
 TEST(FPTreeMisc, FullPoolMidSplit) {
