@@ -53,6 +53,12 @@
 // No thread ever blocks on a leaf lock while holding another lock except
 // with try-locks, so the scan/insert deadlock of a public FPTree cannot
 // happen (scans take no lock at all).
+//
+// Scans of u64 trees keep a DRAM-only sorted slot order per leaf (ScanCache,
+// direct-mapped by leaf offset, never persisted, never touched by writers);
+// an entry is used only if it lists exactly the valid slots with strictly
+// ascending keys, which makes it correct whatever happened since it was
+// written (see GetScanCache and docs/fptree.md).
 #include "fptree/fptree.h"
 
 #include <immintrin.h>
