@@ -52,8 +52,11 @@
 // crash). Readers of u64-key/u64-value trees take no lock: they scan in the
 // direction given by the node's switch counter `sw` (even: inserts, scan left
 // to right; odd: deletes, right to left) and retry if `sw` changed; splits
-// add 2 to `sw`. Readers move right when key >= high (read high, sibling,
-// high again). With byte keys or byte values, out-of-line blocks are freed on
+// add 2 to `sw` (after the cut). Readers move right when key >= high (read
+// high, sibling, high again), and a leaf reader that did not find its key
+// checks the fence again after the scan: the sw check alone does not cover
+// a split that completed, or was seen half done, after the first fence
+// check (see SearchLeafLF). With byte keys or byte values, out-of-line blocks are freed on
 // delete/update, so leaf readers take the leaf's read lock (internal levels
 // stay lock-free: their key blocks are never freed); `read_committed=1`
 // (sec. 5.1) does the same for u64 trees.
@@ -329,10 +332,8 @@ class FastFair final : public FastFairBase {
             for (uint32_t j = 0; j < Ld(&n->count); j++) {
               uint64_t k1 = Ld(&e[j].k);
               if (k1 < sk || (have_last && k1 <= last)) continue;
-              uint64_t v = Ld(&e[j].v);
-              uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-              uint64_t k2 = Ld(&e[j].k);
-              if (p == k1 || k2 != k1) continue;
+              uint64_t v;
+              if (!ReadValid(n, e, j, k1, &v)) continue;
               ++c;
               last = k1;
               have_last = true;
@@ -483,6 +484,30 @@ class FastFair final : public FastFairBase {
     return Ld(&e[j].k) == left;
   }
 
+  // Lock-free read of record j whose key was loaded as k1: true with its
+  // value if the record was valid while v was read. Loads: left key, key,
+  // v, left key, key. The left key MUST be read before v: an insert shift
+  // turns slot j into an ignored copy of its left neighbour A (k[j] = A),
+  // rewrites v[j] (v_B -> v_A), and only then makes slot j valid by storing
+  // into slot j-1. The old order (k, v, left, k) could read k = A, the old
+  // v_B, then the new left key, and accept (A, v_B): a separator with the
+  // child of the next separator (a descent too far right: a key reported
+  // missing, even with read_committed) or a leaf key with its right
+  // neighbour's value. Reading the left key first: if it is the new one,
+  // v_A is visible (release/acquire); if it is still A the record is
+  // ignored. The left key read after v catches a delete shift that
+  // rewrites v[j+1] after making slot j+1 ignored; the key read after v
+  // catches v rewritten after slot j was turned into a copy.
+  bool ReadValid(Node* n, Entry* e, uint32_t j, uint64_t k1, uint64_t* v) const {
+    const uint64_t p1 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+    if (p1 == k1 || Ld(&e[j].k) != k1) return false;
+    const uint64_t vv = Ld(&e[j].v);
+    const uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+    if (p2 == k1 || Ld(&e[j].k) != k1) return false;
+    *v = vv;
+    return true;
+  }
+
   // Records of n below its high key (quiescent or locked callers). Only a
   // split interrupted by a crash between link and cut leaves records >= high
   // (copies of the sibling's, ignored by every reader).
@@ -589,10 +614,8 @@ class FastFair final : public FastFairBase {
       uint64_t child = Ld(&n->leftmost);
       if (cand >= 0) {
         uint64_t k1 = Ld(&e[cand].k);
-        uint64_t v = Ld(&e[cand].v);
-        uint64_t p = cand ? Ld(&e[cand - 1].k) : Ld(&n->lk);
-        uint64_t k2 = Ld(&e[cand].k);
-        if (p != k1 && k2 == k1 && Cmp(k1, key) <= 0) child = v;
+        uint64_t v;
+        if (ReadValid(n, e, uint32_t(cand), k1, &v) && Cmp(k1, key) <= 0) child = v;
         else cand = -2;
       }
       if (cand == -2) {
@@ -602,10 +625,8 @@ class FastFair final : public FastFairBase {
           uint64_t p = i ? Ld(&e[i - 1].k) : Ld(&n->lk);
           if (k1 == p || (BK && k1 == kBytesLk)) continue;
           if (Cmp(k1, key) > 0) break;
-          uint64_t v = Ld(&e[i].v);
-          uint64_t p2 = i ? Ld(&e[i - 1].k) : Ld(&n->lk);
-          uint64_t k2 = Ld(&e[i].k);
-          if (p2 != k1 && k2 == k1) child = v;
+          uint64_t v;
+          if (ReadValid(n, e, i, k1, &v)) child = v;
         }
       }
       if (Ld(&n->sw) != sw) continue;
@@ -727,10 +748,8 @@ class FastFair final : public FastFairBase {
           }
           int c = Cmp(k1, key);
           if (c == 0) {
-            uint64_t v = Ld(&e[j].v);
-            uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-            uint64_t k2 = Ld(&e[j].k);
-            if (p2 != k1 && k2 == k1) {
+            uint64_t v;
+            if (ReadValid(n, e, uint32_t(j), k1, &v)) {
               found = true;
               val = v;
               break;
@@ -746,10 +765,8 @@ class FastFair final : public FastFairBase {
           if (k1 == p) continue;
           int c = Cmp(k1, key);
           if (c == 0) {
-            uint64_t v = Ld(&e[j].v);
-            uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-            uint64_t k2 = Ld(&e[j].k);
-            if (p2 != k1 && k2 == k1) {
+            uint64_t v;
+            if (ReadValid(n, e, uint32_t(j), k1, &v)) {
               found = true;
               val = v;
               break;
@@ -760,8 +777,25 @@ class FastFair final : public FastFairBase {
         }
       }
       if (Ld(&n->sw) != sw) continue;
-      if (found) *out = val;
-      return found;
+      if (found) {
+        *out = val;
+        return true;
+      }
+      // Fence re-check before answering "not found". The check at the top
+      // ran before sw was loaded, and a split bumps sw only after its cut
+      // (sibling/high, then count, then sw, all release stores), so a split
+      // can complete between that check and the sw load, or be seen half
+      // done (count cut, or slot m made an ignored copy, with sw not yet
+      // bumped): the scan then misses the upper half and sw validates. Every
+      // split store a scan can observe comes after the split's stores of
+      // sibling and high, so these later acquire loads see the new fence,
+      // and key >= high sends the reader right. (Found once in CI as a
+      // never-touched key reported missing by SplitRacingWithDelete.)
+      if (MoveRight(n, key, &s)) {
+        n = At(s);
+        continue;
+      }
+      return false;
     }
   }
 
@@ -777,10 +811,8 @@ class FastFair final : public FastFairBase {
         uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
         if (k1 == p) return;
         if (Cmp(k1, start) < 0 || (have_last && k1 <= last)) return;
-        uint64_t v = Ld(&e[j].v);
-        uint64_t p2 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-        uint64_t k2 = Ld(&e[j].k);
-        if (p2 != k1 && k2 == k1) buf->push_back({k1, v});
+        uint64_t v;
+        if (ReadValid(n, e, j, k1, &v)) buf->push_back({k1, v});
       };
       if (!(sw & 1)) {
         for (uint32_t j = 0; j < Ld(&n->count); j++) take(j);
@@ -1070,7 +1102,13 @@ class FastFair final : public FastFairBase {
     Node* n = nullptr;
     PMINDEX_RETURN_IF_ERROR(LockAt(level, key, &pend, &n));
     uint32_t pos;
-    if (FindInLocked(n, key, &pos)) {
+    // Present as a record, or as n's leftmost child: when a parent split
+    // chose K as its median, K moved up and the child became the new
+    // sibling's `leftmost`, with no record keyed K left at this level. A
+    // writer that had moved right to the child before (pending) then
+    // inserted (K, child) a second time; the tree listed the child twice
+    // (Check: "child listed ... twice"; found by SplitRacingWithDelete).
+    if (FindInLocked(n, key, &pos) || n->leftmost == child) {
       WUnlock(n);
       EnsurePending(pend);
       return Status::OK();
@@ -1265,7 +1303,9 @@ Status FastFair<BK>::Check() {
         }
       }
     }
-    if (up != upper.size()) return corrupt("level " + std::to_string(level) + ": a child listed by the parents is missing from the sibling chain or out of order");
+    if (up != upper.size())
+      return corrupt("level " + std::to_string(level) + ": child " + std::to_string(upper[up]) +
+                     " listed by the parents is missing from the sibling chain, out of order or listed twice");
     if (level == 0) break;
     upper = std::move(children);
     first = At(first->leftmost);
