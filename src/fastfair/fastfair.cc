@@ -980,6 +980,13 @@ class FastFair final : public FastFairBase {
     }
     const bool early_link = PMINDEX_FAULT("fastfair.split.link_before_persist");
     if (!early_link) pm::Persist(s, slen);
+    // S is write-locked (unless it shares n's stripe, already held) BEFORE
+    // the link makes it reachable; the caller inserts into it and unlocks
+    // it (UnlockNew). Locking it only after Split returned, as before, let
+    // another writer move right into S and insert there while the splitter
+    // computed its position unlocked: the splitter then inserted at a stale
+    // position (TSan report in SplitRacingWithDeleteLong).
+    if (&LockOf(s) != &LockOf(n)) WLock(s);
     // Link and cut: all in line 0 of n, one flush.
     if (n->sibling == 0) {
       St(&n->high, K);
@@ -1000,6 +1007,11 @@ class FastFair final : public FastFairBase {
     *out_k = K;
     *out_s = s;
     return Status::OK();
+  }
+
+  // Releases the lock Split took on the new sibling s (if any).
+  void UnlockNew(Node* n, Node* s) {
+    if (s && &LockOf(s) != &LockOf(n)) WUnlock(s);
   }
 
   Status GrowRoot(uint32_t level) {
@@ -1125,14 +1137,11 @@ class FastFair final : public FastFairBase {
       if (Cmp(K2, key) <= 0) t = S2;
       FindInLocked(t, key, &pos);
     }
-    // The new sibling is reachable through n's fence already: lock it too
-    // (unless it shares n's lock stripe) so locked readers never see it
-    // mid-shift.
-    const bool lock_t = t != n && &LockOf(t) != &LockOf(n);
-    if (lock_t) WLock(t);
+    // The new sibling is reachable through n's fence already: Split locked
+    // it before linking it, so nobody else changed it since.
     if (!BK && K == t->lk) FixLk(t, K);
     InsertAt(t, pos, K, child);
-    if (lock_t) WUnlock(t);
+    UnlockNew(n, S2);
     if (inserted) *inserted = true;
     WUnlock(n);
     Status st;
@@ -1223,10 +1232,8 @@ class FastFair final : public FastFairBase {
         }
       }
       if (st.ok()) {
-        const bool lock_t = t != n && &LockOf(t) != &LockOf(n);  // see InsertInternal
-        if (lock_t) WLock(t);
-        st = InsertLeafEntry(t, pos, sk, value);
-        if (lock_t) WUnlock(t);
+        st = InsertLeafEntry(t, pos, sk, value);  // S2 is locked (see Split)
+        UnlockNew(n, S2);
       }
     }
     WUnlock(n);
