@@ -56,7 +56,9 @@
 // high, sibling, high again), and a leaf reader that did not find its key
 // checks the fence again after the scan: the sw check alone does not cover
 // a split that completed, or was seen half done, after the first fence
-// check (see SearchLeafLF). With byte keys or byte values, out-of-line blocks are freed on
+// check (see SearchLeafLF). A record is read left key, key, value, left
+// key, key (ReadValid: the left key must precede the value). Split locks
+// the new sibling before linking it. With byte keys or byte values, out-of-line blocks are freed on
 // delete/update, so leaf readers take the leaf's read lock (internal levels
 // stay lock-free: their key blocks are never freed); `read_committed=1`
 // (sec. 5.1) does the same for u64 trees.
