@@ -202,6 +202,7 @@ class PoolAllocator final : public Allocator {
   Status GetCache(ThreadCache** out);
   bool TakeBlock(Run* r, uint32_t* idx);
   Status Refill(ThreadCache* tc, int cls, Run** out);
+  bool TakePartialRun(ThreadCache* tc, int cls, Run** out);
   void ReleaseRun(ThreadCache* tc, Run* r);
   void Reclaim(ThreadCache* tc);  // no locks held
   Status NewChunks(uint64_t span, uint64_t* first);  // heap_mu_ held
@@ -493,6 +494,24 @@ void PoolAllocator::ReleaseRun(ThreadCache* tc, Run* r) {
   }
 }
 
+// Pops partial runs of class cls until one with a free block is found and
+// makes it tc's current run. Caller holds classes_[cls].mu.
+bool PoolAllocator::TakePartialRun(ThreadCache* tc, int cls, Run** out) {
+  ClassState& cs = classes_[cls];
+  while (!cs.partial.empty()) {
+    Run* r = cs.partial.back();
+    cs.partial.pop_back();
+    r->in_list = false;
+    if (r->free_count.load(std::memory_order_relaxed) > 0) {
+      r->owner.store(tc, std::memory_order_relaxed);
+      tc->cur[cls] = r;
+      *out = r;
+      return true;
+    }
+  }
+  return false;
+}
+
 Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
   if (tc->cur[cls]) {
     ReleaseRun(tc, tc->cur[cls]);
@@ -501,17 +520,7 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
   ClassState& cs = classes_[cls];
   {
     std::lock_guard<std::mutex> g(cs.mu);
-    while (!cs.partial.empty()) {
-      Run* r = cs.partial.back();
-      cs.partial.pop_back();
-      r->in_list = false;
-      if (r->free_count.load(std::memory_order_relaxed) > 0) {
-        r->owner.store(tc, std::memory_order_relaxed);
-        tc->cur[cls] = r;
-        *out = r;
-        return Status::OK();
-      }
-    }
+    if (TakePartialRun(tc, cls, out)) return Status::OK();
   }
   uint64_t chunk;
   for (int attempt = 0;; attempt++) {
@@ -525,17 +534,7 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
     Reclaim(tc);
     // Reclaiming may have republished blocks of this class.
     std::lock_guard<std::mutex> g(cs.mu);
-    while (!cs.partial.empty()) {
-      Run* r = cs.partial.back();
-      cs.partial.pop_back();
-      r->in_list = false;
-      if (r->free_count.load(std::memory_order_relaxed) > 0) {
-        r->owner.store(tc, std::memory_order_relaxed);
-        tc->cur[cls] = r;
-        *out = r;
-        return Status::OK();
-      }
-    }
+    if (TakePartialRun(tc, cls, out)) return Status::OK();
   }
   // Format: zero the bitmap, persist, then the header (the chunk is ours).
   const ClassGeom& geom = Classes().geom[cls];

@@ -22,6 +22,7 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "test_util.h"
+#include "testing/process.h"
 
 namespace pmindex::pm {
 namespace {
@@ -369,32 +370,16 @@ TEST(Pool, AlreadyOpenElsewhere) {
   std::unique_ptr<Pool> p;
   ASSERT_TRUE(Pool::Create(f.path, "t", Small(), &p).ok());
   p.reset();
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    close(fds[0]);
-    std::unique_ptr<Pool> c;
-    char ok = Pool::Open(f.path, "t", PoolOptions{}, &c).ok() ? 'y' : 'n';
-    (void)!write(fds[1], &ok, 1);
-    pause();
-    _exit(0);
-  }
-  close(fds[1]);
-  char ok = 0;
-  ASSERT_EQ(read(fds[0], &ok, 1), 1);
-  close(fds[0]);
-  ASSERT_EQ(ok, 'y');
+  std::unique_ptr<Pool> held;  // set in the child only, which keeps it open
+  pmindex::testutil::ChildHoldingPool holder([&] { return Pool::Open(f.path, "t", PoolOptions{}, &held).ok(); });
+  ASSERT_TRUE(holder.opened());
   Status s = Pool::Open(f.path, "t", PoolOptions{}, &p);
   EXPECT_TRUE(s.IsBusy()) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "already open")) << s.ToString();
   PoolOptions ro;
   ro.read_only = true;
   EXPECT_TRUE(Pool::Open(f.path, "t", ro, &p).IsBusy());
-  kill(pid, SIGKILL);
-  int st;
-  waitpid(pid, &st, 0);
+  holder.Kill();
   // The holder died: the pool opens, and reports the unclean shutdown.
   ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
   EXPECT_TRUE(p->recovered_from_crash());

@@ -13,27 +13,16 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
 #include "test_util.h"
+#include "testing/process.h"
 
 namespace pmindex::pm {
 namespace {
 using testing::PoolFile;
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+using Result = pmindex::testutil::CommandResult;
 
 Result RunTool(const std::string& args) {
-  Result r;
-  std::string cmd = std::string(PMINDEX_POOL_TOOL) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  int st = pclose(f);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return pmindex::testutil::RunCommand(std::string(PMINDEX_POOL_TOOL) + " " + args + " 2>&1");
 }
 
 void MakePool(const std::string& path) {
@@ -102,23 +91,9 @@ TEST(PoolTool, CheckFindsCorruption) {
 TEST(PoolTool, PoolInUse) {
   PoolFile f("tooluse");
   MakePool(f.path);
-  int fds[2];
-  ASSERT_EQ(pipe(fds), 0);
-  pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    close(fds[0]);
-    std::unique_ptr<Pool> p;
-    char ok = Pool::Open(f.path, "fptree", PoolOptions{}, &p).ok() ? 'y' : 'n';
-    (void)!write(fds[1], &ok, 1);
-    pause();
-    _exit(0);
-  }
-  close(fds[1]);
-  char ok = 0;
-  ASSERT_EQ(read(fds[0], &ok, 1), 1);
-  close(fds[0]);
-  ASSERT_EQ(ok, 'y');
+  std::unique_ptr<Pool> held;  // set in the child only, which keeps it open
+  pmindex::testutil::ChildHoldingPool holder([&] { return Pool::Open(f.path, "fptree", PoolOptions{}, &held).ok(); });
+  ASSERT_TRUE(holder.opened());
   Result r = RunTool("info " + f.path);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("fptree"), std::string::npos) << r.out;
@@ -127,9 +102,7 @@ TEST(PoolTool, PoolInUse) {
   r = RunTool("check " + f.path);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("already open"), std::string::npos) << r.out;
-  kill(pid, SIGKILL);
-  int st;
-  waitpid(pid, &st, 0);
+  holder.Kill();
   r = RunTool("check " + f.path);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("not cleanly closed"), std::string::npos) << r.out;

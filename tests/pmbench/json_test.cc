@@ -14,6 +14,7 @@
 #include <string>
 
 #include "bench.h"
+#include "testing/process.h"
 
 namespace {
 
@@ -25,16 +26,9 @@ struct PmRun {
 };
 
 PmRun Pmbench(const std::string& args, bool merge_stderr = false) {
-  std::string cmd = std::string(PMBENCH_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  PmRun r;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) r.out.append(buf, n);
-  int st = pclose(f);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  pmindex::testutil::CommandResult c =
+      pmindex::testutil::RunCommand(std::string(PMBENCH_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
+  return PmRun{c.code, std::move(c.out)};
 }
 
 std::string TmpJson(const char* tag) { return "/dev/shm/pmbench-jsontest-" + std::string(tag) + "-" + std::to_string(getpid()) + ".json"; }
