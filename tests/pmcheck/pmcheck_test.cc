@@ -99,6 +99,20 @@ TEST(PmcheckToy, DroppedFlushIsAlsoCaughtByCrashImagesWithoutLint) {
   EXPECT_FALSE(r.missing_flushes.empty());           // but still counted
 }
 
+// A flush is durable only at the flushing thread's next fence: a commit store
+// made between the slot's flush and that fence can persist first. The op
+// ends with a fence, so the lint's missing-fence rule does not fire; only
+// crash images that drop a flushed-but-unfenced line can catch it.
+TEST(PmcheckToy, FlushWithoutFenceBeforeCommitIsCaughtByCrashImages) {
+  Config c = Toy();
+  c.image_budget = 600;
+  c.stop_after = 10;
+  c.faults = {"pmcheck_toy.insert.skip_kv_fence"};
+  Report r = MustRun(c);
+  EXPECT_GT(Count(r, FailKind::kTorn) + Count(r, FailKind::kLostAck), 0u) << Describe(c, r);
+  EXPECT_EQ(Count(r, FailKind::kMissingFence), 0u);
+}
+
 TEST(PmcheckToy, SampledPointsStillCatchASwappedPersist) {
   Config c = Toy(200, 150);
   c.faults = {"pmcheck_toy.insert.bitmap_before_kv"};

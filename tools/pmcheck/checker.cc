@@ -6,14 +6,15 @@
 // of the stores made to it since (stores to one line reach PM in program
 // order); only aligned 8-byte pieces are atomic, so each logged store is split
 // at 8-byte boundaries into pieces, and a 64-byte AtomicLineWrite is one piece.
-// Non-temporal stores are pending until the next fence (any thread's: we keep
-// one global order), then durable. A flush makes the line's content durable at
-// the flush itself, slightly optimistic compared with clwb (durable by the
-// next fence): a missing fence between a flush and a dependent store is found
-// by the lint, not by crash images.
+// A flush (clwb/clflushopt) covers the stores made to its line so far; they
+// become durable at the next fence of the flushing thread, and until then a
+// crash may keep any prefix of them, as for an unflushed line. Non-temporal
+// stores are pending until the next fence of the storing thread. So a missing
+// fence between a flush and a dependent store shows up in crash images (and
+// the lint reports an op that returns with unfenced flushes).
 // Replay invariants: `durable` is the image a crash right after event i would
 // leave if no pending piece reached PM; pending[line] holds, in program order,
-// the pieces stored to the line since it was last written back.
+// the pieces stored to the line and not yet made durable by a fence.
 // This file writes PM only in the sense of writing crash-image files; it
 // never stores to a live pool.
 #include <fcntl.h>
@@ -399,6 +400,8 @@ struct Piece {
   uint64_t off;
   uint32_t size;
   bool nt;
+  int16_t tid;   // the storing thread (NT pieces are drained by its fences)
+  uint64_t seq;  // replay order, to tell which pieces a flush covered
   uint64_t src;  // arena offset
 };
 
@@ -486,7 +489,7 @@ class Replayer {
 
   void AddPieces(const Event& e, bool nt, bool whole) {
     if (whole) {
-      pending_[e.off].push_back({e.off, e.size, true, e.aux});
+      pending_[e.off].push_back({e.off, e.size, true, e.tid, ++seq_, e.aux});
       nt_lines_.insert(e.off);
       return;
     }
@@ -494,10 +497,24 @@ class Replayer {
     const uint64_t end = e.off + e.size;
     while (pos < end) {
       uint64_t lim = std::min(end, (pos & ~uint64_t(7)) + 8);
-      pending_[pos & ~uint64_t(63)].push_back({pos, uint32_t(lim - pos), nt, e.aux + (pos - e.off)});
+      pending_[pos & ~uint64_t(63)].push_back({pos, uint32_t(lim - pos), nt, e.tid, ++seq_, e.aux + (pos - e.off)});
       if (nt) nt_lines_.insert(pos & ~uint64_t(63));
       pos = lim;
     }
+  }
+  // Makes durable the pieces of `line` that `pred` selects (keeping the
+  // others pending in their order).
+  template <typename Pred>
+  void Drain(uint64_t line, Pred pred) {
+    auto it = pending_.find(line);
+    if (it == pending_.end()) return;
+    std::vector<Piece> keep;
+    for (const Piece& p : it->second) {
+      if (pred(p)) Write(durable_, p);
+      else keep.push_back(p);
+    }
+    if (keep.empty()) pending_.erase(it);
+    else it->second.swap(keep);
   }
   void Write(std::vector<char>& img, const Piece& p) const {
     if (p.off + p.size > img.size()) img.resize(p.off + p.size, 0);
@@ -510,27 +527,30 @@ class Replayer {
       case Ev::kNT: AddPieces(e, true, false); break;
       case Ev::kLine: AddPieces(e, true, true); break;
       case Ev::kFlush: {
+        // clwb/clflushopt: the line's cached stores so far are written back
+        // by the flushing thread's next fence, not before (until then a crash
+        // may keep any prefix of them, as for an unflushed line).
         auto it = pending_.find(e.off);
-        if (it != pending_.end()) {
-          for (const Piece& p : it->second) Write(durable_, p);
-          pending_.erase(it);
-        }
-        nt_lines_.erase(e.off);
+        if (it != pending_.end())
+          for (const Piece& p : it->second)
+            if (!p.nt) flushed_[e.tid][e.off] = std::max(flushed_[e.tid][e.off], p.seq);
         break;
       }
       case Ev::kFence: {
-        for (uint64_t l : nt_lines_) {
-          auto it = pending_.find(l);
-          if (it == pending_.end()) continue;
-          std::vector<Piece> keep;
-          for (const Piece& p : it->second) {
-            if (p.nt) Write(durable_, p);
-            else keep.push_back(p);
-          }
-          if (keep.empty()) pending_.erase(it);
-          else it->second.swap(keep);
+        // sfence orders this thread's flushes and NT stores only.
+        auto f = flushed_.find(e.tid);
+        if (f != flushed_.end()) {
+          for (const auto& [line, upto] : f->second) Drain(line, [upto = upto](const Piece& p) { return !p.nt && p.seq <= upto; });
+          flushed_.erase(f);
         }
-        nt_lines_.clear();
+        for (auto l = nt_lines_.begin(); l != nt_lines_.end();) {
+          Drain(*l, [tid = e.tid](const Piece& p) { return p.nt && p.tid == tid; });
+          auto it = pending_.find(*l);
+          bool more = false;
+          if (it != pending_.end())
+            for (const Piece& p : it->second) more |= p.nt;
+          l = more ? std::next(l) : nt_lines_.erase(l);
+        }
         break;
       }
       case Ev::kOpBegin: {
@@ -665,7 +685,11 @@ class Replayer {
   Report* report_;
   std::vector<char> durable_;
   std::unordered_map<uint64_t, std::vector<Piece>> pending_;
-  std::unordered_set<uint64_t> nt_lines_;
+  std::unordered_set<uint64_t> nt_lines_;  // lines holding pending NT pieces
+  // Per thread: lines it flushed since its last fence, and the last piece
+  // (seq) each flush covered.
+  std::unordered_map<int16_t, std::unordered_map<uint64_t, uint64_t>> flushed_;
+  uint64_t seq_ = 0;
   std::vector<uint32_t> committed_, acked_;
   std::map<int, size_t> inflight_;
   bool created_ = false;

@@ -26,6 +26,8 @@
 // Fault switches (each must be caught by pmcheck; tests/pmcheck asserts it):
 //   pmcheck_toy.create.skip_meta_flush   header not persisted at creation
 //   pmcheck_toy.insert.skip_kv_flush     slot not flushed before the commit
+//   pmcheck_toy.insert.skip_kv_fence     slot flushed but not fenced before the
+//                                        commit (the op still ends fenced)
 //   pmcheck_toy.insert.bitmap_before_kv  commit persisted before the slot (swap)
 //   pmcheck_toy.alloc.skip_log           no allocation micro-log (leak)
 //   pmcheck_toy.update.skip_flush        update value never flushed
@@ -308,7 +310,7 @@ class Toy final : public pmindex::Index {
     if (PMINDEX_FAULT("pmcheck_toy.insert.unlogged_store")) std::memcpy(&s->value, &value, 8);  // the bug
     else pm::Store(&s->value, value);
     if (!PMINDEX_FAULT("pmcheck_toy.insert.skip_kv_flush")) pm::Flush(s, sizeof(Slot));
-    pm::Fence();
+    if (!PMINDEX_FAULT("pmcheck_toy.insert.skip_kv_fence")) pm::Fence();
     if (!swapped) {
       pm::StoreAtomic(&target->bitmap, target->bitmap | bit);
       pm::Persist(&target->bitmap, 8);
