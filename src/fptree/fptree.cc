@@ -909,6 +909,11 @@ class FPTree final : public Index {
     pm::Flush(l, 8);
     pm::Flush(Next(l), 8);
     if (pointers_) {
+      // The cut must be durable before the moved slots' pointers are cleared
+      // (other lines): a crash image with the pointers cleared but the bitmap
+      // still full would leave recovery unable to redo the split (found by
+      // pmcheck once flushes became durable only at the fence).
+      pm::Fence();
       for (uint32_t i = 0; i < lay_.m; i++) {
         if (!(upper >> i & 1)) continue;
         if (kBytes) {
