@@ -90,19 +90,23 @@ namespace pmindex {
 namespace nvc_hashmap_testing {
 namespace {
 std::atomic<LinkHook> g_link_hook{nullptr};
+std::atomic<LinkHook> g_value_hook{nullptr};
 }
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
+void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
 }  // namespace nvc_hashmap_testing
 
 namespace internal {
 namespace {
 
 constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: u64 values in the node's value word, remove marks next
 constexpr int kMaxSlots = 64;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
-constexpr uint64_t kMark = 1, kDel = 1, kDirty = 2, kLow = 7;
+constexpr uint64_t kMark = 1, kDirty = 2, kLow = 7;
+// DRAM counters of in-flight value updates (dirty_bit mode), by node.
+constexpr uint64_t kUpdStripes = 1024;
 constexpr uint32_t kDummyFlag = 1;
 constexpr uint32_t kSlabFlag = 2;  // a regular node carved from an index-owned slab
 // Index-managed node slabs (node_alloc=slab): one allocator block of
@@ -130,7 +134,8 @@ enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 struct Node {
   uint64_t next;
   uint64_t so;     // split-order key
-  uint64_t value;  // value record offset | kDel | kDirty (0 for dummies)
+  uint64_t value;  // u64 values: the value; byte values: the record offset;
+                   // in-table dummies: the slot state; no flag bits
   uint32_t klen;
   uint32_t flags;
 };
@@ -351,8 +356,12 @@ class NvcHashmap final : public Index {
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
   static char* KeyPtr(Node* n) { return reinterpret_cast<char*>(n) + kHeader; }
   uint64_t InlineValueOff(const Node* n) const { return Off(n) + kHeader + A8(n->klen); }
-  bool IsInline(const Node* n, uint64_t voff) const { return voff == InlineValueOff(n); }
-  size_t ValueRecSize(Slice v) const { return vk_ == ValueKind::kU64 ? 8 : 8 + v.size(); }
+  // True if value word v of regular node n names an out-of-line record (byte
+  // values after an update); u64 values live in the value word itself.
+  bool HasRecord(const Node* n, uint64_t v) const { return vk_ == ValueKind::kBytes && v != InlineValueOff(n); }
+  // Bytes of the value stored after the key: none for u64 values.
+  size_t ValueRecSize(Slice v) const { return vk_ == ValueKind::kU64 ? 0 : 8 + v.size(); }
+  std::atomic<uint64_t>& UpdStripe(const Node* n) { return upd_[(Off(n) >> 6) & (kUpdStripes - 1)]; }
 
   Fix fix() const { return PMINDEX_FAULT("nvc.erratum.no_fix") ? Fix::kNone : fix_; }
   bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
@@ -419,21 +428,15 @@ class NvcHashmap final : public Index {
 
   void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
-  void HelpDelete(Node* n) {
-    uint64_t v = LoadW(&n->next);
-    if (!(v & kMark)) {
-      pm::FetchOr(&n->next, kMark);
-      pm::Persist(&n->next, 8);
-    }
-  }
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
   Status Put(Slice key, Slice value, PutMode mode);
-  void ReadValue(uint64_t rec, std::string* out) const {
-    const char* p = base_ + rec;
+  // v: a regular node's value word.
+  void ReadValue(uint64_t v, std::string* out) const {
     if (vk_ == ValueKind::kU64) {
-      out->assign(p, 8);
+      out->assign(reinterpret_cast<const char*>(&v), 8);
     } else {
+      const char* p = base_ + v;
       uint64_t len;
       std::memcpy(&len, p, 8);
       out->assign(p + 8, len);
@@ -493,6 +496,11 @@ class NvcHashmap final : public Index {
   uint64_t base_count_ = 0;
   std::atomic<uint64_t> global_epoch_{1};
   SlotState slots_[kMaxSlots];
+  // dirty_bit mode: in-flight in-place value updates per stripe of nodes
+  // (DRAM, so nothing stale survives a restart). An updater counts itself in
+  // before its store to the value word and out after persisting it; a reader
+  // that sees a nonzero count persists the value word before using it.
+  std::atomic<uint64_t> upd_[kUpdStripes] = {};
   double recovery_seconds_ = 0;
   bool closed_ = false;
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
@@ -567,22 +575,23 @@ void NvcHashmap::EnsureWordDurable(uint64_t* w, uint64_t seen) {
   }
 }
 
-// A logically deleted node: its kDel (and mark) must be durable before anyone
-// reports the key absent or unlinks the node.
+// A deleted (marked) node: its mark must be durable before anyone reports
+// the key absent or unlinks the node. The remover publishes the mark with
+// kDirty (dirty_bit mode), like a link.
 void NvcHashmap::EnsureDelDurable(Node* n) {
   switch (fix()) {
     case Fix::kNone:
-      pm::LoadAcquire(&n->value);
+      pm::LoadAcquire(&n->next);
       return;
     case Fix::kFlushOnRead:
-      pm::LoadAcquire(&n->value);
-      pm::Persist(n, kHeader);
+      pm::LoadAcquire(&n->next);
+      pm::Persist(&n->next, 8);
       return;
     case Fix::kDirtyBit: {
-      if (!((LoadW(&n->value) | LoadW(&n->next)) & kDirty)) return;
-      const uint64_t v = pm::LoadAcquire(&n->value);
-      pm::Persist(n, kHeader);
-      if (v & kDirty) ClearDirty(&n->value, v);
+      if (!(LoadW(&n->next) & kDirty)) return;
+      const uint64_t v = pm::LoadAcquire(&n->next);
+      pm::Persist(&n->next, 8);
+      if (v & kDirty) ClearDirty(&n->next, v);
       return;
     }
   }
@@ -742,7 +751,8 @@ bool NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, 
 
 // A regular node, allocated into this thread's pending slot, written and
 // persisted. Nodes take >= 64 bytes, so they are 64-byte aligned and their
-// header is one cache line (kDel and kMark persist together).
+// header is one cache line (next, so and value persist together). A u64
+// value lives in the value word; a byte value in a record after the key.
 Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out) {
   const uint64_t vsize = ValueRecSize(value);
   const uint64_t voff = kHeader + A8(key.size());
@@ -769,12 +779,11 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   h.so = so;
   h.klen = uint32_t(key.size());
   h.flags = cls >= 0 ? (kSlabFlag | uint32_t(cls) << 4) : 0;
-  h.value = Off(n) + voff;
+  if (vk_ == ValueKind::kU64) std::memcpy(&h.value, value.data(), 8);
+  else h.value = Off(n) + voff;
   std::memcpy(buf.data(), &h, kHeader);
   std::memcpy(buf.data() + kHeader, key.data(), key.size());
-  if (vk_ == ValueKind::kU64) {
-    std::memcpy(buf.data() + voff, value.data(), 8);
-  } else {
+  if (vk_ == ValueKind::kBytes) {
     uint64_t len = value.size();
     std::memcpy(buf.data() + voff, &len, 8);
     if (len) std::memcpy(buf.data() + voff + 8, value.data(), len);
@@ -786,22 +795,20 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   return Status::OK();
 }
 
+// An out-of-line byte-value record (byte values only), allocated into the
+// thread's pending_val slot, written and persisted.
 Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
   const size_t size = ValueRecSize(value);
   Status s = pool_->allocator().Allocate(&c.ps->pending_val, size);
   if (s.IsPoolFull() && ReclaimForSpace(c)) s = pool_->allocator().Allocate(&c.ps->pending_val, size);
   if (!s.ok()) return s;
   char* p = base_ + c.ps->pending_val;
-  if (vk_ == ValueKind::kU64) {
-    pm::Copy(p, value.data(), 8);
-  } else {
-    static thread_local std::vector<char> buf;
-    uint64_t len = value.size();
-    buf.resize(8 + len);
-    std::memcpy(buf.data(), &len, 8);
-    if (len) std::memcpy(buf.data() + 8, value.data(), len);
-    pm::Copy(p, buf.data(), 8 + len);
-  }
+  static thread_local std::vector<char> buf;
+  uint64_t len = value.size();
+  buf.resize(8 + len);
+  std::memcpy(buf.data(), &len, 8);
+  if (len) std::memcpy(buf.data() + 8, value.data(), len);
+  pm::Copy(p, buf.data(), 8 + len);
   pm::Persist(p, size);
   *out = c.ps->pending_val;
   return Status::OK();
@@ -821,46 +828,63 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   for (;;) {
     Search(start, so, key, c, &pos);
     if (pos.found) {
+      // Search saw the node unmarked (present).
       Node* cur = pos.curr;
-      uint64_t v = LoadW(&cur->value);
-      if (v & kDel) {
-        HelpDelete(cur);
-        continue;
-      }
       if (mode == PutMode::kInsert) {
         EnsureWordDurable(pos.prev_word, pos.curr_raw);
         result = Status::AlreadyExists();
         break;
       }
-      if (!fresh_val) {
-        result = AllocValue(c, value, &fresh_val);
-        if (!result.ok()) break;
+      uint64_t nv;  // the new value word
+      if (vk_ == ValueKind::kU64) {
+        std::memcpy(&nv, value.data(), 8);
+      } else {
+        if (!fresh_val) {
+          result = AllocValue(c, value, &fresh_val);
+          if (!result.ok()) break;
+        }
+        nv = fresh_val;
       }
       // The update acts on the node being present: its link must be durable.
       EnsureWordDurable(pos.prev_word, pos.curr_raw);
-      const uint64_t desired = fresh_val | (dirty_mode() ? kDirty : 0);
-      bool done = false;
-      while (!(v & kDel)) {
-        if (pm::Cas(&cur->value, &v, desired)) {
-          done = true;
+      // In-place update of the value word (docs/nvc_hashmap.md, "Updates in
+      // place"): count in (dirty_bit), store unless the node is marked, persist
+      // the word, count out. A store that lands after a concurrent remove's
+      // mark is linearized just before that mark: it is never observable
+      // (finds read the value word, then check the mark).
+      std::atomic<uint64_t>* stripe = dirty_mode() ? &UpdStripe(cur) : nullptr;
+      if (stripe) stripe->fetch_add(1, std::memory_order_seq_cst);
+      uint64_t old = LoadW(&cur->value);
+      bool deleted = false;
+      for (;;) {
+        if (LoadW(&cur->next) & kMark) {
+          deleted = true;
           break;
         }
+        if (vk_ == ValueKind::kU64) {
+          pm::StoreAtomic(&cur->value, nv);
+          break;
+        }
+        if (pm::Cas(&cur->value, &old, nv)) break;
       }
-      if (!done) {
+      if (!deleted) {
+        if (auto hook = nvc_hashmap_testing::g_value_hook.load(std::memory_order_acquire)) hook(key);
+        pm::Persist(&cur->value, 8);
+      }
+      if (stripe) stripe->fetch_sub(1, std::memory_order_release);
+      if (deleted) {
         if (mode == PutMode::kUpdate) {
           EnsureDelDurable(cur);
           result = Status::NotFound();
           break;
         }
-        HelpDelete(cur);
-        continue;
+        continue;  // upsert: the search unlinks the marked node, then we insert
       }
-      pm::Persist(&cur->value, 8);
-      ClearPending(&c.ps->pending_val);
-      if (dirty_mode()) ClearDirty(&cur->value, desired);
-      fresh_val = 0;
-      const uint64_t old = v & ~kLow;
-      if (!IsInline(cur, old)) Retire(c, old, false);
+      if (vk_ == ValueKind::kBytes) {
+        ClearPending(&c.ps->pending_val);
+        fresh_val = 0;
+        if (HasRecord(cur, old)) Retire(c, old, false);
+      }
       result = Status::OK();
       break;
     }
@@ -913,8 +937,10 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   Search(StartFor(h, c, false), so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
+  // The value word first, then the mark: a value stored after a remove's
+  // mark (a late in-place update) is then never returned.
   const uint64_t v = LoadW(&cur->value);
-  if (v & kDel) {
+  if (LoadW(&cur->next) & kMark) {
     EnsureDelDurable(cur);
     return Status::NotFound();
   }
@@ -933,14 +959,15 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
       break;
     case Fix::kDirtyBit:
       EnsureWordDurable(pos.prev_word, pos.curr_raw);
-      if (v & kDirty) {
+      // An update of this node (or a node sharing its stripe) is in flight:
+      // the value we read may not be durable yet; persist it (helping).
+      if (UpdStripe(cur).load(std::memory_order_acquire) != 0) {
         pm::LoadAcquire(&cur->value);
         pm::Persist(&cur->value, 8);
-        ClearDirty(&cur->value, v);
       }
       break;
   }
-  if (value) ReadValue(v & ~kLow, value);
+  if (value) ReadValue(v, value);
   return Status::OK();
 }
 
@@ -955,22 +982,23 @@ Status NvcHashmap::Remove(Slice key) {
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
-  uint64_t v = LoadW(&cur->value);
+  uint64_t n = LoadW(&cur->next);
   uint64_t desired;
   for (;;) {
-    if (v & kDel) {
+    if (n & kMark) {
       EnsureDelDurable(cur);
       return Status::NotFound();
     }
-    desired = (v & ~kDirty) | kDel | (dirty_mode() ? kDirty : 0);
-    if (pm::Cas(&cur->value, &v, desired)) break;  // linearization point
+    // Linearization point: the mark (published with kDirty in dirty_bit
+    // mode, like a link). It freezes next: no insert behind the node, and
+    // in-place updates check it before storing.
+    desired = n | kMark | (dirty_mode() ? kDirty : 0);
+    if (pm::Cas(&cur->next, &n, desired)) break;
   }
   c.st->delta.fetch_sub(1, std::memory_order_relaxed);
-  uint64_t n = LoadW(&cur->next);
-  if (!(n & kMark)) n = pm::FetchOr(&cur->next, kMark) | kMark;
   const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
-  if (!skip_mark) pm::Persist(cur, kHeader);
-  if (dirty_mode()) ClearDirty(&cur->value, desired);
+  if (!skip_mark) pm::Persist(&cur->next, 8);
+  if (dirty_mode()) ClearDirty(&cur->next, desired);
   // Physical unlink: one attempt here; otherwise a search unlinks it.
   uint64_t exp = pos.curr_raw;
   if (pm::Cas(pos.prev_word, &exp, n & ~kLow)) {
@@ -1009,8 +1037,8 @@ void NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
   pm::Allocator& a = pool_->allocator();
   if (r.node) {
     const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
-    const uint64_t v = n->value & ~kLow;
-    if (!(n->flags & kDummyFlag) && v && !IsInline(n, v)) {
+    const uint64_t v = LoadW(&n->value);
+    if (!(n->flags & kDummyFlag) && HasRecord(n, v)) {
       pm::StoreAtomic(&ps->scratch, v);
       a.Free(&ps->scratch);
     }
@@ -1185,8 +1213,8 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
       if (Off(n) == root_->head) fn(Off(n));  // other dummies live in segments
     } else {
       if (!IsSlabNode(n)) fn(Off(n));  // slab nodes: the slab is the block
-      const uint64_t v = LoadW(&n->value) & ~kLow;
-      if (!IsInline(n, v)) fn(v);
+      const uint64_t v = LoadW(&n->value);
+      if (HasRecord(n, v)) fn(v);
     }
   }
   for (auto& st : slots_) {
@@ -1195,8 +1223,8 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
       if (!r.node || !IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) fn(r.off);
       if (r.node) {
         const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
-        const uint64_t v = n->value & ~kLow;
-        if (!(n->flags & kDummyFlag) && v && !IsInline(n, v)) fn(v);
+        const uint64_t v = LoadW(&n->value);
+        if (!(n->flags & kDummyFlag) && HasRecord(n, v)) fn(v);
       }
     }
   }
@@ -1257,10 +1285,8 @@ Status NvcHashmap::Check() {
         return bad("bad key length at node " + std::to_string(off));
       if (SoRegular(HashKey(kk_, Slice(KeyPtr(n), n->klen))) != n->so)
         return bad("node " + std::to_string(off) + " split-order key does not match its key's hash");
-      const uint64_t v = LoadW(&n->value);
-      if (v & kDel) return bad("reachable node " + std::to_string(off) + " is logically deleted");
-      const uint64_t rec = v & ~kLow;
-      if (!IsInline(n, rec)) {
+      const uint64_t rec = LoadW(&n->value);
+      if (HasRecord(n, rec)) {
         if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
       }
       if (vk_ == ValueKind::kBytes) {
@@ -1447,9 +1473,8 @@ Status NvcHashmap::Recover() {
     uint64_t* pw = &prev->next;
     uint64_t raw = *pw;
     if (raw & (kDirty | kMark)) {
-      // prev is live (deleted nodes are unlinked below before we step on
-      // them); a mark without kDel belongs to a remove that never reached
-      // its linearization durably, and kDirty is moot now.
+      // prev is live (marked nodes are unlinked below before we step on
+      // them; dummies are never marked); kDirty is moot now.
       raw &= ~(kDirty | kMark);
       pm::StoreAtomic(pw, raw);
       pm::Flush(pw, 8);
@@ -1474,17 +1499,13 @@ Status NvcHashmap::Recover() {
     }
     const bool dummy = n->flags & kDummyFlag;
     if (dummy && !in_slot) return bad("dummy " + std::to_string(off) + " outside the bucket table");
-    uint64_t v = n->value;
-    if (!dummy && (v & kDel)) {
-      // Complete the remove: unlink; the node is freed by the sweep below.
+    const uint64_t v = n->value;
+    if (!dummy && (n->next & kMark)) {
+      // A remove reached its linearization point durably: complete it
+      // (unlink); the node is freed by the sweep below.
       pm::StoreAtomic(pw, n->next & ~kLow);
       pm::Flush(pw, 8);
       continue;
-    }
-    if (!dummy && (v & kDirty)) {
-      v &= ~kDirty;
-      pm::StoreAtomic(&n->value, v);
-      pm::Flush(&n->value, 8);
     }
     if (prev->so > n->so || (prev->so == n->so && (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
       return bad("list out of split order at node " + std::to_string(off));
@@ -1495,8 +1516,8 @@ Status NvcHashmap::Recover() {
     }
     if (!dummy) {
       count++;
-      const uint64_t rec = v & ~kLow;
-      if (!IsInline(n, rec)) {
+      const uint64_t rec = v;
+      if (HasRecord(n, rec)) {
         if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
         owned.push_back(rec);
       }

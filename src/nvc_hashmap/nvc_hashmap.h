@@ -16,6 +16,9 @@ namespace pmindex::nvc_hashmap_testing {
 // link is persisted. nullptr removes the hook. Process-wide; tests only.
 using LinkHook = void (*)(Slice key);
 void SetAfterLinkHook(LinkHook hook);
+// Called by an updating thread right after it stored the new value into a
+// node's value word and before it persisted it. nullptr removes the hook.
+void SetAfterValueStoreHook(LinkHook hook);
 
 // The split-order key of a user key (bit-reversed 63-bit hash with the low bit
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.

@@ -6,6 +6,8 @@
 // concurrent insert of a key wins. Afterwards: check(), no leak, reopen.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -222,6 +224,101 @@ TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
   EXPECT_EQ(idx_->Size(), kKeys);
   ASSERT_TRUE(idx_->Check().ok()) << idx_->Check().ToString();
   ExpectNoLeak(idx_.get());
+}
+
+// u64 values are updated in place (one 8-byte store into the node's value
+// word) while a remove linearizes at the mark on the node's next word. Two
+// updaters and a reader race a remover over the same keys, in rounds (all
+// keys inserted, then all removed once): every read returns a value some
+// writer wrote for that key; an update or find that starts after the key's
+// remove returned reports NotFound (no resurrected key: updates never insert);
+// after the round every key is absent (no lost remove); check(), no leak,
+// reopen.
+TEST(NvcConcurrencyU64, InPlaceUpdatesRacingRemoves) {
+  const int kRounds = std::getenv("PMINDEX_LONG") ? 40 : 4;
+  const uint64_t kKeys = 300;
+  const int kUpdaters = 2;  // thread ids 0, 1; the loader is id 2
+  for (std::string cfg : {"dirty_bit/slab", "dirty_bit/allocator", "flush_on_read/slab", "none/slab"}) {
+    SCOPED_TRACE(cfg);
+    PoolFile pf("u64upd");
+    Options o;
+    o.pool_path = pf.path;
+    o.pool_size = 32ull << 20;
+    o.key_kind = KeyKind::kU64;
+    o.value_kind = ValueKind::kU64;
+    o.params = {{"erratum_fix", cfg.substr(0, cfg.find('/'))}, {"initial_buckets", "2"}, {"node_alloc", cfg.substr(cfg.find('/') + 1)}};
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    auto enc = [](uint64_t id, uint64_t t, uint64_t seq) { return nvc_test::U64(id << 40 | t << 32 | (seq & 0xffffffffu)); };
+    std::vector<std::string> errors(kUpdaters + 2);
+    for (int round = 0; round < kRounds; round++) {
+      for (uint64_t id = 0; id < kKeys; id++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, id), enc(id, 2, round)).ok());
+      std::unique_ptr<std::atomic<bool>[]> removed(new std::atomic<bool>[kKeys]);
+      for (uint64_t id = 0; id < kKeys; id++) removed[id] = false;
+      std::atomic<bool> done{false};
+      auto check_value = [&](uint64_t id, const std::string& v) {
+        uint64_t x;
+        std::memcpy(&x, v.data(), 8);
+        return v.size() == 8 && (x >> 40) == id && ((x >> 32) & 0xff) <= 2;
+      };
+      std::vector<std::thread> th;
+      for (int t = 0; t < kUpdaters; t++)
+        th.emplace_back([&, t] {
+          std::mt19937_64 rng(round * 10 + t);
+          std::string v;
+          for (uint64_t seq = 1; !done.load() && errors[t].empty(); seq++) {
+            const uint64_t id = rng() % kKeys;
+            const std::string k = MakeKey(KeyKind::kU64, id);
+            const bool was_removed = removed[id].load(std::memory_order_acquire);
+            Status s = idx->Update(k, enc(id, uint64_t(t), seq));
+            if (s.ok() && was_removed) errors[t] = "update of a removed key " + std::to_string(id) + " succeeded";
+            else if (!s.ok() && !s.IsNotFound()) errors[t] = "update: " + s.ToString();
+            s = idx->Find(k, &v);
+            if (s.ok() && !check_value(id, v)) errors[t] = "read a value nobody wrote for key " + std::to_string(id);
+            else if (s.ok() && was_removed) errors[t] = "found removed key " + std::to_string(id);
+          }
+        });
+      th.emplace_back([&] {  // a pure reader
+        std::mt19937_64 rng(round + 99);
+        std::string v;
+        while (!done.load() && errors[kUpdaters].empty()) {
+          const uint64_t id = rng() % kKeys;
+          const bool was_removed = removed[id].load(std::memory_order_acquire);
+          Status s = idx->Find(MakeKey(KeyKind::kU64, id), &v);
+          if (s.ok() && (was_removed || !check_value(id, v))) errors[kUpdaters] = "reader: bad find of key " + std::to_string(id);
+        }
+      });
+      th.emplace_back([&] {  // the remover: each key once
+        std::vector<uint64_t> ids(kKeys);
+        for (uint64_t id = 0; id < kKeys; id++) ids[id] = id;
+        std::shuffle(ids.begin(), ids.end(), std::mt19937_64(round + 5));
+        std::string v;
+        for (uint64_t id : ids) {
+          const std::string k = MakeKey(KeyKind::kU64, id);
+          Status s = idx->Remove(k);
+          if (!s.ok()) errors[kUpdaters + 1] = "remove of key " + std::to_string(id) + ": " + s.ToString();
+          removed[id].store(true, std::memory_order_release);
+          if (idx->Find(k, &v).ok()) errors[kUpdaters + 1] = "key " + std::to_string(id) + " found after its remove";
+          if (idx->Remove(k).ok()) errors[kUpdaters + 1] = "key " + std::to_string(id) + " removed twice";
+        }
+        done = true;
+      });
+      for (auto& x : th) x.join();
+      for (size_t t = 0; t < errors.size(); t++) ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+      std::string v;
+      for (uint64_t id = 0; id < kKeys; id++) ASSERT_TRUE(idx->Find(MakeKey(KeyKind::kU64, id), &v).IsNotFound()) << id;
+      ASSERT_EQ(idx->Size(), 0u);
+      Status c = idx->Check();
+      ASSERT_TRUE(c.ok()) << c.ToString();
+      ExpectNoLeak(idx.get());
+    }
+    ASSERT_TRUE(idx->Close().ok());
+    idx.reset();
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    ASSERT_TRUE(idx->Check().ok());
+    ASSERT_EQ(idx->Size(), 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, NvcConcurrency,

@@ -386,6 +386,60 @@ TEST(NvcHashmapErratum, AllocatorNodesFlushOnReadFixKeepsIt) {
   EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "allocator"}}, false));
 }
 
+// The erratum for in-place value updates: updater A stored key ka's new u64
+// value but has not persisted it; reader B finds ka and returns the new
+// value; the power fails. Without a fix the image holds the old value although
+// B observed the new one; with dirty_bit (B sees A counted in its update
+// stripe and persists the word) and flush_on_read it holds the new one.
+// Returns the value of ka in the recovered image.
+std::string RunValueErratumScenario(const std::map<std::string, std::string>& params) {
+  CrashHarness h("verratum", params);
+  const std::string ka = nvc_test::U64(77), kb = nvc_test::U64(78);
+  EXPECT_TRUE(h.idx->Insert(ka, nvc_test::U64(1)).ok());
+  EXPECT_TRUE(h.idx->Insert(kb, nvc_test::U64(2)).ok());
+  PauseState ps;
+  ps.key = ka;
+  g_pause = &ps;
+  nvc_hashmap_testing::SetAfterValueStoreHook(&PauseHook);
+  std::thread a([&] { EXPECT_TRUE(h.idx->Update(ka, nvc_test::U64(5)).ok()); });
+  {
+    std::unique_lock<std::mutex> l(ps.mu);
+    ps.cv.wait(l, [&] { return ps.paused; });
+  }
+  std::string v;
+  EXPECT_TRUE(h.idx->Find(ka, &v).ok());
+  EXPECT_EQ(v, nvc_test::U64(5)) << "B reads the in-flight value";
+  std::vector<char> img = h.Snapshot();  // power failure now
+  {
+    std::lock_guard<std::mutex> l(ps.mu);
+    ps.release = true;
+    ps.cv.notify_all();
+  }
+  a.join();
+  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
+  g_pause = nullptr;
+  std::unique_ptr<Index> rec;
+  Status s = h.Crash(img, &rec);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return "";
+  EXPECT_TRUE(rec->Check().ok());
+  ExpectNoLeak(rec.get());
+  EXPECT_TRUE(rec->Find(kb, &v).ok());
+  EXPECT_TRUE(rec->Find(ka, &v).ok());
+  return v;
+}
+
+TEST(NvcHashmapErratum, InPlaceValueWithoutFixLosesTheObservedValue) {
+  EXPECT_EQ(RunValueErratumScenario({{"erratum_fix", "none"}}), nvc_test::U64(1));
+}
+TEST(NvcHashmapErratum, InPlaceValueDirtyBitFixKeepsTheObservedValue) {
+  EXPECT_EQ(RunValueErratumScenario({{"erratum_fix", "dirty_bit"}}), nvc_test::U64(5));
+  EXPECT_EQ(RunValueErratumScenario({{"erratum_fix", "dirty_bit"}, {"node_alloc", "allocator"}}), nvc_test::U64(5));
+}
+TEST(NvcHashmapErratum, InPlaceValueFlushOnReadFixKeepsTheObservedValue) {
+  EXPECT_EQ(RunValueErratumScenario({{"erratum_fix", "flush_on_read"}}), nvc_test::U64(5));
+}
+
 // Without faults, every acknowledged operation is in the durable image at any
 // instant between operations (checked after each one).
 TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
@@ -470,14 +524,19 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
     std::string v;
     EXPECT_TRUE(!s.ok() || !rec->Find(k1, &v).ok() || v != nvc_test::U64(1)) << s.ToString();
   }
-  {  // skip_mark_persist: the remove returns with its logical delete (kDel and
-     // the mark) not durable. The unlink that follows is persisted, so a
+  {  // skip_mark_persist: the remove returns with its logical delete (the
+     // mark on next) not durable. The unlink that follows is persisted, so a
      // single-threaded crash image still loses the record; what shows is the
      // durable image differing from the pool after the op returned (pmcheck's
      // lint reports it as a missing flush; with a concurrent reader that
      // reports the key absent before the unlink, a crash resurrects it).
+     // flush_on_read: in dirty_bit mode the mark's kDirty clear is a
+     // volatile store to the same word, and DurableImage::SameAsLive ignores
+     // words that took a volatile store.
+    std::map<std::string, std::string> mprm = prm;
+    mprm["erratum_fix"] = "flush_on_read";
     for (bool fault : {false, true}) {
-      CrashHarness h(fault ? "f-mark" : "f-mark-ctl", prm);
+      CrashHarness h(fault ? "f-mark" : "f-mark-ctl", mprm);
       ASSERT_TRUE(h.idx->Insert(k1, nvc_test::U64(1)).ok());
       ASSERT_TRUE(h.idx->Insert(k2, nvc_test::U64(2)).ok());
       if (fault) pm::EnableFault("nvc.remove.skip_mark_persist");
