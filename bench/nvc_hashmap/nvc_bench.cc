@@ -16,7 +16,7 @@
 // threads): on a shared, oversubscribed machine the latter removes the time
 // the workers were descheduled; neither is a timing assertion.
 //
-// Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--targets a,b,...]
+// Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets a,b,...]
 // A target is an index name with optional settings after ':' joined by '+':
 // an erratum mode (dirty_bit, flush_on_read, none), a node allocation (slab,
 // allocator) or any param=value, e.g. nvc_hashmap:none+slab. Ratios are
@@ -224,8 +224,15 @@ int main(int argc, char** argv) {
       threads.clear();
       for (auto& x : Split(next())) threads.push_back(std::atoi(x.c_str()));
     } else if (a == "--targets") want = Split(next());
-    else {
-      std::fprintf(stderr, "usage: %s [--n N] [--threads 1,2] [--rounds R] [--targets nvc_hashmap,nvc_hashmap:flush_on_read,nvc_hashmap:none,fptree,tbb,dram_btree]\n", argv[0]);
+    else if (a == "--persist_mode") {  // flush (default) or none (eADR: no flushes, fences kept)
+      pm::PersistMode m;
+      if (!pm::ParsePersistMode(next(), &m)) {
+        std::fprintf(stderr, "--persist_mode: flush or none\n");
+        return 2;
+      }
+      pm::SetPersistMode(m);
+    } else {
+      std::fprintf(stderr, "usage: %s [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets nvc_hashmap,nvc_hashmap:flush_on_read,nvc_hashmap:none,fptree,tbb,dram_btree]\n", argv[0]);
       return 2;
     }
   }

@@ -257,6 +257,12 @@ struct TlCache {
   ~TlCache();
 };
 thread_local TlCache tl_cache;
+// The last (index id, slot) this thread used: the common case of one index.
+struct TlLast {
+  uint64_t id = 0;
+  int slot = -1;
+};
+thread_local TlLast tl_last;
 
 struct Retired {
   uint64_t off;
@@ -408,6 +414,12 @@ class NvcHashmap final : public Index {
   }
   uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
   Node* BucketSlot(uint64_t b, bool create);
+  // Starts loading the bucket-table slot of hash h (the first miss of every
+  // operation) while the operation sets up its epoch.
+  void PrefetchBucket(uint64_t h) const {
+    if (const Node* d = const_cast<NvcHashmap*>(this)->BucketSlot(h & (bucket_count_.load(std::memory_order_relaxed) - 1), false))
+      __builtin_prefetch(d);
+  }
   Node* Published(uint64_t b);
   // The bucket-table segment holding pool offset off, as (segment, index),
   // or false if off is not a slot.
@@ -443,6 +455,7 @@ class NvcHashmap final : public Index {
     }
   }
   void MaybeGrow(const Ctx& c);
+  void InitBatch(uint64_t b0, uint64_t n, const Ctx& c);
 
   // Reclamation.
   void Retire(const Ctx& c, uint64_t off, bool node);
@@ -491,6 +504,9 @@ class NvcHashmap final : public Index {
   uint64_t seg0_ = 256;
   int log_seg0_ = 8;
   std::atomic<uint64_t> bucket_count_{1};
+  // Eager bucket initialisation: buckets [init_next_, init_end_) still to be
+  // initialised after the last doubling (DRAM; inserts take chunks of them).
+  std::atomic<uint64_t> init_next_{0}, init_end_{0};
   std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
@@ -518,8 +534,12 @@ TlCache::~TlCache() {
 }
 
 int NvcHashmap::AcquireSlot() {
+  if (tl_last.id == id_) return tl_last.slot;  // ids are never reused
   for (const auto& e : tl_cache.v)
-    if (e.id == id_) return e.slot;
+    if (e.id == id_) {
+      tl_last = {id_, e.slot};
+      return e.slot;
+    }
   std::lock_guard<std::mutex> g(g_reg_mu);
   auto& v = tl_cache.v;
   v.erase(std::remove_if(v.begin(), v.end(), [](const TlEntry& e) { return Registry_().count(e.id) == 0; }), v.end());
@@ -527,6 +547,7 @@ int NvcHashmap::AcquireSlot() {
     bool f = false;
     if (slots_[i].owned.compare_exchange_strong(f, true)) {
       v.push_back({id_, i});
+      tl_last = {id_, i};
       return i;
     }
   }
@@ -686,14 +707,105 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
   }
 }
 
+// Called after each successful insert. Every 64 inserts of a thread: double
+// the bucket count if the load factor is exceeded. Every kInitEvery inserts:
+// initialise the next kInitChunk buckets of the last doubling (a batch costs
+// 2 fences in all), so that the new buckets are ready long before the next
+// doubling (kInitChunk / kInitEvery = 2 buckets per insert, the doubling
+// from bc to 2bc comes after bc * load_factor inserts): finds then start
+// from their own bucket instead of walking from an ancestor.
 void NvcHashmap::MaybeGrow(const Ctx& c) {
-  if ((++c.st->ops & 63) != 0) return;
+  constexpr uint64_t kInitEvery = 8, kInitChunk = 16;
+  const uint64_t ops = ++c.st->ops;
+  if (ops % kInitEvery == 0 && init_next_.load(std::memory_order_relaxed) < init_end_.load(std::memory_order_relaxed)) {
+    const uint64_t b0 = init_next_.fetch_add(kInitChunk, std::memory_order_relaxed);
+    const uint64_t end = init_end_.load(std::memory_order_relaxed);
+    if (b0 < end) InitBatch(b0, std::min(kInitChunk, end - b0), c);
+  }
+  if ((ops & 63) != 0) return;
   uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
   if (bc >= kMaxBuckets || Size() <= bc * lf_) return;
   if (!bucket_count_.compare_exchange_strong(bc, bc * 2)) return;
+  {
+    // The new half [bc, 2bc), after what is left of earlier ones.
+    std::lock_guard<std::mutex> g(seg_mu_);
+    if (init_next_.load(std::memory_order_relaxed) >= init_end_.load(std::memory_order_relaxed))
+      init_next_.store(bc, std::memory_order_relaxed);
+    init_end_.store(bc * 2, std::memory_order_relaxed);
+  }
   // A hint (volatile store): a smaller durable value loses nothing.
   uint64_t cur = pm::LoadRelaxed(&root_->bucket_count);
   while (cur < bc * 2 && !pm::CasVolatile(&root_->bucket_count, &cur, bc * 2)) {
+  }
+}
+
+// Initialises buckets [b0, b0 + n) that are still free, with InitBucket's
+// protocol but batched: write all dummies, persist them (one fence), link
+// each (CAS, published with kDirty in dirty_bit mode), persist the links (one
+// fence), clear kDirty, publish the slots. A dummy whose parent is not
+// published yet, or whose link CAS fails, is left to InitBucket (released or
+// finished individually).
+void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
+  struct Item {
+    Node* d;
+    Pos pos;
+  };
+  Item items[16];
+  int k = 0;
+  uintptr_t flushed = 0;  // consecutive buckets share lines (two slots per line): flush each once
+  for (uint64_t b = b0; b < b0 + n && k < 16; b++) {
+    if (b == 0) continue;
+    Node* d = BucketSlot(b, true);
+    if (!d) return;
+    if (LoadW(&d->value) != kSlotFree) continue;
+    Node* parent = Published(ParentBucket(b));
+    if (!parent) continue;  // left to on-demand initialisation
+    uint64_t st = kSlotFree;
+    if (!pm::CasVolatile(&d->value, &st, kSlotClaimed)) continue;
+    const uint64_t so = SoDummy(b);
+    pm::Store(&d->so, so);
+    pm::Store(&d->klen, uint32_t(0));
+    pm::Store(&d->flags, kDummyFlag);
+    Item& it = items[k++];
+    it.d = d;
+    Search(parent, so, Slice(), c, &it.pos);
+    if (it.pos.found) {  // impossible: only this slot holds bucket b's dummy
+      pm::StoreVolatile(&d->value, kSlotFree);
+      k--;
+      continue;
+    }
+    pm::StoreAtomic(&d->next, it.pos.curr_raw & ~kLow);
+    if (pm::LineOf(d) != flushed) {
+      if (flushed) pm::Flush(reinterpret_cast<const void*>(flushed), pm::kCacheLine);
+      flushed = pm::LineOf(d);
+    }
+  }
+  if (flushed) pm::Flush(reinterpret_cast<const void*>(flushed), pm::kCacheLine);
+  if (k == 0) return;
+  pm::Fence();
+  bool linked[16];
+  for (int i = 0; i < k; i++) {
+    Item& it = items[i];
+    EnsureWordDurable(it.pos.pp_word, it.pos.pp_raw);
+    uint64_t exp = it.pos.curr_raw;
+    const uint64_t desired = Off(it.d) | (dirty_mode() ? kDirty : 0);
+    linked[i] = pm::Cas(it.pos.prev_word, &exp, desired);
+    if (linked[i]) {
+      if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
+      pm::Flush(it.pos.prev_word, 8);
+    }
+  }
+  pm::Fence();
+  for (int i = 0; i < k; i++) {
+    Item& it = items[i];
+    if (linked[i]) {
+      if (dirty_mode()) ClearDirty(it.pos.prev_word, Off(it.d) | kDirty);
+      pm::StoreVolatile(&it.d->value, kSlotLinked);
+    } else {
+      // The list changed under us: release the claim; InitBucket redoes it.
+      pm::StoreVolatile(&it.d->value, kSlotFree);
+      InitBucket(Reverse64(it.d->so), c);
+    }
   }
 }
 
@@ -816,10 +928,11 @@ Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
 
 Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   PMINDEX_RETURN_IF_ERROR(Validate(key, value));
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
-  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   Node* start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
   uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
@@ -927,10 +1040,11 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
 
 Status NvcHashmap::Find(Slice key, std::string* value) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
-  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   Pos pos;
   // Finds never initialise buckets (that would flush on the read path): an
   // uninitialised bucket is searched from its nearest published ancestor.
@@ -973,10 +1087,11 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
 
 Status NvcHashmap::Remove(Slice key) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
+  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
+  PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
-  const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   Node* start = StartFor(h, c, false);
   Pos pos;
   Search(start, so, key, c, &pos);
@@ -1402,6 +1517,7 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   pm::Store(&root_->node_alloc, uint64_t(slab_ ? 1 : 0));
   pm::Store(&root_->bucket_count, initial_buckets);
   bucket_count_.store(initial_buckets);
+  init_end_.store(initial_buckets);  // initialise the initial buckets eagerly
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->head, 64));
   Node* head = N(root_->head);
   pm::Store(&head->flags, kDummyFlag);
@@ -1436,6 +1552,10 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   uint64_t bc = root_->bucket_count;
   if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
   bucket_count_.store(bc);
+  // Buckets of the last doubling may be uninitialised: initialise them
+  // eagerly again (initialised ones are skipped).
+  init_next_.store(bc / 2);
+  init_end_.store(bc);
   *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();
   if (!*needs_recovery) {
     PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/true));
