@@ -14,14 +14,17 @@
 //
 // PM words (8 bytes, pool offsets, paper 3.3 (2)):
 //   node.next  = successor | kMark (node deleted, word frozen) | kDirty
-//   node.value = value record | kDel (logically deleted)      | kDirty
-// kDirty is the erratum's "write pending" bit (fix b): the latest store to the
-// word may not be durable yet.
+//   node.value = the u64 value itself, or the offset of the byte-value record
+// kDirty is the erratum's "write pending" bit (fix b): the latest store to
+// next (a link or the mark) may not be durable yet. The value word has no
+// spare bit; its pending state is a DRAM counter per stripe of nodes.
 //
 // Invariants: the list is strictly sorted by (split-order key, key); dummies
 // are never removed and sit in their own bucket's slot; a slot is published
 // only after its dummy's link is durable; a node is freed only after it was unlinked,
 // the unlink was persisted, and two epochs passed (no reader can hold it).
+// Buckets are initialised on demand by inserts and eagerly, in batches, by a
+// cursor over the new half after each doubling (MaybeGrow/InitBatch).
 //
 // Node memory (node_alloc, docs/nvc_hashmap.md "Node slabs"): by default
 // nodes of <= 256 bytes are slots of index-owned 32 KiB slabs (a persistent
@@ -40,13 +43,19 @@
 //           pending slot (allocator nodes) and kDirty.
 //   new slab: allocate into root.slab_pending -> persist its header ->
 //           root.slab_head = slab, persist -> clear slab_pending, persist.
-//   update: new value record allocated into the pending-value slot and
-//           persisted -> CAS node.value (linearization point) -> persist ->
-//           clear slot and kDirty; the old record is retired.
-//   remove: CAS node.value |= kDel (linearization point) -> node.next |=
-//           kMark -> persist the node's header line (both words share it) ->
-//           clear kDirty -> CAS pred.next to the successor (unlink) ->
+//   update: [byte values: new record allocated into the pending-value slot
+//           and persisted] -> count in (update stripe, dirty_bit) -> if next
+//           is unmarked, store (u64) or CAS (record) node.value
+//           (linearization point) -> persist -> count out; a replaced record
+//           is retired. A store that lands after a concurrent remove's mark
+//           is linearized just before the mark and never observed.
+//   remove: CAS node.next |= kMark|kDirty (linearization point) -> persist
+//           -> clear kDirty -> CAS pred.next to the successor (unlink) ->
 //           persist; the node is retired and freed two epochs later.
+//   find:   read node.value, then node.next (marked: absent), so a late
+//           update's value is never returned.
+//   bucket batch: write up to 16 dummies, persist (one fence) -> CAS each
+//           link -> persist the links (one fence) -> clear kDirty, publish.
 // Every operation returns with every line it stored to flushed and fenced
 // (the durability lint's rule), except volatile stores (pm::StoreVolatile,
 // CasVolatile): kDirty clears, pending-slot clears, bucket-table entries and
@@ -54,18 +63,20 @@
 // Readers (erratum): a word whose value an operation acts on durably (the
 // link to the predecessor it links behind, the link to the node it reports,
 // that node's value word) is made durable first: always (flush_on_read) or
-// only when it carries kDirty (dirty_bit, the default).
+// only when it carries kDirty, or for a value word when an update of its
+// stripe is in flight (dirty_bit, the default).
 //
 // Recovery: a clean close stores the record count and the slab bitmaps and
 // sets root.clean; the next open is O(threads + slabs). After a crash, open walks the list once: it strips
-// kDirty, completes removes (unlinks kDel nodes), recounts, validates bucket
+// kDirty, completes removes (unlinks marked nodes), recounts, validates bucket
 // entries, resolves the per-thread pending slots (reachable -> clear, else
 // free) and frees every allocated block the structure does not own (removed
 // nodes that were waiting for their epoch, replaced value records).
 //
 // Paper deviations (also in docs/nvc_hashmap.md): the paper does not describe
-// delete or update; we linearize remove on the value word (not on the mark of
-// next) so that in-place value updates are linearizable against removes. The
+// delete or update; remove linearizes at the mark of next (Michael's list),
+// and in-place value updates stay linearizable against it because finds read
+// the value before the mark and updates check the mark before storing. The
 // paper's erratum fix (a) says no fence is needed; our persistence model
 // requires flush + fence before a store that depends on the flushed word, so
 // flush_on_read uses pm::Persist.
@@ -710,12 +721,15 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
 // Called after each successful insert. Every 64 inserts of a thread: double
 // the bucket count if the load factor is exceeded. Every kInitEvery inserts:
 // initialise the next kInitChunk buckets of the last doubling (a batch costs
-// 2 fences in all), so that the new buckets are ready long before the next
-// doubling (kInitChunk / kInitEvery = 2 buckets per insert, the doubling
-// from bc to 2bc comes after bc * load_factor inserts): finds then start
-// from their own bucket instead of walking from an ancestor.
+// 2 fences in all), so that the new buckets are ready by the next doubling
+// (one bucket per insert; the doubling from bc to 2bc comes after
+// bc * load_factor more inserts, and inserts also initialise their own
+// bucket on demand): finds then start from their own bucket instead of
+// walking from an ancestor. A faster rate front-loads the same work (each
+// bucket is initialised once either way) into the inserts right after a
+// doubling.
 void NvcHashmap::MaybeGrow(const Ctx& c) {
-  constexpr uint64_t kInitEvery = 8, kInitChunk = 16;
+  constexpr uint64_t kInitEvery = 16, kInitChunk = 16;
   const uint64_t ops = ++c.st->ops;
   if (ops % kInitEvery == 0 && init_next_.load(std::memory_order_relaxed) < init_end_.load(std::memory_order_relaxed)) {
     const uint64_t b0 = init_next_.fetch_add(kInitChunk, std::memory_order_relaxed);
