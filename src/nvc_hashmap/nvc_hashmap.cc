@@ -448,6 +448,15 @@ class NvcHashmap final : public Index {
   uint64_t FirstBucket(int s) const { return s == 0 ? 0 : seg0_ << (s - 1); }
   Node* StartFor(uint64_t h, const Ctx& c, bool init);
   Node* InitBucket(uint64_t b, const Ctx& c);
+  // Claims bucket b's free slot d (volatile CAS free -> claimed; on failure
+  // *st gets the state) and writes its dummy header except next.
+  static bool ClaimDummy(Node* d, uint64_t b, uint64_t* st) {
+    if (!pm::CasVolatile(&d->value, st, kSlotClaimed)) return false;
+    pm::Store(&d->so, SoDummy(b));
+    pm::Store(&d->klen, uint32_t(0));
+    pm::Store(&d->flags, kDummyFlag);
+    return true;
+  }
 
   void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
@@ -690,11 +699,8 @@ Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
   if (!parent) parent = InitBucket(pb, c);
   if (!parent) return nullptr;
   uint64_t st = kSlotFree;
-  if (!pm::CasVolatile(&d->value, &st, kSlotClaimed)) return st == kSlotLinked ? d : nullptr;
+  if (!ClaimDummy(d, b, &st)) return st == kSlotLinked ? d : nullptr;
   const uint64_t so = SoDummy(b);
-  pm::Store(&d->so, so);
-  pm::Store(&d->klen, uint32_t(0));
-  pm::Store(&d->flags, kDummyFlag);
   Pos pos;
   for (;;) {
     Search(parent, so, Slice(), c, &pos);
@@ -775,11 +781,8 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     Node* parent = Published(ParentBucket(b));
     if (!parent) continue;  // left to on-demand initialisation
     uint64_t st = kSlotFree;
-    if (!pm::CasVolatile(&d->value, &st, kSlotClaimed)) continue;
+    if (!ClaimDummy(d, b, &st)) continue;
     const uint64_t so = SoDummy(b);
-    pm::Store(&d->so, so);
-    pm::Store(&d->klen, uint32_t(0));
-    pm::Store(&d->flags, kDummyFlag);
     Item& it = items[k++];
     it.d = d;
     Search(parent, so, Slice(), c, &it.pos);

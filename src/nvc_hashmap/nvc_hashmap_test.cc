@@ -311,6 +311,23 @@ struct PauseState {
 };
 PauseState* g_pause = nullptr;
 
+void WaitPaused(PauseState& ps) {
+  std::unique_lock<std::mutex> l(ps.mu);
+  ps.cv.wait(l, [&] { return ps.paused; });
+}
+// Lets the paused thread go, joins it and removes the hooks.
+void ReleaseAndJoin(PauseState& ps, std::thread& t) {
+  {
+    std::lock_guard<std::mutex> l(ps.mu);
+    ps.release = true;
+    ps.cv.notify_all();
+  }
+  t.join();
+  nvc_hashmap_testing::SetAfterLinkHook(nullptr);
+  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
+  g_pause = nullptr;
+}
+
 void PauseHook(Slice key) {
   PauseState& p = *g_pause;
   std::unique_lock<std::mutex> l(p.mu);
@@ -335,22 +352,12 @@ bool RunErratumScenario(const std::map<std::string, std::string>& params, bool n
   g_pause = &ps;
   nvc_hashmap_testing::SetAfterLinkHook(&PauseHook);
   std::thread a([&] { EXPECT_TRUE(h.idx->Insert(ka, nvc_test::U64(1)).ok()); });
-  {
-    std::unique_lock<std::mutex> l(ps.mu);
-    ps.cv.wait(l, [&] { return ps.paused; });
-  }
+  WaitPaused(ps);
   // A is paused between its CAS and its persist. B acts on A's link.
   Status sb = h.idx->Insert(kb, nvc_test::U64(2));
   EXPECT_TRUE(sb.ok());
   std::vector<char> img = h.Snapshot();  // power failure now
-  {
-    std::lock_guard<std::mutex> l(ps.mu);
-    ps.release = true;
-    ps.cv.notify_all();
-  }
-  a.join();
-  nvc_hashmap_testing::SetAfterLinkHook(nullptr);
-  g_pause = nullptr;
+  ReleaseAndJoin(ps, a);
   std::unique_ptr<Index> rec;
   Status s = h.Crash(img, &rec);
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -402,22 +409,12 @@ std::string RunValueErratumScenario(const std::map<std::string, std::string>& pa
   g_pause = &ps;
   nvc_hashmap_testing::SetAfterValueStoreHook(&PauseHook);
   std::thread a([&] { EXPECT_TRUE(h.idx->Update(ka, nvc_test::U64(5)).ok()); });
-  {
-    std::unique_lock<std::mutex> l(ps.mu);
-    ps.cv.wait(l, [&] { return ps.paused; });
-  }
+  WaitPaused(ps);
   std::string v;
   EXPECT_TRUE(h.idx->Find(ka, &v).ok());
   EXPECT_EQ(v, nvc_test::U64(5)) << "B reads the in-flight value";
   std::vector<char> img = h.Snapshot();  // power failure now
-  {
-    std::lock_guard<std::mutex> l(ps.mu);
-    ps.release = true;
-    ps.cv.notify_all();
-  }
-  a.join();
-  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
-  g_pause = nullptr;
+  ReleaseAndJoin(ps, a);
   std::unique_ptr<Index> rec;
   Status s = h.Crash(img, &rec);
   EXPECT_TRUE(s.ok()) << s.ToString();
