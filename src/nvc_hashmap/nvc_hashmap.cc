@@ -901,8 +901,15 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
     if (!s.ok()) return s;
     n = N(c.ps->pending);
   }
-  static thread_local std::vector<char> buf;
-  buf.assign(size, 0);
+  // Built in a buffer (on the stack for slab-sized nodes), then one copy.
+  alignas(64) char small[256];
+  static thread_local std::vector<char> big;
+  char* buf = small;
+  if (size > sizeof(small)) {
+    big.resize(size);
+    buf = big.data();
+  }
+  std::memset(buf + kHeader + key.size(), 0, voff - kHeader - key.size());  // key padding
   Node h{};
   h.next = next;
   h.so = so;
@@ -910,15 +917,15 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   h.flags = cls >= 0 ? (kSlabFlag | uint32_t(cls) << 4) : 0;
   if (vk_ == ValueKind::kU64) std::memcpy(&h.value, value.data(), 8);
   else h.value = Off(n) + voff;
-  std::memcpy(buf.data(), &h, kHeader);
-  std::memcpy(buf.data() + kHeader, key.data(), key.size());
+  std::memcpy(buf, &h, kHeader);
+  std::memcpy(buf + kHeader, key.data(), key.size());
   if (vk_ == ValueKind::kBytes) {
     uint64_t len = value.size();
-    std::memcpy(buf.data() + voff, &len, 8);
-    if (len) std::memcpy(buf.data() + voff + 8, value.data(), len);
+    std::memcpy(buf + voff, &len, 8);
+    if (len) std::memcpy(buf + voff + 8, value.data(), len);
   }
   const size_t used = voff + vsize;
-  pm::Copy(n, buf.data(), used);
+  pm::Copy(n, buf, used);
   if (!PMINDEX_FAULT("nvc.insert.skip_node_persist")) pm::Persist(n, used);
   *out = n;
   return Status::OK();
