@@ -424,7 +424,17 @@ class NvcHashmap final : public Index {
     *i = b - (seg0_ << (w - 1));
   }
   uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
-  Node* BucketSlot(uint64_t b, bool create);
+  // Bucket b's slot; allocates its segment if `create` (slow path apart, so
+  // the common lookup inlines).
+  Node* BucketSlot(uint64_t b, bool create) {
+    int s;
+    uint64_t i;
+    SegOf(b, &s, &i);
+    if (s >= kMaxSegments) return nullptr;
+    if (char* seg = segs_[s].load(std::memory_order_acquire)) return reinterpret_cast<Node*>(seg + i * kHeader);
+    return create ? NewSegmentSlot(s, i) : nullptr;
+  }
+  Node* NewSegmentSlot(int s, uint64_t i);
   // Starts loading the bucket-table slot of hash h (the first miss of every
   // operation) while the operation sets up its epoch.
   void PrefetchBucket(uint64_t h) const {
@@ -466,7 +476,8 @@ class NvcHashmap final : public Index {
   // v: a regular node's value word.
   void ReadValue(uint64_t v, std::string* out) const {
     if (vk_ == ValueKind::kU64) {
-      out->assign(reinterpret_cast<const char*>(&v), 8);
+      out->resize(8);  // no-op when the caller reuses its string
+      std::memcpy(out->data(), &v, 8);
     } else {
       const char* p = base_ + v;
       uint64_t len;
@@ -641,14 +652,9 @@ void NvcHashmap::EnsureDelDurable(Node* n) {
 // ---------------------------------------------------------------------------
 // Bucket table.
 
-Node* NvcHashmap::BucketSlot(uint64_t b, bool create) {
-  int s;
-  uint64_t i;
-  SegOf(b, &s, &i);
-  if (s >= kMaxSegments) return nullptr;
-  char* seg = segs_[s].load(std::memory_order_acquire);
-  if (!seg) {
-    if (!create) return nullptr;
+Node* NvcHashmap::NewSegmentSlot(int s, uint64_t i) {
+  char* seg;
+  {
     std::lock_guard<std::mutex> g(seg_mu_);
     seg = segs_[s].load(std::memory_order_acquire);
     if (!seg) {
