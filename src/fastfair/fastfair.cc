@@ -78,6 +78,7 @@
 #include "fastfair/fastfair.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -111,7 +112,8 @@ struct Meta {
   // line 1
   uint64_t root;        // the 8-byte store that publishes a new root
   uint64_t spare_root;  // owns a new root until it is published
-  uint64_t reserved2[6];
+  uint64_t limbo;       // block of kLimboSlots LimboSlot: unlinked nodes awaiting free
+  uint64_t reserved2[5];
 };
 static_assert(sizeof(Meta) == 128);
 
@@ -135,7 +137,7 @@ struct Node {
   uint64_t low;       // lower fence (key or key-block offset; 0 for leftmost)
   uint64_t leftmost;  // internal: child below the first key
   uint64_t lk;        // "left key" of slot 0, never equal to a key here
-  uint64_t pad;
+  uint64_t dead;      // 1 once merged away (unlinked; writers that lock it restart)
   Entry* ents() { return reinterpret_cast<Entry*>(reinterpret_cast<char*>(this) + sizeof(Node)); }
 };
 static_assert(sizeof(Node) == 96);
@@ -149,11 +151,84 @@ inline void St(T* p, T v) {
   pm::StoreAtomic(p, v);
 }
 
-// Reader-writer spinlock (DRAM).
-struct alignas(64) RwLock {
-  std::atomic<uint64_t> w{0};
+// Persistent limbo (Meta::limbo): a node unlinked by a merge (or an old root
+// dropped by a root collapse) is owned by a slot {r, l} from before its
+// unlink until it is freed after the epoch grace period. `l` names the node
+// whose `sibling` still points at r while the merge is not committed (or
+// kRootMark: Meta::root still points at r); 0 once the unlink is durable.
+// Open (constant work: kLimboSlots words) undoes an uncommitted merge or
+// frees the unlinked node.
+struct LimboSlot {
+  uint64_t r, l;
 };
-constexpr uint64_t kWriter = 1ull << 63;
+constexpr uint32_t kLimboSlots = 256;
+constexpr uint64_t kRootMark = 1;
+
+// Per-node reader-writer spinlock words (DRAM, never persisted), one per
+// node_size bytes of the pool's address range: distinct live nodes never
+// share a word (they do not overlap, so their offsets / node_size differ).
+constexpr uint32_t kWriter = 1u << 31;
+
+// Epoch-based reclamation (process-wide). Every public operation of a tree
+// that may merge runs inside an epoch guard; a node retired at epoch t is
+// freed once no thread announces an epoch <= t (it may still hold the node).
+constexpr int kEpochSlots = 512;
+struct alignas(64) EpochSlot {
+  std::atomic<uint64_t> e{0};
+  std::atomic<bool> used{false};
+};
+EpochSlot g_epoch_slots[kEpochSlots];
+std::atomic<uint64_t> g_epoch{1};
+struct ThreadEpoch {
+  int idx = -1;
+  int depth = 0;
+  ~ThreadEpoch() {
+    if (idx >= 0) g_epoch_slots[idx].used.store(false, std::memory_order_release);
+  }
+};
+thread_local ThreadEpoch t_epoch;
+
+class EpochGuard {
+ public:
+  EpochGuard() {
+    ThreadEpoch& t = t_epoch;
+    if (t.depth++) return;
+    while (t.idx < 0) {
+      for (int i = 0; i < kEpochSlots && t.idx < 0; i++) {
+        bool f = false;
+        if (!g_epoch_slots[i].used.load(std::memory_order_relaxed) &&
+            g_epoch_slots[i].used.compare_exchange_strong(f, true, std::memory_order_acq_rel))
+          t.idx = i;
+      }
+      if (t.idx < 0) std::this_thread::yield();
+    }
+    // Announce, then re-read the global epoch: a reclaimer that missed the
+    // announcement advanced the epoch before scanning (seq_cst order), so
+    // the re-read sees it and we announce again.
+    auto& slot = g_epoch_slots[t.idx].e;
+    uint64_t e = g_epoch.load(std::memory_order_seq_cst);
+    for (;;) {
+      slot.store(e, std::memory_order_seq_cst);
+      const uint64_t e2 = g_epoch.load(std::memory_order_seq_cst);
+      if (e2 == e) break;
+      e = e2;
+    }
+  }
+  ~EpochGuard() {
+    ThreadEpoch& t = t_epoch;
+    if (--t.depth == 0) g_epoch_slots[t.idx].e.store(0, std::memory_order_release);
+  }
+  EpochGuard(const EpochGuard&) = delete;
+  EpochGuard& operator=(const EpochGuard&) = delete;
+};
+// True if no thread announces an epoch <= t.
+bool EpochPassed(uint64_t t) {
+  for (auto& s : g_epoch_slots) {
+    const uint64_t e = s.e.load(std::memory_order_seq_cst);
+    if (e && e <= t) return false;
+  }
+  return true;
+}
 inline void Pause(int& spins) {
   if (++spins < 64) _mm_pause();
   else std::this_thread::yield();
@@ -191,8 +266,20 @@ class FastFair final : public FastFairBase {
   FastFair(std::unique_ptr<pm::Pool> pool, const Options& o, uint32_t node_size, ValueKind vk, bool rc)
       : pool_(std::move(pool)), base_(pool_->base()), alloc_(&pool_->allocator()), opts_(o),
         node_size_(node_size), cap_((node_size - sizeof(Node)) / sizeof(Entry)), bv_(vk == ValueKind::kBytes),
-        vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc), locks_(new RwLock[kLocks]) {}
-  ~FastFair() override { Close(); }
+        vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc), merge_(!BK) {
+    lock_words_ = pool_->max_size() / node_size_ + 1;
+    void* m = ::mmap(nullptr, lock_words_ * sizeof(uint32_t), PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) {
+      std::fprintf(stderr, "fastfair: cannot map %zu lock words\n", lock_words_);
+      std::abort();
+    }
+    locks_ = static_cast<std::atomic<uint32_t>*>(m);
+  }
+  ~FastFair() override {
+    Close();
+    ::munmap(locks_, lock_words_ * sizeof(uint32_t));
+  }
 
   // ---- creation / open -------------------------------------------------
   Status Format() override {
@@ -232,6 +319,7 @@ class FastFair final : public FastFairBase {
     gen_ = m->gen + 1;
     St(&m->gen, gen_);
     pm::Persist(&m->gen, 8);
+    RecoverLimbo(m);
     if (m->spare_root) {
       if (m->spare_root == m->root) {
         St(&m->spare_root, uint64_t(0));
@@ -259,6 +347,7 @@ class FastFair final : public FastFairBase {
 
   Status Find(Slice key, std::string* value) override {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+    EpochGuard eg;
     const SK sk = MakeSK(key);
     Node* n = Descend(0, sk, nullptr);
     uint64_t v = 0;
@@ -282,7 +371,17 @@ class FastFair final : public FastFairBase {
   Status Remove(Slice key) override {
     PMINDEX_RETURN_IF_ERROR(Writable());
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
-    const SK sk = MakeSK(key);
+    Status st;
+    {
+      EpochGuard eg;
+      st = RemoveIn(MakeSK(key));
+    }
+    // Outside the guard, so that this thread's own retired nodes can go.
+    if (retired_count_.load(std::memory_order_relaxed)) Reclaim(false);
+    return st;
+  }
+
+  Status RemoveIn(const SK& sk) {
     Pending pend;
     Node* n = nullptr;
     PMINDEX_RETURN_IF_ERROR(LockAt(0, sk, &pend, &n));
@@ -304,8 +403,14 @@ class FastFair final : public FastFairBase {
       if (bv_) alloc_->Free(&n->spare_b);
       if (BK || bv_) pm::Fence();  // orders the allocator's flushed lane clear
     }
+    // Merge trigger: a non-root node that fell below kMergeBelow of its
+    // capacity (docs/fastfair.md, Merges).
+    const bool underfull = merge_ && st.ok() && Underfull(n) && Off(n) != Ld(&meta_->root);
     WUnlock(n);
     EnsurePending(pend);
+    if (underfull) {
+      for (Node* x = n; x;) x = MergeStep(x);
+    }
     return st;
   }
 
@@ -313,7 +418,8 @@ class FastFair final : public FastFairBase {
     if (count) *count = 0;
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
     if (limit == 0) return Status::OK();
-    const SK sk = MakeSK(start);
+    EpochGuard eg;
+    SK sk = MakeSK(start);
     Node* n = Descend(0, sk, nullptr);
     size_t c = 0;
     if (!locked_reads_) {
@@ -392,6 +498,19 @@ class FastFair final : public FastFairBase {
       if (!next || c >= limit) break;
       n = At(next);
       RLock(n);
+      if (Ld(&n->dead)) {
+        // Merged into its left sibling since we read the link (u64 keys
+        // only): continue from the key after the last one returned.
+        RUnlock(n);
+        if constexpr (!BK) {
+          if (!buf.empty()) {
+            const uint64_t lastk = SliceToU64(buf.back().first);
+            if (lastk == UINT64_MAX) break;
+            sk = lastk + 1;
+          }
+        }
+        n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
+      }
     }
     if (count) *count = c;
     return Status::OK();
@@ -413,13 +532,14 @@ class FastFair final : public FastFairBase {
     IndexStats s;
     s.records = Size();
     s.pm_bytes = alloc_->BytesInUse();
-    s.dram_bytes = sizeof(*this) + kLocks * sizeof(RwLock);
+    s.dram_bytes = sizeof(*this) + touched_lock_bytes_estimate();
     s.recovery_seconds = recovery_seconds_;
     return s;
   }
 
   Status Close() override {
     if (pool_) {
+      if (retired_count_.load()) Reclaim(true);  // nobody is in the tree any more
       Status s = pool_->Close();
       pool_.reset();
       return s;
@@ -436,6 +556,10 @@ class FastFair final : public FastFairBase {
     d.splits_finished_by_repair = splits_repaired_.load();
     d.parent_links_repaired = parents_repaired_.load();
     d.root_grows = root_grows_.load();
+    d.merges = merges_.load();
+    d.root_collapses = root_collapses_.load();
+    d.nodes_freed = nodes_freed_.load();
+    d.merges_skipped = merges_skipped_.load();
     return d;
   }
   int Cap() const override { return int(cap_); }
@@ -443,7 +567,8 @@ class FastFair final : public FastFairBase {
 
  private:
   enum Mode { kInsert, kUpdate, kUpsert };
-  static constexpr size_t kLocks = 1 << 14;
+  // Lock words are touched (mapped) one page per 1024 nodes of address range.
+  size_t touched_lock_bytes_estimate() const { return alloc_->BytesInUse() / node_size_ * sizeof(uint32_t); }
 
   Node* At(uint64_t off) const { return off ? reinterpret_cast<Node*>(base_ + off) : nullptr; }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
@@ -542,22 +667,19 @@ class FastFair final : public FastFairBase {
   }
 
   // ---- locks -----------------------------------------------------------
-  RwLock& LockOf(const Node* n) const {
-    uint64_t h = (Off(n) >> 6) * 0x9E3779B97F4A7C15ull;
-    return locks_[h >> (64 - 14)];
-  }
+  std::atomic<uint32_t>& LockOf(const Node* n) const { return locks_[Off(n) / node_size_]; }
   void WLock(Node* n) {
-    auto& l = LockOf(n).w;
+    auto& l = LockOf(n);
     int spins = 0;
     for (;;) {
-      uint64_t z = 0;
+      uint32_t z = 0;
       if (l.load(std::memory_order_relaxed) == 0 && l.compare_exchange_weak(z, kWriter, std::memory_order_acquire)) return;
       Pause(spins);
     }
   }
-  void WUnlock(Node* n) { LockOf(n).w.fetch_sub(kWriter, std::memory_order_release); }
+  void WUnlock(Node* n) { LockOf(n).fetch_sub(kWriter, std::memory_order_release); }
   void RLock(Node* n) {
-    auto& l = LockOf(n).w;
+    auto& l = LockOf(n);
     int spins = 0;
     for (;;) {
       if (!(l.fetch_add(1, std::memory_order_acquire) & kWriter)) return;
@@ -565,7 +687,7 @@ class FastFair final : public FastFairBase {
       while (l.load(std::memory_order_relaxed) & kWriter) Pause(spins);
     }
   }
-  void RUnlock(Node* n) { LockOf(n).w.fetch_sub(1, std::memory_order_release); }
+  void RUnlock(Node* n) { LockOf(n).fetch_sub(1, std::memory_order_release); }
 
   // ---- navigation --------------------------------------------------------
   // Reads the fence of n: true and *sib if key >= high (move right). Reads
@@ -655,33 +777,51 @@ class FastFair final : public FastFairBase {
   }
 
   // Write-locks the node of `level` covering key, repairing it if needed.
-  Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out) {
-    Node* n;
+  // grow=false: *out = nullptr if the tree is not that high.
+  Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out, bool grow = true) {
     for (;;) {
-      n = Descend(level, key, pend);
-      if (n) break;
-      PMINDEX_RETURN_IF_ERROR(GrowRoot(level));
-    }
-    WLock(n);
-    Prepare(n, pend);
-    for (;;) {
-      uint64_t s = n->sibling;
-      if (s && Cmp(n->high, key) <= 0) {
-        pend->Add(level, s);
-        WUnlock(n);
-        n = At(s);
-        WLock(n);
-        Prepare(n, pend);
+      Node* n = Descend(level, key, pend);
+      if (!n) {
+        if (!grow) {
+          *out = nullptr;
+          return Status::OK();
+        }
+        PMINDEX_RETURN_IF_ERROR(GrowRoot(level));
         continue;
       }
-      *out = n;
-      return Status::OK();
+      WLock(n);
+      for (;;) {
+        // A node merged away while we waited (or reached through a stale
+        // link): restart from the root (epochs keep its memory valid).
+        if (Ld(&n->dead)) {
+          WUnlock(n);
+          n = nullptr;
+          break;
+        }
+        Prepare(n, pend);
+        uint64_t s = n->sibling;
+        if (s && Cmp(n->high, key) <= 0) {
+          pend->Add(level, s);
+          WUnlock(n);
+          n = At(s);
+          WLock(n);
+          continue;
+        }
+        *out = n;
+        return Status::OK();
+      }
     }
   }
 
   Node* ReadLockLeaf(Node* n, const SK& key) {
     RLock(n);
     for (;;) {
+      if (Ld(&n->dead)) {
+        RUnlock(n);
+        n = Descend(0, key, nullptr);
+        RLock(n);
+        continue;
+      }
       uint64_t s = n->sibling;
       if (s && Cmp(n->high, key) <= 0) {
         RUnlock(n);
@@ -988,7 +1128,7 @@ class FastFair final : public FastFairBase {
     // another writer move right into S and insert there while the splitter
     // computed its position unlocked: the splitter then inserted at a stale
     // position (TSan report in SplitRacingWithDeleteLong).
-    if (&LockOf(s) != &LockOf(n)) WLock(s);
+    WLock(s);
     // Link and cut: all in line 0 of n, one flush.
     if (n->sibling == 0) {
       St(&n->high, K);
@@ -1013,7 +1153,7 @@ class FastFair final : public FastFairBase {
 
   // Releases the lock Split took on the new sibling s (if any).
   void UnlockNew(Node* n, Node* s) {
-    if (s && &LockOf(s) != &LockOf(n)) WUnlock(s);
+    if (s) WUnlock(s);
   }
 
   Status GrowRoot(uint32_t level) {
@@ -1036,6 +1176,263 @@ class FastFair final : public FastFairBase {
       St(&meta_->spare_root, uint64_t(0));
       pm::Persist(&meta_->root, 16);
       root_grows_++;
+    }
+  }
+
+  // ---- FAIR merge (sec. 4.2), reverse order of the split ------------------
+  // Trigger: a non-root node with fewer than cap/4 records (internal: keys)
+  // after a delete. It is merged with its left (or, failing that, right)
+  // sibling under the same parent if the result holds at most 3/4 of the
+  // capacity (the whole capacity if the node is empty): a merged node is
+  // never on the edge of a split again (no split/merge thrashing). No
+  // borrowing: a node whose siblings are too full stays underfull until
+  // they shrink (docs/fastfair.md).
+  bool Underfull(Node* n) const { return n->count < std::max<uint32_t>(1, cap_ / 4); }
+
+  LimboSlot* Limbo() const { return reinterpret_cast<LimboSlot*>(base_ + meta_->limbo); }
+
+  // A free limbo slot (reclaiming first), or -1: the merge is skipped.
+  int ClaimSlot() {
+    if (retired_count_.load(std::memory_order_relaxed)) Reclaim(false);
+    std::lock_guard<std::mutex> g(limbo_mu_);
+    if (!meta_->limbo) {
+      if (!alloc_->AllocateZeroed(&meta_->limbo, kLimboSlots * sizeof(LimboSlot)).ok()) return -1;
+    }
+    for (uint32_t i = 0; i < kLimboSlots; i++) {
+      if (!limbo_busy_[i]) {
+        limbo_busy_[i] = true;
+        return int(i);
+      }
+    }
+    return -1;
+  }
+  void ReleaseSlot(int i) {
+    std::lock_guard<std::mutex> g(limbo_mu_);
+    limbo_busy_[i] = false;
+  }
+  // The node in slot i is unlinked (durably); free it after the grace period.
+  void Retire(int i) {
+    const uint64_t t = g_epoch.fetch_add(1, std::memory_order_seq_cst);
+    std::lock_guard<std::mutex> g(limbo_mu_);
+    retired_.push_back({uint32_t(i), t});
+    retired_count_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Frees retired nodes whose grace period has passed (all of them if
+  // `all`: no thread is in the tree any more).
+  void Reclaim(bool all) {
+    std::lock_guard<std::mutex> g(limbo_mu_);
+    LimboSlot* ls = Limbo();
+    bool freed = false;
+    for (size_t j = 0; j < retired_.size();) {
+      if (!all && !EpochPassed(retired_[j].second)) {
+        j++;
+        continue;
+      }
+      const uint32_t i = retired_[j].first;
+      alloc_->Free(&ls[i].r);
+      freed = true;
+      nodes_freed_++;
+      limbo_busy_[i] = false;
+      retired_[j] = retired_.back();
+      retired_.pop_back();
+      retired_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (freed) pm::Fence();  // orders the allocator's flushed lane clears
+  }
+
+  // One merge attempt for underfull x (any level). Returns x's parent if
+  // that became underfull in turn (the caller continues with it).
+  Node* MergeStep(Node* x) {
+    const uint32_t level = x->level;
+    const uint64_t xlow = Ld(&x->low);
+    const int slot = ClaimSlot();
+    if (slot < 0) {
+      merges_skipped_++;
+      return nullptr;
+    }
+    Pending pend;
+    Node* p = nullptr;
+    Node* next = nullptr;
+    bool used = false;
+    if (LockAt(level + 1, KeyOf(xlow), &pend, &p, /*grow=*/false).ok() && p) {
+      used = MergeUnder(p, x, xlow, slot, &pend);
+      if (used && p->count == 0 && Off(p) == Ld(&meta_->root)) {
+        CollapseRoot(p);
+      } else if (used && Underfull(p) && Off(p) != Ld(&meta_->root)) {
+        next = p;
+      }
+      WUnlock(p);
+    }
+    if (used) Retire(slot);
+    else ReleaseSlot(slot);
+    EnsurePending(pend);
+    return next;
+  }
+
+  // p write-locked: merges x with a neighbour under p if x is still a child
+  // of p, still underfull, and the pair fits. Locks: p, then l, then r
+  // (level by level from the top, left to right within a level).
+  bool MergeUnder(Node* p, Node* x, uint64_t xlow, int slot, Pending* pend) {
+    Entry* pe = p->ents();
+    int64_t j;
+    uint32_t pos;
+    if (p->leftmost == Off(x)) j = -1;
+    else if (FindInLocked(p, KeyOf(xlow), &pos) && pe[pos].v == Off(x)) j = pos;
+    else return false;  // not (or no longer) listed here
+    for (int64_t sep : {j, j + 1}) {  // r = child of record sep
+      if (sep < 0 || sep >= int64_t(p->count)) continue;
+      Node* l = At(sep == 0 ? p->leftmost : pe[sep - 1].v);
+      Node* r = At(pe[sep].v);
+      WLock(l);
+      Prepare(l, pend);
+      WLock(r);
+      Prepare(r, pend);
+      const uint32_t total = l->count + r->count + (l->level ? 1 : 0);
+      const uint32_t limit = x->count == 0 ? cap_ : cap_ * 3 / 4;
+      const bool ok = l->sibling == Off(r) && r->low == pe[sep].k && l->level + 1 == p->level &&
+                      r->level == l->level && Underfull(x) && total <= limit;
+      if (ok) DoMerge(p, uint32_t(sep), l, r, slot);
+      WUnlock(r);
+      WUnlock(l);
+      if (ok) return true;
+    }
+    return false;
+  }
+
+  // Merges r into its left sibling l (p, l, r write-locked and repaired),
+  // the split in reverse: (1) the limbo slot takes r, (2) the separator
+  // leaves the parent (r is now reached through l's fence only: the state
+  // of a split whose parent insert is pending), (3) r's records (internal:
+  // the separator with r's leftmost child first) are appended past l's
+  // count, invisible, and persisted, (4) line 0 of l: count, high, sibling
+  // (readers that pair the new high with the old sibling still move right
+  // to r, intact), one flush: the commit, (5) r is marked dead and the slot
+  // records the unlink. Open undoes a merge whose step 4 did not persist.
+  void DoMerge(Node* p, uint32_t sep, Node* l, Node* r, int slot) {
+    const uint64_t K = p->ents()[sep].k;
+    LimboSlot* ls = Limbo() + slot;
+    // Fault: the slot claims r is unlinked already; open frees a linked node.
+    const bool fault = PMINDEX_FAULT("fastfair.merge.free_before_unlink");
+    St(&ls->r, Off(r));
+    St(&ls->l, fault ? uint64_t(0) : Off(l));
+    pm::Persist(ls, sizeof(LimboSlot));
+    DeleteAt(p, sep, true);
+    thread_local std::vector<Entry> add;
+    add.clear();
+    if (l->level) add.push_back({K, r->leftmost});
+    for (uint32_t j = 0; j < r->count; j++) add.push_back(r->ents()[j]);
+    Entry* le = l->ents();
+    const uint32_t lc = l->count, n = uint32_t(add.size());
+    // l's lk must stay unequal to every key of l.
+    bool clash = false;
+    for (const Entry& a : add) clash |= a.k == l->lk;
+    if (clash) {
+      for (uint64_t c = l->lk + 1;; c++) {
+        bool used = false;
+        for (uint32_t j = 0; j < lc && !used; j++) used = le[j].k == c;
+        for (const Entry& a : add) used |= a.k == c;
+        if (!used) {
+          St(&l->lk, c);
+          pm::Persist(&l->lk, 8);
+          break;
+        }
+      }
+    }
+    size_t len = 0;
+    if (n) {
+      for (uint32_t i = 0; i < n; i++) {
+        St(&le[lc + i].v, add[i].v);
+        St(&le[lc + i].k, add[i].k);
+      }
+      len = n * sizeof(Entry);
+      if (lc + n < cap_) {  // I
+        St(&le[lc + n].k, add[n - 1].k);
+        len += sizeof(Entry);
+      }
+      pm::Persist(&le[lc], len);
+    }
+    St(&l->count, lc + n);
+    St(&l->high, r->sibling ? r->high : uint64_t(0));
+    St(&l->sibling, r->sibling);
+    St(&l->sw, l->sw + 2);
+    pm::Persist(l, pm::kCacheLine);
+    St(&r->dead, uint64_t(1));
+    pm::Persist(&r->dead, 8);
+    if (!fault) {
+      St(&ls->l, uint64_t(0));
+      pm::Persist(&ls->l, 8);
+    }
+    merges_++;
+  }
+
+  // p is the write-locked root and has no keys left: its only child becomes
+  // the root (one 8-byte store of Meta::root), p goes to the limbo.
+  void CollapseRoot(Node* p) {
+    const int slot = ClaimSlot();
+    if (slot < 0) return;
+    std::lock_guard<std::mutex> g(root_mu_);
+    if (Ld(&meta_->root) != Off(p) || p->count != 0 || !p->leftmost) {
+      ReleaseSlot(slot);
+      return;
+    }
+    LimboSlot* ls = Limbo() + slot;
+    St(&ls->r, Off(p));
+    St(&ls->l, kRootMark);
+    pm::Persist(ls, sizeof(LimboSlot));
+    St(&meta_->root, p->leftmost);
+    pm::Persist(&meta_->root, 8);
+    St(&p->dead, uint64_t(1));
+    pm::Persist(&p->dead, 8);
+    St(&ls->l, uint64_t(0));
+    pm::Persist(&ls->l, 8);
+    root_collapses_++;
+    Retire(slot);
+  }
+
+  // Open: settles every used limbo slot (constant work).
+  void RecoverLimbo(Meta* m) {
+    if (!m->limbo) return;
+    LimboSlot* ls = Limbo();
+    for (uint32_t i = 0; i < kLimboSlots; i++) {
+      if (!ls[i].r) continue;
+      if (LimboLinked(ls[i])) {
+        if (ls[i].l != kRootMark) UndoMerge(At(ls[i].l), At(ls[i].r));
+        St(&ls[i].r, uint64_t(0));
+        St(&ls[i].l, uint64_t(0));
+        pm::Persist(&ls[i], sizeof(LimboSlot));
+      } else {
+        if (ls[i].l) {
+          St(&ls[i].l, uint64_t(0));
+          pm::Persist(&ls[i].l, 8);
+        }
+        alloc_->Free(&ls[i].r);
+        pm::Fence();
+        open_blocks_freed_++;
+      }
+    }
+  }
+  // True if the slot's node is still in the tree (its unlink not durable).
+  bool LimboLinked(const LimboSlot& s) const {
+    if (s.l == kRootMark) return meta_->root == s.r;
+    return s.l && At(s.l)->sibling == s.r;
+  }
+  // A merge of r into l that did not commit: l gets back its fence and
+  // count (records >= r's low key were appended past it); the parent's
+  // separator, if already deleted, comes back through the B-link repair.
+  void UndoMerge(Node* l, Node* r) {
+    const uint64_t K = r->low;
+    Entry* e = l->ents();
+    uint32_t cut = 0;
+    while (cut < l->count && e[cut].k < K) cut++;
+    St(&l->high, K);
+    St(&l->count, cut);
+    pm::Persist(l, pm::kCacheLine);
+    if (cut < cap_) {
+      const uint64_t left = cut ? e[cut - 1].k : l->lk;
+      if (e[cut].k != left) {
+        St(&e[cut].k, left);
+        pm::Persist(&e[cut], sizeof(Entry));
+      }
     }
   }
 
@@ -1122,7 +1519,9 @@ class FastFair final : public FastFairBase {
     // writer that had moved right to the child before (pending) then
     // inserted (K, child) a second time; the tree listed the child twice
     // (Check: "child listed ... twice"; found by SplitRacingWithDelete).
-    if (FindInLocked(n, key, &pos) || n->leftmost == child) {
+    // A child merged away meanwhile (dead is set under its parent's lock,
+    // after its record left the parent) must not come back.
+    if (FindInLocked(n, key, &pos) || n->leftmost == child || Ld(&At(child)->dead)) {
       WUnlock(n);
       EnsurePending(pend);
       return Status::OK();
@@ -1212,6 +1611,7 @@ class FastFair final : public FastFairBase {
     PMINDEX_RETURN_IF_ERROR(Writable());
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
     PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, opts_.max_value_size, value));
+    EpochGuard eg;
     const SK sk = MakeSK(key);
     Pending pend;
     Node* n = nullptr;
@@ -1258,7 +1658,15 @@ class FastFair final : public FastFairBase {
   const bool bv_;
   const ValueKind vk_;
   const bool locked_reads_;
-  std::unique_ptr<RwLock[]> locks_;
+  const bool merge_;  // merges enabled (u64 keys; see docs/fastfair.md)
+  std::atomic<uint32_t>* locks_ = nullptr;
+  size_t lock_words_ = 0;
+  // Limbo (DRAM side): slots in use, and retired slots with their epochs.
+  std::mutex limbo_mu_;
+  bool limbo_busy_[kLimboSlots] = {};
+  std::vector<std::pair<uint32_t, uint64_t>> retired_;
+  std::atomic<uint32_t> retired_count_{0};
+  std::atomic<uint64_t> merges_{0}, root_collapses_{0}, nodes_freed_{0}, merges_skipped_{0};
   std::mutex root_mu_;
   uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
@@ -1347,6 +1755,12 @@ template <bool BK>
 Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   fn(*pool_->root_slot());
   if (meta_->spare_root && meta_->spare_root != meta_->root) fn(meta_->spare_root);
+  if (meta_->limbo) {
+    fn(meta_->limbo);
+    LimboSlot* ls = Limbo();
+    for (uint32_t i = 0; i < kLimboSlots; i++)
+      if (ls[i].r && !LimboLinked(ls[i])) fn(ls[i].r);
+  }
   std::vector<uint64_t> blocks;
   for (Node* first = At(meta_->root); first; first = first->level ? At(first->leftmost) : nullptr) {
     for (Node* n = first; n; n = At(n->sibling)) {

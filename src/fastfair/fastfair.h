@@ -17,6 +17,10 @@ struct DebugCounters {
   uint64_t splits_finished_by_repair = 0;
   uint64_t parent_links_repaired = 0;  // siblings a writer found missing in their parent
   uint64_t root_grows = 0;
+  uint64_t merges = 0;          // FAIR merges (node merged into its left sibling)
+  uint64_t root_collapses = 0;  // root dropped when left with one child
+  uint64_t nodes_freed = 0;     // nodes freed after their epoch grace period
+  uint64_t merges_skipped = 0;  // underfull nodes left alone: limbo full
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.
