@@ -161,7 +161,7 @@ inline void St(T* p, T v) {
 struct LimboSlot {
   uint64_t r, l;
 };
-constexpr uint32_t kLimboSlots = 256;
+constexpr uint32_t kLimboSlots = 1024;
 constexpr uint64_t kRootMark = 1;
 
 // Per-node reader-writer spinlock words (DRAM, never persisted), one per
@@ -221,13 +221,15 @@ class EpochGuard {
   EpochGuard(const EpochGuard&) = delete;
   EpochGuard& operator=(const EpochGuard&) = delete;
 };
-// True if no thread announces an epoch <= t.
-bool EpochPassed(uint64_t t) {
+// The smallest epoch a thread announces (UINT64_MAX: none). A node
+// retired at t may be freed once t < MinAnnouncedEpoch().
+uint64_t MinAnnouncedEpoch() {
+  uint64_t m = UINT64_MAX;
   for (auto& s : g_epoch_slots) {
     const uint64_t e = s.e.load(std::memory_order_seq_cst);
-    if (e && e <= t) return false;
+    if (e && e < m) m = e;
   }
-  return true;
+  return m;
 }
 inline void Pause(int& spins) {
   if (++spins < 64) _mm_pause();
@@ -1223,8 +1225,9 @@ class FastFair final : public FastFairBase {
     std::lock_guard<std::mutex> g(limbo_mu_);
     LimboSlot* ls = Limbo();
     bool freed = false;
+    const uint64_t min_e = all ? UINT64_MAX : MinAnnouncedEpoch();
     for (size_t j = 0; j < retired_.size();) {
-      if (!all && !EpochPassed(retired_[j].second)) {
+      if (retired_[j].second >= min_e) {
         j++;
         continue;
       }

@@ -297,6 +297,73 @@ INSTANTIATE_TEST_SUITE_P(Switches, FastFairFaults,
                            return s;
                          });
 
+// FAIR merges (sec. 4.2) and root collapse: a 3-level tree of 10-record
+// nodes is emptied (deletes in an order that underfills leaves all over,
+// then the rest), crashing at every fence; every image must open (which
+// undoes a merge that did not commit or frees an unlinked node), hold
+// exactly the acknowledged records, pass Check and own exactly the
+// allocated blocks, before and after writers repaired it. Then it grows and
+// shrinks again. u64 keys with u64 and with byte values (value blocks move
+// with their records).
+class FastFairMergeCrash : public testing::TestWithParam<ValueKind> {};
+
+std::vector<Op> MergeWorkload(CrashRun& r, uint64_t n, uint64_t seed) {
+  std::vector<Op> ops;
+  std::vector<uint64_t> ids = Range(0, n);
+  // First every key but one in four (leaves fall to 2-3 records), in a
+  // shuffled order, then the rest.
+  std::vector<uint64_t> first, rest;
+  for (uint64_t i : ids) (i % 4 ? first : rest).push_back(i);
+  std::shuffle(first.begin(), first.end(), std::mt19937_64(seed));
+  std::shuffle(rest.begin(), rest.end(), std::mt19937_64(seed + 1));
+  for (uint64_t i : first) ops.push_back({Op::kRemove, r.Key(i), ""});
+  for (uint64_t i : rest) ops.push_back({Op::kRemove, r.Key(i), ""});
+  return ops;
+}
+
+TEST_P(FastFairMergeCrash, MergesAndRootCollapseCrashAtEveryFence) {
+  CrashRun r(KeyKind::kU64, GetParam(), 256);  // 10 records per node
+  r.Create();
+  const uint64_t n = 160;
+  r.Apply(Inserts(r, Range(0, n)));
+  ASSERT_GE(internal::fastfair::Height(r.index()), 3);
+  std::string f = r.ApplyCrashing(MergeWorkload(r, n, 1));
+  EXPECT_EQ(f, "");
+  auto* d = internal::fastfair::GetDebugCounters(r.index());
+  EXPECT_GT(d->merges, 20u);
+  EXPECT_GT(d->root_collapses, 0u);
+  EXPECT_EQ(internal::fastfair::Height(r.index()), 1);
+  // Grow again (splits reuse freed nodes) and shrink again, still crashing.
+  std::vector<uint64_t> ids = Range(0, 120);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(4));
+  f = r.ApplyCrashing(Inserts(r, ids));
+  EXPECT_EQ(f, "");
+  f = r.ApplyCrashing(MergeWorkload(r, 120, 2));
+  EXPECT_EQ(f, "");
+  d = internal::fastfair::GetDebugCounters(r.index());
+  std::printf("%llu crash images checked, %llu merges, %llu root collapses, %llu nodes freed\n",
+              (unsigned long long)r.crash_points(), (unsigned long long)d->merges,
+              (unsigned long long)d->root_collapses, (unsigned long long)d->nodes_freed);
+}
+
+INSTANTIATE_TEST_SUITE_P(Values, FastFairMergeCrash, testing::Values(ValueKind::kU64, ValueKind::kBytes),
+                         [](const testing::TestParamInfo<ValueKind>& i) {
+                           return std::string(i.param == ValueKind::kU64 ? "u64val" : "bytesval");
+                         });
+
+// The merge's fault switch: the limbo slot claims the node unlinked before
+// the unlink is durable, so open frees a node still in the tree.
+TEST(FastFairCrash, MergeFaultIsCaught) {
+  CrashRun r(KeyKind::kU64, ValueKind::kU64, 256);
+  r.Create();
+  r.Apply(Inserts(r, Range(0, 160)));
+  pm::EnableFault("fastfair.merge.free_before_unlink");
+  std::string f = r.ApplyCrashing(MergeWorkload(r, 160, 1));
+  pm::DisableAllFaults();
+  EXPECT_NE(f, "") << "fastfair.merge.free_before_unlink was not caught";
+  std::printf("fastfair.merge.free_before_unlink caught: %s\n", f.c_str());
+}
+
 // Anchored pitfall: remove flushes on the right condition (when the shift
 // crosses into the next line). Removes at every position of full nodes,
 // crash at every fence.
