@@ -78,7 +78,6 @@
 #include "fastfair/fastfair.h"
 
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -269,18 +268,12 @@ class FastFair final : public FastFairBase {
       : pool_(std::move(pool)), base_(pool_->base()), alloc_(&pool_->allocator()), opts_(o),
         node_size_(node_size), cap_((node_size - sizeof(Node)) / sizeof(Entry)), bv_(vk == ValueKind::kBytes),
         vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc), merge_(!BK) {
-    lock_words_ = pool_->max_size() / node_size_ + 1;
-    void* m = ::mmap(nullptr, lock_words_ * sizeof(uint32_t), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) {
-      std::fprintf(stderr, "fastfair: cannot map %zu lock words\n", lock_words_);
-      std::abort();
-    }
-    locks_ = static_cast<std::atomic<uint32_t>*>(m);
+    lock_chunks_ = size_t(pool_->max_size() / node_size_ >> kLockChunkBits) + 1;
+    lock_dir_.reset(new std::atomic<std::atomic<uint32_t>*>[lock_chunks_]());
   }
   ~FastFair() override {
     Close();
-    ::munmap(locks_, lock_words_ * sizeof(uint32_t));
+    for (size_t i = 0; i < lock_chunks_; i++) delete[] lock_dir_[i].load();
   }
 
   // ---- creation / open -------------------------------------------------
@@ -432,31 +425,13 @@ class FastFair final : public FastFairBase {
         bool have_last = false;
         uint64_t last = 0;
         while (n && c < limit) {
-          const uint64_t sw = Ld(&n->sw);
-          if (!(sw & 1)) {
-            // Insert mode: records only move right, so emit each validated
-            // record > last directly; if sw changed, rescan this node
-            // (emitting only records > last) before moving on.
-            Entry* e = n->ents();
-            __builtin_prefetch(At(Ld(&n->sibling)));
-            for (uint32_t j = 0; j < Ld(&n->count); j++) {
-              uint64_t k1 = Ld(&e[j].k);
-              if (k1 < sk || (have_last && k1 <= last)) continue;
-              uint64_t v;
-              if (!ReadValid(n, e, j, k1, &v)) continue;
-              ++c;
-              last = k1;
-              have_last = true;
-              if (!cb(U64Slice(k1), U64Slice(v)) || c >= limit) {
-                if (count) *count = c;
-                return Status::OK();
-              }
-            }
-            Node* next = At(Ld(&n->sibling));
-            if (Ld(&n->sw) != sw) continue;
-            n = next;
-            continue;
-          }
+          // Every leaf goes through a validated snapshot before anything is
+          // emitted. (Emitting records while scanning in insert mode, as
+          // before, lost records: a delete that starts during the scan
+          // flips sw and shifts records left past the reader, and the
+          // records emitted already cannot be taken back, so the rescan
+          // skipped the shifted ones as <= last. Found by
+          // SplitsAndMergesWithReadersAndScans, with and without merges.)
           Node* next = SnapshotLeafLF(n, sk, have_last, last, &buf);
           for (const Entry& r : buf) {
             if (c >= limit) break;
@@ -569,8 +544,12 @@ class FastFair final : public FastFairBase {
 
  private:
   enum Mode { kInsert, kUpdate, kUpsert };
-  // Lock words are touched (mapped) one page per 1024 nodes of address range.
-  size_t touched_lock_bytes_estimate() const { return alloc_->BytesInUse() / node_size_ * sizeof(uint32_t); }
+  size_t touched_lock_bytes_estimate() const {
+    size_t n = lock_chunks_ * sizeof(void*);
+    for (size_t i = 0; i < lock_chunks_; i++)
+      if (lock_dir_[i].load(std::memory_order_relaxed)) n += sizeof(uint32_t) << kLockChunkBits;
+    return n;
+  }
 
   Node* At(uint64_t off) const { return off ? reinterpret_cast<Node*>(base_ + off) : nullptr; }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
@@ -669,7 +648,22 @@ class FastFair final : public FastFairBase {
   }
 
   // ---- locks -----------------------------------------------------------
-  std::atomic<uint32_t>& LockOf(const Node* n) const { return locks_[Off(n) / node_size_]; }
+  // The lock word of node n: word Off(n) / node_size of a two-level table
+  // whose chunks (2^14 words, one per 2^14 node slots of address range)
+  // are allocated on first use.
+  std::atomic<uint32_t>& LockOf(const Node* n) const {
+    const uint64_t i = Off(n) / node_size_;
+    std::atomic<uint32_t>* c = lock_dir_[i >> kLockChunkBits].load(std::memory_order_acquire);
+    if (__builtin_expect(c == nullptr, 0)) c = NewLockChunk(i >> kLockChunkBits);
+    return c[i & ((uint64_t(1) << kLockChunkBits) - 1)];
+  }
+  std::atomic<uint32_t>* NewLockChunk(uint64_t ci) const {
+    auto* fresh = new std::atomic<uint32_t>[size_t(1) << kLockChunkBits]();
+    std::atomic<uint32_t>* expected = nullptr;
+    if (lock_dir_[ci].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;
+    delete[] fresh;
+    return expected;
+  }
   void WLock(Node* n) {
     auto& l = LockOf(n);
     int spins = 0;
@@ -949,6 +943,14 @@ class FastFair final : public FastFairBase {
     for (;;) {
       buf->clear();
       const uint64_t sw = Ld(&n->sw);
+      // The link is loaded before AND after the records, and must not
+      // change: a split stores sibling before it cuts count (a new count
+      // read implies the new link after it), a merge grows count before it
+      // stores sibling (a new link read before implies the grown count).
+      // Reading it only after the records, a scan could take the old count
+      // of a merge's left node and its new link, and skip the merged
+      // node's records (found by SplitsAndMergesWithReadersAndScans).
+      const uint64_t next1 = Ld(&n->sibling);
       Entry* e = n->ents();
       auto take = [&](uint32_t j) {
         uint64_t k1 = Ld(&e[j].k);
@@ -965,7 +967,7 @@ class FastFair final : public FastFairBase {
         std::reverse(buf->begin(), buf->end());
       }
       uint64_t next = Ld(&n->sibling);
-      if (Ld(&n->sw) != sw) continue;
+      if (Ld(&n->sw) != sw || next != next1) continue;
       // A record that moved during the scan may have been seen twice.
       if (!std::is_sorted(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; }))
         std::stable_sort(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; });
@@ -1374,7 +1376,10 @@ class FastFair final : public FastFairBase {
     const int slot = ClaimSlot();
     if (slot < 0) return;
     std::lock_guard<std::mutex> g(root_mu_);
-    if (Ld(&meta_->root) != Off(p) || p->count != 0 || !p->leftmost) {
+    // (A root with a right sibling, possible after an earlier collapse
+    // while that sibling's parent insert was pending, keeps its level: its
+    // siblings would become unreachable.)
+    if (Ld(&meta_->root) != Off(p) || p->count != 0 || !p->leftmost || p->sibling) {
       ReleaseSlot(slot);
       return;
     }
@@ -1662,8 +1667,9 @@ class FastFair final : public FastFairBase {
   const ValueKind vk_;
   const bool locked_reads_;
   const bool merge_;  // merges enabled (u64 keys; see docs/fastfair.md)
-  std::atomic<uint32_t>* locks_ = nullptr;
-  size_t lock_words_ = 0;
+  static constexpr int kLockChunkBits = 14;
+  size_t lock_chunks_ = 0;
+  std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> lock_dir_;
   // Limbo (DRAM side): slots in use, and retired slots with their epochs.
   std::mutex limbo_mu_;
   bool limbo_busy_[kLimboSlots] = {};

@@ -300,6 +300,7 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
       std::string prev;
       bool first = true;
       uint64_t first_id = 0, last_id = 0, stable_seen = 0;
+      std::vector<uint64_t> seen_ids;
       Status sc = idx_->Scan(key(id), 60, [&](Slice k, Slice val) {
         std::string ks(k), vs(val);
         if (!first && !(u64k ? SliceToU64(prev) < SliceToU64(ks) : prev < ks)) errors++;
@@ -312,6 +313,7 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
         first = false;
         last_id = IdOf(vs);
         stable_seen += stable(IdOf(vs));
+        seen_ids.push_back(IdOf(vs));
         return true;
       });
       if (!sc.ok()) errors++;
@@ -320,7 +322,15 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
         // [id, last_id] must have been returned.
         uint64_t expect = 0;
         for (uint64_t j = id; j <= last_id; j++) expect += stable(j);
-        if (first_id < id || expect != stable_seen) scan_gaps++;
+        if (first_id < id || expect != stable_seen) {
+          if (scan_gaps++ == 0) {
+            std::string got;
+            for (uint64_t x : seen_ids) got += " " + std::to_string(x);
+            std::fprintf(stderr, "scan gap: start id %llu, first %llu, last %llu, stable expected %llu seen %llu; ids:%s\n",
+                         (unsigned long long)id, (unsigned long long)first_id, (unsigned long long)last_id,
+                         (unsigned long long)expect, (unsigned long long)stable_seen, got.c_str());
+          }
+        }
       }
     }
   };
