@@ -43,16 +43,35 @@
 // deleted). The parent is updated afterwards by a traversal from the root
 // (B-link); a new root is built and persisted in `spare_root`, then
 // published by ONE 8-byte store of Meta::root (failure-atomic root
-// replacement). Merges are NOT implemented: an emptied node stays in the
-// tree (docs/fastfair.md), so nodes are never freed and lock-free readers
-// never see a freed node.
+// replacement).
 //
-// Concurrency (sec. 5): writers lock nodes with DRAM reader-writer spinlocks
-// (striped by node offset; never persisted, so nothing to reset after a
-// crash). Readers of u64-key/u64-value trees take no lock: they scan in the
+// FAIR merge (sec. 4.2), u64 keys only (byte-key trees keep their nodes):
+// a non-root node below cap/4 after a delete is merged with a sibling under
+// the same parent if the result fits in 3/4 of a node (any fit if it is
+// empty), in the reverse order of the split: a persistent limbo slot takes
+// the right node r, its separator leaves the parent (the B-link state of a
+// pending parent insert), r's records are appended invisibly past the left
+// node's count, and line 0 of the left node commits count, high, sibling
+// (in that order: the reverse of the split's). r is then marked dead and
+// freed after an epoch grace period (lock-free readers may stand on it).
+// Open settles the limbo slots: a merge whose commit did not persist is
+// undone (the paper's "dangling sibling" recovery cannot tell a merge from
+// a split), an unlinked node freed. A root left with one child is replaced
+// by it (one 8-byte store). No borrowing (it would move a live node's high
+// fence). docs/fastfair.md, Merges.
+//
+// Concurrency (sec. 5): writers lock nodes with DRAM reader-writer spinlocks,
+// one word per node (offset / node_size: no aliasing between nodes, the old
+// hashed stripes could deadlock two concurrent splits), never persisted.
+// Lock order: higher level first, then left to right within a level; a node
+// not yet reachable may be locked any time; root_mu_ after node locks. A
+// writer that locks a dead node restarts from the root. Every public
+// operation runs in an epoch guard (deferred frees).
+// Readers of u64-key/u64-value trees take no lock: they scan in the
 // direction given by the node's switch counter `sw` (even: inserts, scan left
 // to right; odd: deletes, right to left) and retry if `sw` changed; splits
-// add 2 to `sw` (after the cut). Readers move right when key >= high (read
+// and merges add 2 to `sw`. Range scans emit a leaf only after a validated
+// snapshot (sw, and the sibling link read before and after the records). Readers move right when key >= high (read
 // high, sibling, high again), and a leaf reader that did not find its key
 // checks the fence again after the scan: the sw check alone does not cover
 // a split that completed, or was seen half done, after the first fence
@@ -1126,8 +1145,9 @@ class FastFair final : public FastFairBase {
     }
     const bool early_link = PMINDEX_FAULT("fastfair.split.link_before_persist");
     if (!early_link) pm::Persist(s, slen);
-    // S is write-locked (unless it shares n's stripe, already held) BEFORE
-    // the link makes it reachable; the caller inserts into it and unlocks
+    // S is write-locked BEFORE the link makes it reachable (nobody else can
+    // hold its lock word: lock words are per node, and a freed node's word
+    // is free once its grace period passed); the caller inserts into it and unlocks
     // it (UnlockNew). Locking it only after Split returned, as before, let
     // another writer move right into S and insert there while the splitter
     // computed its position unlocked: the splitter then inserted at a stale
