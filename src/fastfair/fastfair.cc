@@ -1338,8 +1338,12 @@ class FastFair final : public FastFairBase {
     LimboSlot* ls = Limbo() + slot;
     // Fault: the slot claims r is unlinked already; open frees a linked node.
     const bool fault = PMINDEX_FAULT("fastfair.merge.free_before_unlink");
-    St(&ls->r, Off(r));
+    // l before r: a slot is in use iff r != 0, and a crash may keep any
+    // prefix of the stores to this line (a cache line can be written back
+    // before its flush): r without l would read as "unlinked" and open
+    // would free a node still in the tree (found by pmcheck).
     St(&ls->l, fault ? uint64_t(0) : Off(l));
+    St(&ls->r, Off(r));
     pm::Persist(ls, sizeof(LimboSlot));
     DeleteAt(p, sep, true);
     thread_local std::vector<Entry> add;
@@ -1404,8 +1408,8 @@ class FastFair final : public FastFairBase {
       return;
     }
     LimboSlot* ls = Limbo() + slot;
+    St(&ls->l, kRootMark);  // l before r (see DoMerge)
     St(&ls->r, Off(p));
-    St(&ls->l, kRootMark);
     pm::Persist(ls, sizeof(LimboSlot));
     St(&meta_->root, p->leftmost);
     pm::Persist(&meta_->root, 8);
