@@ -1221,6 +1221,7 @@ class FastFair final : public FastFairBase {
     std::lock_guard<std::mutex> g(limbo_mu_);
     if (!meta_->limbo) {
       if (!alloc_->AllocateZeroed(&meta_->limbo, kLimboSlots * sizeof(LimboSlot)).ok()) return -1;
+      pm::Fence();  // orders the allocator's flushed lane clear (the merge may be skipped)
     }
     for (uint32_t i = 0; i < kLimboSlots; i++) {
       if (!limbo_busy_[i]) {
