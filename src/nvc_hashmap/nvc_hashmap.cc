@@ -102,9 +102,11 @@ namespace nvc_hashmap_testing {
 namespace {
 std::atomic<LinkHook> g_link_hook{nullptr};
 std::atomic<LinkHook> g_value_hook{nullptr};
+std::atomic<LinkHook> g_before_value_hook{nullptr};
 }
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
 void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
+void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, std::memory_order_release); }
 }  // namespace nvc_hashmap_testing
 
 namespace internal {
@@ -1004,6 +1006,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
           deleted = true;
           break;
         }
+        if (auto hook = nvc_hashmap_testing::g_before_value_hook.load(std::memory_order_acquire)) hook(key);
         if (vk_ == ValueKind::kU64) {
           pm::StoreAtomic(&cur->value, nv);
           break;

@@ -19,6 +19,9 @@ void SetAfterLinkHook(LinkHook hook);
 // Called by an updating thread right after it stored the new value into a
 // node's value word and before it persisted it. nullptr removes the hook.
 void SetAfterValueStoreHook(LinkHook hook);
+// Called by an updating thread after it checked that the node is not marked
+// and right before its store into the value word. nullptr removes the hook.
+void SetBeforeValueStoreHook(LinkHook hook);
 
 // The split-order key of a user key (bit-reversed 63-bit hash with the low bit
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.

@@ -325,6 +325,7 @@ void ReleaseAndJoin(PauseState& ps, std::thread& t) {
   t.join();
   nvc_hashmap_testing::SetAfterLinkHook(nullptr);
   nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
+  nvc_hashmap_testing::SetBeforeValueStoreHook(nullptr);
   g_pause = nullptr;
 }
 
@@ -435,6 +436,50 @@ TEST(NvcHashmapErratum, InPlaceValueDirtyBitFixKeepsTheObservedValue) {
 }
 TEST(NvcHashmapErratum, InPlaceValueFlushOnReadFixKeepsTheObservedValue) {
   EXPECT_EQ(RunValueErratumScenario({{"erratum_fix", "flush_on_read"}}), nvc_test::U64(5));
+}
+
+// A late in-place update: updater A checked that ka's node is not marked and
+// is paused right before its store; B removes ka (the mark is the
+// linearization point) and finds it absent; A stores into the dead node and
+// returns OK (linearized just before B's mark). The key must stay absent
+// (no resurrection, in memory and after a crash), a new insert of ka must
+// win with its own value, and nothing leaks.
+TEST(NvcHashmapErratum, LateInPlaceUpdateIsNeverObserved) {
+  for (std::string fix : {"dirty_bit", "flush_on_read"}) {
+    SCOPED_TRACE(fix);
+    CrashHarness h("late", {{"erratum_fix", fix}});
+    const std::string ka = nvc_test::U64(91), kb = nvc_test::U64(92);
+    ASSERT_TRUE(h.idx->Insert(ka, nvc_test::U64(1)).ok());
+    ASSERT_TRUE(h.idx->Insert(kb, nvc_test::U64(2)).ok());
+    PauseState ps;
+    ps.key = ka;
+    g_pause = &ps;
+    nvc_hashmap_testing::SetBeforeValueStoreHook(&PauseHook);
+    Status sa;
+    std::thread a([&] { sa = h.idx->Update(ka, nvc_test::U64(5)); });
+    WaitPaused(ps);
+    ASSERT_TRUE(h.idx->Remove(ka).ok());
+    std::string v;
+    EXPECT_TRUE(h.idx->Find(ka, &v).IsNotFound());
+    ReleaseAndJoin(ps, a);
+    EXPECT_TRUE(sa.ok()) << "the late update linearizes just before the remove: " << sa.ToString();
+    EXPECT_TRUE(h.idx->Find(ka, &v).IsNotFound()) << "a late update resurrected the key";
+    EXPECT_TRUE(h.idx->Update(ka, nvc_test::U64(6)).IsNotFound());
+    EXPECT_EQ(h.idx->Size(), 1u);
+    std::vector<char> img_absent = h.Snapshot();
+    ASSERT_TRUE(h.idx->Insert(ka, nvc_test::U64(7)).ok());
+    ASSERT_TRUE(h.idx->Find(ka, &v).ok());
+    EXPECT_EQ(v, nvc_test::U64(7));
+    Status c = h.idx->Check();
+    EXPECT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(h.idx.get());
+    std::unique_ptr<Index> rec;
+    ASSERT_TRUE(h.Crash(img_absent, &rec).ok());
+    EXPECT_TRUE(rec->Find(ka, &v).IsNotFound()) << "the late update's value came back after a crash";
+    EXPECT_TRUE(rec->Find(kb, &v).ok());
+    EXPECT_TRUE(rec->Check().ok());
+    ExpectNoLeak(rec.get());
+  }
 }
 
 // Without faults, every acknowledged operation is in the durable image at any
