@@ -539,8 +539,11 @@ class NvcHashmap final : public Index {
   std::atomic<uint64_t> bucket_count_{1};
   // Eager bucket initialisation: buckets [init_next_, init_end_) still to be
   // initialised after the last doubling (DRAM; inserts take chunks of them).
-  std::atomic<uint64_t> init_next_{0}, init_end_{0};
-  std::atomic<char*> segs_[kMaxSegments] = {};
+  // Own cache line: inserts of all threads advance init_next_, while every
+  // operation reads bucket_count_ and segs_.
+  alignas(64) std::atomic<uint64_t> init_next_{0};
+  std::atomic<uint64_t> init_end_{0};
+  alignas(64) std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
   std::atomic<uint64_t> global_epoch_{1};
