@@ -787,7 +787,7 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   for (uint64_t b = b0; b < b0 + n && k < 16; b++) {
     if (b == 0) continue;
     Node* d = BucketSlot(b, true);
-    if (!d) return;
+    if (!d) break;  // pool full: link what is claimed so far
     if (LoadW(&d->value) != kSlotFree) continue;
     Node* parent = Published(ParentBucket(b));
     if (!parent) continue;  // left to on-demand initialisation
