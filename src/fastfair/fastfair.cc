@@ -957,41 +957,60 @@ class FastFair final : public FastFairBase {
   }
 
   // Lock-free snapshot of the records >= start (and > last) of leaf n, in
-  // order; returns the next leaf.
+  // order; returns the next leaf. One pass copies count, lk and every
+  // (k, v); a second pass re-reads every key, count, lk, sw and the link,
+  // and the snapshot is taken only if nothing changed. Why that suffices
+  // (instead of validating each record with five loads, ReadValid):
+  // writers hold the node's lock, so one operation at a time changes it;
+  // an insert grows count before it shifts and a delete shrinks it after,
+  // a change of mode bumps sw, splits and merges add 2 to sw, FixLk
+  // changes lk. So between the two passes at most one shift is in flight,
+  // and within one shift no key word takes the same value twice (slot j:
+  // old key, then its neighbour's, then, at the insert/delete position, a
+  // third one). Equal keys in both passes therefore mean no key store hit
+  // the node in between, and a value read in the first pass belongs to the
+  // record its key names: a value rewritten by a shift is rewritten while
+  // the slot is ignored, and making it valid again stores a key (in the
+  // slot or its left neighbour) after the value (release), which the
+  // second pass sees. Values changed by an update are the record's own.
+  // The link is loaded before AND after the records, and must not change:
+  // a split stores sibling before it cuts count (a new count read implies
+  // the new link after it), a merge grows count before it stores sibling
+  // (a new link read before implies the grown count). Reading it only
+  // after the records, a scan could take the old count of a merge's left
+  // node and its new link, and skip the merged node's records (found by
+  // SplitsAndMergesWithReadersAndScans).
   Node* SnapshotLeafLF(Node* n, const SK& start, bool have_last, uint64_t last, std::vector<Entry>* buf) {
+    thread_local std::vector<Entry> snap;
+    Entry* e = n->ents();
     for (;;) {
       buf->clear();
       const uint64_t sw = Ld(&n->sw);
-      // The link is loaded before AND after the records, and must not
-      // change: a split stores sibling before it cuts count (a new count
-      // read implies the new link after it), a merge grows count before it
-      // stores sibling (a new link read before implies the grown count).
-      // Reading it only after the records, a scan could take the old count
-      // of a merge's left node and its new link, and skip the merged
-      // node's records (found by SplitsAndMergesWithReadersAndScans).
       const uint64_t next1 = Ld(&n->sibling);
-      Entry* e = n->ents();
-      auto take = [&](uint32_t j) {
-        uint64_t k1 = Ld(&e[j].k);
-        uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
-        if (k1 == p) return;
-        if (Cmp(k1, start) < 0 || (have_last && k1 <= last)) return;
-        uint64_t v;
-        if (ReadValid(n, e, j, k1, &v)) buf->push_back({k1, v});
-      };
-      if (!(sw & 1)) {
-        for (uint32_t j = 0; j < Ld(&n->count); j++) take(j);
-      } else {
-        for (int64_t j = int64_t(Ld(&n->count)) - 1; j >= 0; j--) take(uint32_t(j));
-        std::reverse(buf->begin(), buf->end());
+      if (next1) {
+        // The scan goes on there next: fetch the leaf's lines now.
+        const char* p = reinterpret_cast<const char*>(At(next1));
+        for (uint32_t o = 0; o < node_size_; o += 64) __builtin_prefetch(p + o);
       }
-      uint64_t next = Ld(&n->sibling);
-      if (Ld(&n->sw) != sw || next != next1) continue;
-      // A record that moved during the scan may have been seen twice.
-      if (!std::is_sorted(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; }))
-        std::stable_sort(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k < b.k; });
-      buf->erase(std::unique(buf->begin(), buf->end(), [](const Entry& a, const Entry& b) { return a.k == b.k; }),
-                 buf->end());
+      const uint64_t lk = Ld(&n->lk);
+      const uint32_t c = std::min(Ld(&n->count), cap_);
+      snap.resize(c);
+      for (uint32_t j = 0; j < c; j++) {
+        snap[j].k = Ld(&e[j].k);
+        snap[j].v = Ld(&e[j].v);
+      }
+      bool same = Ld(&n->count) == c && Ld(&n->lk) == lk;
+      for (uint32_t j = 0; j < c && same; j++) same = Ld(&e[j].k) == snap[j].k;
+      const uint64_t next = Ld(&n->sibling);
+      if (!same || next != next1 || Ld(&n->sw) != sw) continue;
+      uint64_t left = lk;
+      for (uint32_t j = 0; j < c; j++) {
+        const uint64_t k = snap[j].k;
+        const bool ignored = k == left;
+        left = k;
+        if (ignored || Cmp(k, start) < 0 || (have_last && k <= last)) continue;
+        buf->push_back(snap[j]);
+      }
       return At(next);
     }
   }
