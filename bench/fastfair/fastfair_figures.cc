@@ -1,7 +1,9 @@
 // fastfair_figures: the figures of docs/fastfair.md.
 //   1. PM cost: cache lines flushed (and fences) per insert, splits included,
 //      loading N random u64 keys into 512-byte nodes (paper sec. 6.4: ~4.2),
-//      and per delete of N/10 random loaded keys. N = --records and --big.
+//      and per delete of N/10 random loaded keys, then of all the remaining
+//      keys down to an empty tree (merges, root collapses, nodes freed).
+//      N = --records and --big.
 //   2. Single-thread throughput, same process, same keys, for dram_btree,
 //      fptree (if built) and fastfair: find, insert, update, delete and
 //      scan of 100 records, as Mops/s and as a fraction of dram_btree.
@@ -25,6 +27,7 @@
 
 #include "fastfair/fastfair.h"
 #include "pmindex/index.h"
+#include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -103,6 +106,31 @@ void PmCost(uint64_t n) {
   std::printf("  %9s       after reopen: lines/delete %.2f  fences/delete %.2f  (%zu more; first touch repairs)\n", "",
               rm2.lines_flushed / h2, rm2.fences / h2, del.size() - half);
   std::printf("  %9s       open (OpenIndex, pool and index) %.6f s\n", "", open_secs);
+  // Delete everything that is left, in random order: merges (leaves and
+  // internal nodes) and root collapses included, nodes freed.
+  const uint64_t blocks_full = idx->pool()->allocator().BlocksInUse();
+  std::vector<uint64_t> rest(n);
+  for (uint64_t i = 0; i < n; i++) rest[i] = i;
+  std::shuffle(rest.begin(), rest.end(), rng);
+  std::vector<bool> gone(n, false);
+  for (size_t i = 0; i < del.size(); i++) gone[del[i]] = true;
+  const auto* d0 = internal::fastfair::GetDebugCounters(idx.get());
+  const uint64_t merges0 = d0->merges;
+  pm::ResetThreadCounters();
+  uint64_t removed = 0;
+  for (uint64_t i : rest) {
+    if (gone[i]) continue;
+    Die(idx->Remove(K(i)), "remove");
+    removed++;
+  }
+  pm::Counters rm3 = pm::ThreadCounters();
+  const auto* d = internal::fastfair::GetDebugCounters(idx.get());
+  std::printf("  %9s       delete to empty: lines/delete %.2f  fences/delete %.2f  frees/delete %.4f  (%llu deletes, %llu merges, "
+              "%llu root collapses, %llu nodes freed; blocks %llu -> %llu, height %d)\n",
+              "", double(rm3.lines_flushed) / removed, double(rm3.fences) / removed, double(rm3.frees) / removed,
+              (unsigned long long)removed, (unsigned long long)(d->merges - merges0), (unsigned long long)d->root_collapses,
+              (unsigned long long)d->nodes_freed, (unsigned long long)blocks_full,
+              (unsigned long long)idx->pool()->allocator().BlocksInUse(), internal::fastfair::Height(idx.get()));
   idx.reset();
   pm::Pool::Remove(path);
 }
