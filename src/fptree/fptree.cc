@@ -90,11 +90,11 @@ namespace pmindex::internal {
 
 namespace {
 thread_local uint64_t tl_probes = 0;
-std::atomic<uint64_t> g_skipped_deletions{0};
+std::atomic<uint64_t> g_deferred_deletions{0};
 }  // namespace
 
 uint64_t FPTreeKeyProbes() { return tl_probes; }
-uint64_t FPTreeSkippedLeafDeletions() { return g_skipped_deletions.load(); }
+uint64_t FPTreeDeferredLeafDeletions() { return g_deferred_deletions.load(); }
 
 namespace {
 
@@ -285,22 +285,27 @@ KeyBlob* NewBlob(Slice s) {
 
 // DRAM inner node: count keys, count+1 children, sorted. Child i holds keys
 // k with keys[i-1] <= k < keys[i]. Children of a bottom node are leaf
-// offsets. Version: bit 1 locked, +4 per unlock (bit 0 unused: inner nodes
-// are never freed while the tree is open).
+// offsets. Version: bit 1 locked, bit 0 obsolete (removed from the tree by a
+// leaf deletion; freed after an epoch grace period), +4 per unlock.
 struct Inner {
   std::atomic<uint64_t> version;
   std::atomic<uint32_t> count;
   uint32_t cap;
   uint32_t bottom;
-  uint32_t pad;
+  uint32_t pos;  // index in FPTree::nodes_ (under nodes_mu_)
   std::atomic<uint64_t>* keys() { return reinterpret_cast<std::atomic<uint64_t>*>(this + 1); }
   std::atomic<uint64_t>* child() { return keys() + cap; }
   static size_t Bytes(uint32_t cap) { return sizeof(Inner) + 8 * (2 * size_t(cap) + 1); }
 };
 static_assert(sizeof(Inner) % 8 == 0);
 
+// Test/figure introspection (fptree.h: FPTreeShape).
+struct FPTreeIntrospect {
+  virtual void Shape(uint64_t* inner_nodes, uint64_t* leaves) = 0;
+};
+
 template <bool kConc, bool kBytes>
-class FPTree final : public Index {
+class FPTree final : public Index, public FPTreeIntrospect {
  public:
   struct Rec {
     uint64_t k = 0, v = 0;
@@ -557,20 +562,41 @@ class FPTree final : public Index {
     n->bottom = bottom;
     {
       std::lock_guard<std::mutex> g(nodes_mu_);
+      n->pos = uint32_t(nodes_.size());
       nodes_.push_back(n);
     }
     dram_bytes_.fetch_add(b, std::memory_order_relaxed);
     return n;
   }
+  // Frees an inner node no thread can reach any more (after the grace period).
+  void FreeInner(Inner* n) {
+    {
+      std::lock_guard<std::mutex> g(nodes_mu_);
+      Inner* last = nodes_.back();
+      nodes_[n->pos] = last;
+      last->pos = n->pos;
+      nodes_.pop_back();
+    }
+    dram_bytes_.fetch_sub(Inner::Bytes(n->cap), std::memory_order_relaxed);
+    std::free(n);
+  }
+  // Byte keys: every separator blob is referenced by exactly one key slot
+  // keys[0..count) of one live inner node (a split moves the pointer, never
+  // copies it), so blobs are freed with the key slot that drops them.
   uint64_t KeyWordForInner(const SKey& k) {
     if constexpr (kBytes) {
       KeyBlob* b = NewBlob(k.s);
       dram_bytes_.fetch_add(sizeof(KeyBlob) + k.s.size(), std::memory_order_relaxed);
-      std::lock_guard<std::mutex> g(nodes_mu_);
-      blobs_.push_back(b);
       return reinterpret_cast<uint64_t>(b);
     } else {
       return k.u;
+    }
+  }
+  void FreeKeyWord(uint64_t w) {
+    if constexpr (kBytes) {
+      auto* b = reinterpret_cast<KeyBlob*>(w);
+      dram_bytes_.fetch_sub(sizeof(KeyBlob) + b->len, std::memory_order_relaxed);
+      std::free(b);
     }
   }
 
@@ -578,7 +604,7 @@ class FPTree final : public Index {
   static bool ReadLock(Inner* n, uint64_t* v) {
     if constexpr (!kConc) return true;
     *v = n->version.load(std::memory_order_acquire);
-    if (*v & 2) {
+    if (*v & 3) {  // locked or obsolete
       Pause();
       return false;
     }
@@ -596,6 +622,12 @@ class FPTree final : public Index {
   static void WriteUnlock(Inner* n) {
     if constexpr (!kConc) return;
     n->version.fetch_add(2, std::memory_order_release);
+  }
+  // Unlocks a node removed from the tree: readers that reach it fail ReadLock
+  // or their validation and restart from the root.
+  static void ObsoleteUnlock(Inner* n) {
+    if constexpr (!kConc) return;
+    n->version.fetch_add(3, std::memory_order_release);
   }
 
   // Leaf seqlock (trailer word, never flushed).
@@ -1135,13 +1167,14 @@ class FPTree final : public Index {
     if (closed_) return Status::InvalidArgument("index closed");
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
     SKey k = MakeKey(key);
+    bool found = false;
     int pending = -1;
+    Retired ret;
     {
       EpochGuard g(kConc);
       for (;;) {
         uint64_t lv = 0;
-        Path path;
-        uint64_t loff = FindLeaf(k, &lv, &path);
+        uint64_t loff = FindLeaf(k, &lv);
         char* l = L(loff);
         if (!LeafTryLock(l, lv)) {
           Pause();
@@ -1151,73 +1184,165 @@ class FPTree final : public Index {
         int slot = FindSlot(l, bm, k);
         if (slot < 0) {
           LeafUnlock(l);
-          return Status::NotFound();
+          break;
         }
+        found = true;
         bm &= ~(1ull << slot);
         pm::StoreAtomic(Bm(l), bm);
         if (!PMINDEX_FAULT("fptree.delete.skip_flush")) pm::Persist(l, 8);
         if (kBytes) pool_->allocator().Free(Key(l, slot));
         if (vbytes_) pool_->allocator().Free(Val(l, slot));
-        if (bm == 0) {
-          pending = TryDeleteLeaf(loff, k);
-          if (pending == -1) LeafUnlock(l);
-        } else {
-          LeafUnlock(l);
-        }
+        if (bm == 0) pending = DeleteEmptyLeaf(loff, k, &ret);
+        else LeafUnlock(l);
         break;
       }
     }
-    if (pending >= 0) {
-      // Grace period before the unlinked leaf's memory may be reused.
-      if (kConc) Synchronize();
-      FinishDeleteLog(&root_->del[pending]);
-      ReleaseLog(&del_free_, pending);
-    }
-    return Status::OK();
+    FinishLeafDeletion(pending, &ret);
+    if (deferred_n_.load(std::memory_order_relaxed)) ProcessDeferred();
+    return found ? Status::OK() : Status::NotFound();
   }
 
+  // DRAM objects removed from the inner tree by one leaf deletion, freed
+  // after the epoch grace period (no reader can still be inside them).
+  struct Retired {
+    std::vector<Inner*> nodes;
+    std::vector<uint64_t> keys;  // byte-key separator blobs
+  };
+  // Empty, locked leaf loff: unlinked (the lock is released) or, if that is
+  // not possible now, left in place (and unlocked): the tree's last leaf
+  // stays; a contended deletion goes to the deferred queue. Returns the
+  // delete log to finish after the grace period, or -1.
+  int DeleteEmptyLeaf(uint64_t loff, const SKey& k, Retired* ret) {
+    int r = TryDeleteLeaf(loff, k, ret);
+    if (r >= 0) return r;
+    if (r == kContended) Defer(loff, k);
+    LeafUnlock(L(loff));
+    return -1;
+  }
+  void FinishLeafDeletion(int pending, Retired* ret) {
+    if (pending < 0) return;
+    // Grace period before the unlinked leaf's memory and the removed inner
+    // nodes may be reused.
+    if (kConc) Synchronize();
+    FinishDeleteLog(&root_->del[pending]);
+    ReleaseLog(&del_free_, pending);
+    for (Inner* n : ret->nodes) FreeInner(n);
+    for (uint64_t w : ret->keys) FreeKeyWord(w);
+  }
+
+  // Deferred leaf deletions (fptree: the left neighbour's lock was contended
+  // 64 times). Each entry names an empty leaf and a key of its range (ranges
+  // of an empty leaf only widen, so the key keeps leading to it while it is
+  // in the tree). Every Remove processes one entry; an entry whose leaf is no
+  // longer found by its key, or no longer empty, is dropped; a leaf is queued
+  // once, so the queue never holds more entries than there are empty leaves.
+  struct Deferred {
+    uint64_t leaf;
+    SKey k;
+    std::string ks;  // owns k.s for byte keys
+  };
+  void Defer(uint64_t loff, const SKey& k) {
+    g_deferred_deletions.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(deferred_mu_);
+    for (auto& d : deferred_)
+      if (d.leaf == loff) return;
+    Deferred d;
+    d.leaf = loff;
+    d.k = k;
+    if constexpr (kBytes) d.ks.assign(k.s.data(), k.s.size());
+    deferred_.push_back(std::move(d));
+    deferred_n_.store(deferred_.size(), std::memory_order_relaxed);
+  }
+  void ProcessDeferred() {
+    Deferred d;
+    {
+      std::lock_guard<std::mutex> g(deferred_mu_);
+      if (deferred_.empty()) return;
+      d = std::move(deferred_.front());
+      deferred_.erase(deferred_.begin());
+      deferred_n_.store(deferred_.size(), std::memory_order_relaxed);
+    }
+    if constexpr (kBytes) d.k.s = d.ks;
+    int pending = -1;
+    Retired ret;
+    {
+      EpochGuard g(kConc);
+      uint64_t lv = 0;
+      uint64_t loff = FindLeaf(d.k, &lv);
+      char* l = L(loff);
+      if (loff != d.leaf) return;  // deleted meanwhile
+      if (!LeafTryLock(l, lv)) {
+        Defer(loff, d.k);
+        return;
+      }
+      if (Ld(Bm(l)) != 0) {
+        LeafUnlock(l);  // refilled
+        return;
+      }
+      pending = DeleteEmptyLeaf(loff, d.k, &ret);
+    }
+    FinishLeafDeletion(pending, &ret);
+  }
+
+  static constexpr int kKept = -1, kContended = -2;
   // Leaf loff (locked, empty) is unlinked from the inner nodes and the list
-  // (alg. 5/6). Returns the delete log index to finish after the grace period,
-  // -1 if the deletion was skipped (leaf stays, still locked by the caller).
-  // On success the leaf is marked obsolete and unlocked.
-  int TryDeleteLeaf(uint64_t loff, const SKey& k) {
+  // (alg. 5/6). Returns the delete log index to finish after the grace period
+  // (the leaf is then marked obsolete and unlocked), or kKept (the tree's only
+  // leaf) / kContended (the left neighbour or an inner node stayed busy for 64
+  // tries); the leaf is then still locked by the caller.
+  // The DRAM part: the deepest inner node on the path with more than one
+  // child loses the entry of the subtree holding the leaf; the nodes of that
+  // subtree (single-child nodes above the leaf) are marked obsolete and
+  // retired; a root left with one child is replaced by that child.
+  int TryDeleteLeaf(uint64_t loff, const SKey& k, Retired* ret) {
+    constexpr int kMaxDepth = 64;
     char* l = L(loff);
     for (int attempt = 0; attempt < 64; attempt++) {
       if (attempt) std::this_thread::yield();
-      // Locate the bottom parent and the left neighbour while holding l.
-      Path path;
+      Inner* pn[kMaxDepth];
+      uint64_t pv[kMaxDepth];
+      uint32_t pi[kMaxDepth];
+      int d = 0;
+      Inner* left = nullptr;  // deepest node where the path goes right of child 0
+      uint32_t left_idx = 0;
       Inner* n = root_inner_.load(std::memory_order_acquire);
       uint64_t v = 0;
       if (!ReadLock(n, &v)) continue;
+      if (kConc && n != root_inner_.load(std::memory_order_acquire)) continue;
       bool bad = false;
-      while (!n->bottom) {
+      for (;;) {
         uint32_t i = UpperBound(n, k);
+        uint64_t c = n->child()[i].load(std::memory_order_relaxed);
         if (i > 0) {
-          path.left = n;
-          path.left_idx = i - 1;
+          left = n;
+          left_idx = i - 1;
         }
-        Inner* c = reinterpret_cast<Inner*>(n->child()[i].load(std::memory_order_relaxed));
+        pn[d] = n;
+        pv[d] = v;
+        pi[d] = i;
+        d++;
+        if (n->bottom) {
+          bad = c != loff || !Validate(n, v);
+          break;
+        }
+        Inner* cn = reinterpret_cast<Inner*>(c);
         uint64_t cv = 0;
-        if (!Validate(n, v) || !ReadLock(c, &cv) || !Validate(n, v)) {
+        if (d == kMaxDepth || !Validate(n, v) || !ReadLock(cn, &cv) || !Validate(n, v)) {
           bad = true;
           break;
         }
-        n = c;
+        n = cn;
         v = cv;
       }
       if (bad) continue;
-      uint32_t j = UpperBound(n, k);
-      if (j > 0) {
-        path.left = n;
-        path.left_idx = j - 1;
-      }
-      if (n->child()[j].load(std::memory_order_relaxed) != loff || !Validate(n, v)) continue;
-      if (n->count.load(std::memory_order_relaxed) == 0) break;  // only child: keep the leaf
+      int t = d - 1;
+      while (t >= 0 && pn[t]->count.load(std::memory_order_relaxed) == 0) t--;
+      if (t < 0) return kKept;  // the only leaf of the tree
       // Left neighbour: rightmost leaf of the left subtree (verified below).
       uint64_t prev = 0;
-      if (path.left) {
-        Inner* x = path.left;
-        uint64_t c = x->child()[path.left_idx].load(std::memory_order_relaxed);
+      if (left) {
+        Inner* x = left;
+        uint64_t c = x->child()[left_idx].load(std::memory_order_relaxed);
         while (!x->bottom && c) {
           x = reinterpret_cast<Inner*>(c);
           uint32_t cnt = std::min(x->count.load(std::memory_order_relaxed), x->cap);
@@ -1237,7 +1362,12 @@ class FPTree final : public Index {
       } else if (__atomic_load_n(&root_->head, __ATOMIC_ACQUIRE) != loff) {
         continue;
       }
-      if (!Upgrade(n, v)) {
+      // Lock pn[t..d-1] top-down against the versions read (OLC upgrades
+      // never wait, so no lock order issue with the leaf locks held).
+      int locked = t;
+      while (locked < d && Upgrade(pn[locked], pv[locked])) locked++;
+      if (locked < d) {
+        for (int x = t; x < locked; x++) WriteUnlock(pn[x]);
         if (p) LeafUnlock(p);
         continue;
       }
@@ -1250,24 +1380,49 @@ class FPTree final : public Index {
       uint64_t nx = Ld(Next(l));
       if (p) pm::StorePersist(Next(p), nx);
       else pm::StorePersist(&root_->head, nx);
-      // DRAM unlink: drop child j and one neighbouring key.
-      RemoveAt(n, j);
-      WriteUnlock(n);
+      // DRAM unlink.
+      uint64_t kw = RemoveAt(pn[t], pi[t]);
+      if constexpr (kBytes) ret->keys.push_back(kw);
+      for (int x = t + 1; x < d; x++) {
+        ObsoleteUnlock(pn[x]);
+        ret->nodes.push_back(pn[x]);
+      }
+      if (t == 0) CollapseRoot(pn[0], ret);
+      else WriteUnlock(pn[t]);
       LeafUnlock(l, /*obsolete=*/true);
       if (p) LeafUnlock(p);
       return li;
     }
-    g_skipped_deletions.fetch_add(1, std::memory_order_relaxed);
-    return -1;
+    return kContended;
   }
-  static void RemoveAt(Inner* n, uint32_t j) {
+  // r is the root, write-locked. While it is an inner node with a single
+  // child, the child becomes the root (r is retired). Unlocks the final root.
+  void CollapseRoot(Inner* r, Retired* ret) {
+    while (!r->bottom && r->count.load(std::memory_order_relaxed) == 0) {
+      auto* c = reinterpret_cast<Inner*>(r->child()[0].load(std::memory_order_relaxed));
+      uint64_t cv = kConc ? c->version.load(std::memory_order_acquire) : 0;
+      if (!ReadLockedOk(cv) || !Upgrade(c, cv)) break;
+      root_inner_.store(c, std::memory_order_release);
+      ObsoleteUnlock(r);
+      ret->nodes.push_back(r);
+      r = c;
+    }
+    WriteUnlock(r);
+  }
+  static bool ReadLockedOk(uint64_t v) { return !kConc || !(v & 3); }
+  // Removes child j and one neighbouring key (key j-1, or key 0 if j == 0:
+  // the removed child's range goes to its left, resp. right, sibling).
+  // Returns the removed key word. Caller holds n, which has count >= 1.
+  static uint64_t RemoveAt(Inner* n, uint32_t j) {
     uint32_t cnt = n->count.load(std::memory_order_relaxed);
     auto* keys = n->keys();
     auto* ch = n->child();
     uint32_t kd = j > 0 ? j - 1 : 0;  // key removed
+    uint64_t removed = keys[kd].load(std::memory_order_relaxed);
     for (uint32_t x = kd; x + 1 < cnt; x++) keys[x].store(keys[x + 1].load(std::memory_order_relaxed), std::memory_order_release);
     for (uint32_t x = j; x < cnt; x++) ch[x].store(ch[x + 1].load(std::memory_order_relaxed), std::memory_order_relaxed);
     n->count.store(cnt - 1, std::memory_order_release);
+    return removed;
   }
   // Alg. 6 line 14-15 / alg. 7 tail: free (or return to its group) the unlinked
   // leaf and reset the log.
@@ -1696,6 +1851,15 @@ class FPTree final : public Index {
     return Status::OK();
   }
 
+  void Shape(uint64_t* inner_nodes, uint64_t* leaves) override {
+    {
+      std::lock_guard<std::mutex> g(nodes_mu_);
+      *inner_nodes = nodes_.size();
+    }
+    *leaves = 0;
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) ++*leaves;
+  }
+
   IndexStats Stats() override {
     IndexStats s;
     if (closed_) return s;
@@ -1709,10 +1873,13 @@ class FPTree final : public Index {
   Status Close() override {
     if (closed_) return Status::OK();
     closed_ = true;
-    for (Inner* n : nodes_) std::free(n);
-    for (KeyBlob* b : blobs_) std::free(b);
+    for (Inner* n : nodes_) {
+      if constexpr (kBytes)
+        for (uint32_t i = 0; i < n->count.load(std::memory_order_relaxed); i++) FreeKeyWord(n->keys()[i].load(std::memory_order_relaxed));
+      std::free(n);
+    }
     nodes_.clear();
-    blobs_.clear();
+    deferred_.clear();
     delete scache_.exchange(nullptr);
     Status s = pool_ ? pool_->Close() : Status::OK();
     return s;
@@ -1939,8 +2106,10 @@ class FPTree final : public Index {
   uint32_t max_key_ = 0, max_value_ = 0, inner_cap_ = 0, group_size_ = 0;
   std::atomic<Inner*> root_inner_{nullptr};
   std::mutex nodes_mu_;
-  std::vector<Inner*> nodes_;
-  std::vector<KeyBlob*> blobs_;
+  std::vector<Inner*> nodes_;  // live inner nodes (Inner::pos is the index)
+  std::mutex deferred_mu_;
+  std::vector<Deferred> deferred_;
+  std::atomic<size_t> deferred_n_{0};
   std::atomic<uint64_t> dram_bytes_{0};
   std::atomic<ScanCache*> scache_{nullptr};
   uint64_t pool_size_ = 0;  // for ScanU64's prefetch bound
@@ -2016,6 +2185,13 @@ Status OpenV(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<I
 }
 
 }  // namespace
+
+bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves) {
+  auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
+  if (!t) return false;
+  t->Shape(inner_nodes, leaves);
+  return true;
+}
 
 void RegisterFPTree(std::vector<IndexFactory>* r) {
   IndexFactory f;

@@ -5,16 +5,25 @@
 
 #include <cstdint>
 
+namespace pmindex {
+class Index;
+}
+
 namespace pmindex::internal {
+
+// Shape of an open fptree/fptree_single/ptree: live DRAM inner nodes and
+// leaves in the leaf list. False if idx is not one of them. Not thread-safe
+// against writers.
+bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves);
 
 // Per-thread number of in-leaf key comparisons (fingerprint hits that were
 // compared against the search key, or every valid key for ptree) since the
 // thread started. Used to measure E[T] of paper section 4.2.
 uint64_t FPTreeKeyProbes();
 
-// Number of leaf deletions skipped because the leaf was the only child of its
-// DRAM parent or its neighbour lock could not be taken (the leaf stays empty
-// and is removed at the next recovery). Process-wide.
-uint64_t FPTreeSkippedLeafDeletions();
+// Number of leaf deletions deferred because the left neighbour's lock (or an
+// inner node) stayed busy for 64 tries (fptree only); a deferred deletion is
+// retried by a later Remove. Process-wide.
+uint64_t FPTreeDeferredLeafDeletions();
 
 }  // namespace pmindex::internal

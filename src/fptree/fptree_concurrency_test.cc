@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <random>
@@ -20,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fptree/fptree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
@@ -302,6 +304,85 @@ TEST_P(FPTreeConc, InsertsAndScansDoNotDeadlock) {
   }, &cnt);
   EXPECT_EQ(cnt, got.size());
   EXPECT_GT(got.size(), 0u);
+}
+
+// Delete-heavy concurrency (alg. 5-6 under contention): each cycle, every
+// thread inserts its own keys and then removes all of them in random order,
+// while finding and scanning across the whole key space. Every remove must
+// succeed exactly once and nothing may be found after its removal. After each
+// cycle the tree must be back, without a reopen, to one leaf, one DRAM inner
+// node and the PM blocks it had when created (allocator enumeration), and
+// pass Check(): empty leaves are removed even when they are the only child
+// of their parent, removed inner nodes are freed (ASan/TSan see any use after
+// the grace period), and deletions deferred under lock contention are carried
+// out by later Removes (a few Removes of absent keys drain the queue).
+TEST_P(FPTreeConc, EmptyAndRefillFallsBack) {
+  Watchdog wd("EmptyAndRefillFallsBack", 300);
+  const int T = 4;
+  const int cycles = Long() ? 12 : 3;
+  const uint64_t space = GetParam().small ? 4000 : 12000;
+  auto blocks = [&] {
+    size_t n = 0;
+    idx_->pool()->allocator().ForEachAllocated([&](uint64_t, size_t) { n++; });
+    return n;
+  };
+  const size_t blocks0 = blocks();
+  for (int cycle = 0; cycle < cycles; cycle++) {
+    SCOPED_TRACE("cycle " + std::to_string(cycle));
+    uint64_t deferred0 = internal::FPTreeDeferredLeafDeletions();
+    std::atomic<int> errors{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < T; t++) {
+      ts.emplace_back([&, t] {
+        std::mt19937_64 rng(cycle * 131 + t);
+        std::vector<uint64_t> mine;
+        for (uint64_t id = t; id < space; id += T) mine.push_back(id);
+        std::shuffle(mine.begin(), mine.end(), rng);
+        for (uint64_t id : mine)
+          if (!idx_->Insert(Key(id), Val(id, cycle)).ok()) errors++;
+        std::shuffle(mine.begin(), mine.end(), rng);
+        for (size_t i = 0; i < mine.size() && errors == 0; i++) {
+          uint64_t id = mine[i];
+          if (!idx_->Remove(Key(id)).ok()) errors++;
+          if (!idx_->Find(Key(id), nullptr).IsNotFound()) errors++;
+          if (i % 4 == 0) {
+            uint64_t oid = rng() % space;
+            std::string out;
+            Status s = idx_->Find(Key(oid), &out);
+            if (s.ok() && !ValOk(oid, out)) errors++;
+          }
+          if (i % 16 == 0) {
+            std::string prev;
+            bool have = false;
+            idx_->Scan(Key(rng() % space), rng() % 50, [&](Slice a, Slice b) {
+              if (have && !Less(prev, a)) errors++;
+              if (!ValOk(IdOf(a), b)) errors++;
+              prev.assign(a.data(), a.size());
+              have = true;
+              return true;
+            });
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    ASSERT_EQ(errors.load(), 0);
+    // Deletions deferred under contention are done by later Removes.
+    uint64_t deferred = internal::FPTreeDeferredLeafDeletions() - deferred0;
+    for (uint64_t i = 0; i <= deferred; i++) EXPECT_TRUE(idx_->Remove(Key(space + 1)).IsNotFound());
+    Status c = idx_->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    EXPECT_EQ(idx_->Size(), 0u);
+    uint64_t inner = 0, leaves = 0;
+    ASSERT_TRUE(internal::FPTreeShape(idx_.get(), &inner, &leaves));
+    EXPECT_EQ(leaves, 1u);
+    EXPECT_EQ(inner, 1u);
+    EXPECT_EQ(blocks(), blocks0);
+    std::set<uint64_t> owned, alloc;
+    idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
+    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
+    EXPECT_EQ(owned, alloc);
+  }
 }
 
 // Value 0 stored concurrently reads back as found.
