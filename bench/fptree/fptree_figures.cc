@@ -4,18 +4,27 @@
 //   2. Keys probed per successful find vs E[T] of paper sec. 4.2.
 //   3. DRAM share of the footprint with --big records (default 10M).
 //   4. Recovery time of that tree vs rebuilding its records into dram_btree.
-// Usage: fptree_figures [--records N] [--big N] [--skip-big]
+// Usage: fptree_figures [--records N] [--big N] [--skip-big] [--skip-small]
+//                       [--big-variants fptree_single,fptree] [--skip-rebuild] [--force]
 // Pools live in /dev/shm and are removed at exit. The machine may be shared:
-// times are wall-clock of this run only.
+// times are wall-clock of this run only. --big 100000000 (the paper's 100M)
+// needs about 3.5 GB of /dev/shm for the pool plus about 4.5 GB of process
+// memory for the rebuild comparison (records copy, shuffle order, dram_btree;
+// --skip-rebuild leaves only the pool and the tree's DRAM part); the tool
+// checks MemAvailable first and refuses to start without room (--force).
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -106,11 +115,33 @@ void CostAndProbes(const std::string& name, uint64_t records) {
   pm::Pool::Remove(path);
 }
 
-void BigFigures(const std::string& name, uint64_t n, int threads) {
+// MemAvailable from /proc/meminfo, bytes (0 if unknown).
+uint64_t MemAvailable() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream is(line);
+    std::string key;
+    uint64_t kb = 0;
+    if (is >> key >> kb && key == "MemAvailable:") return kb << 10;
+  }
+  return 0;
+}
+double PeakRssGiB() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1048576.0;  // ru_maxrss is in KiB
+}
+// Rough upper bounds from the 10M run (fptree_single: 32.8 B of PM per record,
+// fptree 26.2 B), with margin; the rebuild holds the records (16 B), the
+// shuffle order (8 B) and a dram_btree (about 24 B) per record.
+uint64_t NeedBytes(uint64_t n, bool rebuild) { return n * (40 + (rebuild ? 16 + 8 + 24 : 0)) + (256ull << 20); }
+
+void BigFigures(const std::string& name, uint64_t n, int threads, bool rebuild) {
   std::string path = PoolPath(name + "-big");
   Options o;
   o.pool_path = path;
-  o.pool_size = 1ull << 30;
+  o.pool_size = std::max<uint64_t>(1ull << 30, n * 40);  // grows in place up to 64 GiB anyway
   o.recovery_threads = threads;
   std::unique_ptr<Index> idx;
   Status s = OpenIndex(name, o, &idx);
@@ -122,9 +153,25 @@ void BigFigures(const std::string& name, uint64_t n, int threads) {
   for (uint64_t i = 0; i < n; i++) idx->Insert(U64Slice(Scramble(i)), U64Slice(i));
   double load = Now() - t0;
   IndexStats st = idx->Stats();
+  uint64_t inner_nodes = 0, leaves = 0;
+  internal::FPTreeShape(idx.get(), &inner_nodes, &leaves);
   std::printf("%s, %lu records (random order, load %.1f s): PM %.1f MiB, DRAM %.2f MiB, DRAM share %.2f%% of the footprint\n",
               name.c_str(), st.records, load, st.pm_bytes / 1048576.0, st.dram_bytes / 1048576.0,
               100.0 * st.dram_bytes / double(st.dram_bytes + st.pm_bytes));
+  std::printf("  %lu leaves (%.1f records per leaf), %lu DRAM inner nodes; peak RSS %.2f GiB\n", leaves,
+              double(st.records) / double(leaves ? leaves : 1), inner_nodes, PeakRssGiB());
+  if (!rebuild) {
+    idx.reset();
+    t0 = Now();
+    s = OpenIndex(name, o, &idx);
+    double rec = Now() - t0;
+    bool ok = s.ok() && idx->Size() == n;
+    std::printf("  recovery (open incl. pool mapping, %d threads): %.3f s (tree recovery %.3f s)%s; rebuild skipped\n", threads,
+                rec, ok ? idx->Stats().recovery_seconds : 0.0, ok ? "" : "  [CONTENTS WRONG]");
+    idx.reset();
+    pm::Pool::Remove(path);
+    return;
+  }
   // Recovery vs a full rebuild of dram_btree with the same records.
   std::vector<std::pair<uint64_t, uint64_t>> recs;
   recs.reserve(n);
@@ -159,6 +206,7 @@ void BigFigures(const std::string& name, uint64_t n, int threads) {
               ok ? "" : "  [CONTENTS WRONG]");
   std::printf("  dram_btree rebuild of the same records: random order %.3f s (%.1fx slower than recovery), sorted %.3f s (%.1fx)\n",
               rebuild_rand, rebuild_rand / rec, rebuild_sorted, rebuild_sorted / rec);
+  std::printf("  peak RSS %.2f GiB\n", PeakRssGiB());
   pm::Pool::Remove(path);
 }
 
@@ -167,23 +215,42 @@ void BigFigures(const std::string& name, uint64_t n, int threads) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   uint64_t records = 1000000, big = 10000000;
-  bool skip_big = false;
+  bool skip_big = false, skip_small = false, rebuild = true, force = false;
+  std::vector<std::string> variants = {"fptree_single", "fptree"};
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--records") && i + 1 < argc) records = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--big") && i + 1 < argc) big = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--skip-big")) skip_big = true;
-    else {
-      std::fprintf(stderr, "usage: %s [--records N] [--big N] [--skip-big]\n", argv[0]);
+    else if (!std::strcmp(argv[i], "--skip-small")) skip_small = true;
+    else if (!std::strcmp(argv[i], "--skip-rebuild")) rebuild = false;
+    else if (!std::strcmp(argv[i], "--force")) force = true;
+    else if (!std::strcmp(argv[i], "--big-variants") && i + 1 < argc) {
+      variants.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string v; std::getline(ss, v, ',');)
+        if (!v.empty()) variants.push_back(v);
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--records N] [--big N] [--skip-big] [--skip-small] [--big-variants a,b] [--skip-rebuild] [--force]\n",
+                   argv[0]);
       return 2;
     }
   }
   std::printf("flush instruction: %s, persist mode: %s\n\n", pm::FlushInstrName(pm::GetFlushInstr()),
               pm::PersistModeName(pm::GetPersistMode()));
-  for (std::string n : {"fptree", "fptree_single", "ptree"}) CostAndProbes(n, records);
+  if (!skip_small)
+    for (std::string n : {"fptree", "fptree_single", "ptree"}) CostAndProbes(n, records);
   if (!skip_big) {
-    std::printf("\n");
-    BigFigures("fptree_single", big, 2);
-    BigFigures("fptree", big, 2);
+    // One variant at a time (its pool is removed before the next), so the
+    // peak is one pool plus one rebuild.
+    uint64_t need = NeedBytes(big, rebuild), avail = MemAvailable();
+    std::printf("\n%lu records: needs about %.1f GiB (pool in /dev/shm + process), MemAvailable %.1f GiB\n", big, need / 1073741824.0,
+                avail / 1073741824.0);
+    if (avail && need > avail && !force) {
+      std::fprintf(stderr, "not enough memory for --big %lu (use --skip-rebuild, a smaller --big, or --force)\n", big);
+      return 1;
+    }
+    for (auto& v : variants) BigFigures(v, big, 2, rebuild);
   }
   return 0;
 }

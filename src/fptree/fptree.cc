@@ -88,8 +88,13 @@
 
 namespace pmindex::internal {
 
+// The library is a shared object: thread_locals default to the general-dynamic
+// model, one __tls_get_addr call per access (callgrind: ~10% of a find).
+// initial-exec takes a few bytes of static TLS, which glibc reserves also for
+// libraries loaded with dlopen (the PiBench plugins).
+#define FPT_TLS thread_local __attribute__((tls_model("initial-exec")))
 namespace {
-thread_local uint64_t tl_probes = 0;
+FPT_TLS uint64_t tl_probes = 0;
 std::atomic<uint64_t> g_deferred_deletions{0};
 }  // namespace
 
@@ -163,7 +168,7 @@ struct TlsEpoch {
     if (idx >= 0) g_slots[idx].used.store(false, std::memory_order_release);
   }
 };
-thread_local TlsEpoch tl_epoch;
+FPT_TLS TlsEpoch tl_epoch;
 EpochSlot* MySlot() {
   if (tl_epoch.idx < 0) {
     for (;;) {
@@ -185,8 +190,9 @@ struct EpochGuard {
   explicit EpochGuard(bool on) {
     if (!on) return;
     active = true;
-    if (tl_epoch.depth++ > 0) return;
-    s = MySlot();
+    TlsEpoch& te = tl_epoch;
+    if (te.depth++ > 0) return;
+    s = te.idx >= 0 ? &g_slots[te.idx] : MySlot();
     s->e.exchange(g_epoch.load(std::memory_order_acquire), std::memory_order_seq_cst);
   }
   ~EpochGuard() {
@@ -516,12 +522,25 @@ class FPTree final : public Index, public FPTreeIntrospect {
       return w < k.u ? -1 : (w > k.u ? 1 : 0);
     }
   }
-  // Number of keys <= k (the child index).
+  // Number of keys <= k (the child index). u64 keys: branchless binary
+  // search (the comparison outcomes are random, so a branchy search pays
+  // about one misprediction per level of the search).
   static uint32_t UpperBound(Inner* n, const SKey& k) {
     uint32_t c = n->count.load(std::memory_order_relaxed);
     if (c > n->cap) c = n->cap;
-    uint32_t lo = 0, hi = c;
     auto* keys = n->keys();
+    if constexpr (!kBytes) {
+      if (c == 0) return 0;
+      uint32_t base = 0, len = c;
+      while (len > 1) {
+        uint32_t half = len / 2;
+        bool le = keys[base + half - 1].load(std::memory_order_relaxed) <= k.u;
+        base += le ? half : 0;  // cmov
+        len -= half;
+      }
+      return base + (keys[base].load(std::memory_order_relaxed) <= k.u);
+    }
+    uint32_t lo = 0, hi = c;
     while (lo < hi) {
       uint32_t mid = (lo + hi) / 2;
       // Acquire: a byte-key word points to a blob written before publication.
@@ -677,6 +696,9 @@ class FPTree final : public Index, public FPTreeIntrospect {
         }
         if (n->bottom) {
           char* l = L(c);
+          // The caller reads line 0 (bitmap, fingerprints) next; start that
+          // miss now instead of after the version word's (trailer line).
+          if constexpr (kConc) __builtin_prefetch(l);
           uint64_t lv = LeafVersion(l);
           if (kConc && (lv & 3)) {
             // Locked (or being deleted): wait for it without holding anything.
@@ -897,6 +919,23 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // slots that move and the separator (smallest moving key).
   bool ChooseSplit(char* l, uint64_t* upper, Rec* sep) {
     uint64_t bm = Ld(Bm(l));
+    if constexpr (!kBytes) {
+      // u64 keys: (key, slot) pairs on the stack and a selection instead of
+      // a sort of owned records (callgrind: ~40% of an insert's instructions
+      // went to the Rec/std::string version below).
+      std::pair<uint64_t, uint32_t> v[64];
+      uint32_t c = 0;
+      for (uint64_t m = bm; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        v[c++] = {Ld(Key(l, i)), uint32_t(i)};
+      }
+      uint32_t half = c / 2;
+      std::nth_element(v, v + half, v + c);
+      *upper = 0;
+      for (uint32_t j = half; j < c; j++) *upper |= 1ull << v[j].second;
+      sep->k = v[half].first;
+      return true;
+    }
     std::vector<std::pair<Rec, int>> v;
     for (uint64_t m = bm; m; m &= m - 1) {
       int i = __builtin_ctzll(m);
@@ -1397,11 +1436,23 @@ class FPTree final : public Index, public FPTreeIntrospect {
   }
   // r is the root, write-locked. While it is an inner node with a single
   // child, the child becomes the root (r is retired). Unlocks the final root.
+  // Waiting for the child's lock while holding r cannot deadlock: whoever
+  // holds a child's lock never waits for its parent (upgrades are top-down
+  // and never block) nor for a leaf lock.
   void CollapseRoot(Inner* r, Retired* ret) {
     while (!r->bottom && r->count.load(std::memory_order_relaxed) == 0) {
       auto* c = reinterpret_cast<Inner*>(r->child()[0].load(std::memory_order_relaxed));
-      uint64_t cv = kConc ? c->version.load(std::memory_order_acquire) : 0;
-      if (!ReadLockedOk(cv) || !Upgrade(c, cv)) break;
+      bool locked = false;
+      for (;;) {
+        uint64_t cv = kConc ? c->version.load(std::memory_order_acquire) : 0;
+        if (cv & 1) break;  // cannot happen: only r could have removed c
+        if (!(cv & 2) && Upgrade(c, cv)) {
+          locked = true;
+          break;
+        }
+        Pause();
+      }
+      if (!locked) break;
       root_inner_.store(c, std::memory_order_release);
       ObsoleteUnlock(r);
       ret->nodes.push_back(r);
@@ -1409,7 +1460,6 @@ class FPTree final : public Index, public FPTreeIntrospect {
     }
     WriteUnlock(r);
   }
-  static bool ReadLockedOk(uint64_t v) { return !kConc || !(v & 3); }
   // Removes child j and one neighbouring key (key j-1, or key 0 if j == 0:
   // the removed child's range goes to its left, resp. right, sibling).
   // Returns the removed key word. Caller holds n, which has count >= 1.
@@ -1535,6 +1585,20 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return c;
   }
 
+  // Per-thread record buffer of ScanU64 (kScanBatch records plus one leaf),
+  // reached once per scan: a thread_local name used in the loops cost a TLS
+  // lookup per record, and a vector a capacity check per record.
+  using KV = std::pair<uint64_t, uint64_t>;
+  static constexpr size_t kScanBatch = 512;
+  static __attribute__((noinline)) KV* ScanBuffer() {
+    static FPT_TLS std::unique_ptr<KV[]>* buf = nullptr;  // pointer: a trivial TLS object
+    thread_local std::unique_ptr<KV[]> owner;             // frees it at thread exit
+    if (!buf) {
+      owner.reset(new KV[kScanBatch + 64]);
+      buf = &owner;
+    }
+    return buf->get();
+  }
   // Scan for u64 keys and values: the same algorithm as Scan with plain
   // (key, value) pairs instead of owned strings, plus the volatile sorted
   // permutation cache (see ScanCache): a leaf whose cached order still checks
@@ -1543,11 +1607,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
     size_t done = 0;
     uint64_t resume = start;
     bool inclusive = true;
-    thread_local std::vector<std::pair<uint64_t, uint64_t>> out;
+    KV* out = ScanBuffer();
     ScanCache* cache = GetScanCache();
-    out.reserve(512 + 64);
     while (done < n) {
-      out.clear();
+      size_t nout = 0;
       bool end = false;
       {
         EpochGuard g(kConc);
@@ -1555,22 +1618,23 @@ class FPTree final : public Index, public FPTreeIntrospect {
         k.u = resume;
         uint64_t lv = 0;
         uint64_t loff = FindLeaf(k, &lv);
-        size_t want = std::min<size_t>(n - done, 512);
-        while (out.size() < want) {
+        PrefetchLeaf(loff);  // its lines are read in key order, i.e. at random
+        size_t want = std::min<size_t>(n - done, kScanBatch);
+        while (nout < want) {
           char* l = L(loff);
-          size_t before = out.size();
+          size_t before = nout;
           bool truncated = false;
-          if (!ReadLeafSortedU64(l, loff, lv, cache, resume, inclusive, want - before, &out, &truncated)) {
-            out.resize(before);
+          if (!ReadLeafSortedU64(l, loff, lv, cache, resume, inclusive, want - before, out, &nout, &truncated)) {
+            nout = before;
             break;  // changed: re-traverse from the last key collected
           }
           uint64_t nx = Ld(Next(l));
           if (!LeafValidate(l, lv)) {
-            out.resize(before);
+            nout = before;
             break;
           }
-          if (out.size() > before) {  // see Scan: filter later leaves by the last key collected
-            resume = out.back().first;
+          if (nout > before) {  // see Scan: filter later leaves by the last key collected
+            resume = out[nout - 1].first;
             inclusive = false;
           }
           if (truncated) break;  // enough records; the rest of this leaf is not needed
@@ -1585,7 +1649,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           lv = nv;
         }
       }
-      size_t emit = std::min(out.size(), n - done);
+      size_t emit = std::min(nout, n - done);
       for (size_t i = 0; i < emit; i++) {
         done++;
         if (!cb(U64Slice(out[i].first), U64Slice(out[i].second))) {
@@ -1597,30 +1661,40 @@ class FPTree final : public Index, public FPTreeIntrospect {
         resume = out[emit - 1].first;
         inclusive = false;
       }
-      if (end && emit == out.size()) break;
+      if (end && emit == nout) break;
     }
     if (count) *count = done;
     return Status::OK();
   }
-  // Appends to ScanU64's `out` the records of leaf l (offset loff, version lv)
+  void PrefetchLeaf(uint64_t off) const {
+    if (off && off + lay_.bytes <= pool_size_)
+      for (uint32_t o = 0; o < lay_.bytes; o += 64) __builtin_prefetch(L(off) + o);
+  }
+  // Appends to out[*nout..] the records of leaf l (offset loff, version lv)
   // with key >= from (> from if !incl), ascending, at most `room` of them
   // (*truncated = true if more were left). Uses the cached order when it
   // verifies, else sorts and caches. False if the leaf changed while it was
   // read (torn key/bitmap); the caller also validates the version afterwards,
   // which covers the values read here.
-  bool ReadLeafSortedU64(char* l, uint64_t loff, uint64_t lv, ScanCache* cache, uint64_t from, bool incl, size_t room,
-                         std::vector<std::pair<uint64_t, uint64_t>>* outp, bool* truncated) {
-    auto& out = *outp;
+  bool ReadLeafSortedU64(char* l, uint64_t loff, uint64_t lv, ScanCache* cache, uint64_t from, bool incl, size_t room, KV* out,
+                         size_t* nout, bool* truncated) {
     uint64_t bm = Ld(Bm(l)) & lay_.full;
     int cnt = __builtin_popcountll(bm);
-    if (room > size_t(cnt)) {
-      // The scan will go on to the next leaf (a random address, one dependent
-      // miss after another otherwise): fetch it while this one is read. A
-      // stale offset only wastes the prefetch.
-      uint64_t nx = Ld(Next(l));
-      if (nx && nx + lay_.bytes <= pool_size_)
-        for (uint32_t off = 0; off < lay_.bytes; off += 64) __builtin_prefetch(L(nx) + off);
-    }
+    // The scan will go on to the next leaf (a random address, one dependent
+    // miss after another otherwise): fetch it while this one is read. A
+    // stale offset only wastes the prefetch.
+    if (room > size_t(cnt)) PrefetchLeaf(Ld(Next(l)));
+    // Layout values in locals: the loops below store to `out`, which the
+    // compiler cannot tell apart from this->lay_.
+    const char* kbase = l + lay_.key_off;
+    const char* vbase = l + lay_.val_off;
+    const size_t kstride = lay_.key_stride, vstride = lay_.val_stride;
+    const unsigned m = lay_.m;
+    auto key_at = [&](unsigned s) { return Ld(reinterpret_cast<const uint64_t*>(kbase + s * kstride)); };
+    auto val_at = [&](unsigned s) { return Ld(reinterpret_cast<const uint64_t*>(vbase + s * vstride)); };
+    // Records below `from` (only in the first leaf) are skipped.
+    auto wanted = [&](uint64_t kk) { return kk > from || (kk == from && incl); };
+    size_t o = *nout;
     ScanCache::Entry* e = cache ? cache->Slot(loff) : nullptr;
     if (e && e->tag.load(std::memory_order_relaxed) == loff) {
       // Cached order: valid iff it lists cnt slots, each set in bm, with
@@ -1629,39 +1703,38 @@ class FPTree final : public Index, public FPTreeIntrospect {
       uint64_t w[ScanCache::kWords];
       for (int j = 0; j < (cnt + 7) / 8; j++) w[j] = e->perm[j].load(std::memory_order_relaxed);
       const uint8_t* pm8 = reinterpret_cast<const uint8_t*>(w);
-      size_t base = out.size();
+      size_t end = o + room;
       bool ok = true;
       uint64_t prev = 0;
       for (int j = 0; j < cnt; j++) {
         unsigned s = pm8[j];
-        if (s >= lay_.m || !(bm >> s & 1)) {
-          ok = false;
-          break;
-        }
-        uint64_t kk = Ld(Key(l, s));
-        if (j > 0 && kk <= prev) {
+        uint64_t kk = s < m ? key_at(s) : 0;
+        if (s >= m || !(bm >> s & 1) || (j > 0 && kk <= prev)) {
           ok = false;
           break;
         }
         prev = kk;
-        if (kk < from || (kk == from && !incl)) continue;
-        if (out.size() - base == room) {
+        if (!wanted(kk)) continue;
+        if (o == end) {
           *truncated = true;
           continue;  // keep verifying the order of the rest
         }
-        out.emplace_back(kk, Ld(Val(l, s)));
+        out[o++] = {kk, val_at(s)};
       }
-      if (ok) return true;
-      out.resize(base);
+      if (ok) {
+        *nout = o;
+        return true;
+      }
+      o = *nout;
       *truncated = false;
       if (kConc && !LeafValidate(l, lv)) return false;
     }
     // Miss: sort (key, slot) pairs, cache the order, emit.
     std::pair<uint64_t, uint32_t> ks[64];
     int c = 0;
-    for (uint64_t m = bm; m; m &= m - 1) {
-      int i = __builtin_ctzll(m);
-      ks[c++] = {Ld(Key(l, i)), uint32_t(i)};
+    for (uint64_t mm = bm; mm; mm &= mm - 1) {
+      unsigned i = unsigned(__builtin_ctzll(mm));
+      ks[c++] = {key_at(i), i};
     }
     if (kConc && !LeafValidate(l, lv)) return false;  // do not cache a torn order
     std::sort(ks, ks + c, [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -1672,17 +1745,17 @@ class FPTree final : public Index, public FPTreeIntrospect {
       e->tag.store(loff, std::memory_order_relaxed);
       for (int j = 0; j < (c + 7) / 8; j++) e->perm[j].store(w[j], std::memory_order_relaxed);
     }
-    size_t got = 0;
+    size_t end = o + room;
     for (int j = 0; j < c; j++) {
       uint64_t kk = ks[j].first;
-      if (kk < from || (kk == from && !incl)) continue;
-      if (got == room) {
+      if (!wanted(kk)) continue;
+      if (o == end) {
         *truncated = true;
         break;
       }
-      out.emplace_back(kk, Ld(Val(l, int(ks[j].second))));
-      got++;
+      out[o++] = {kk, val_at(ks[j].second)};
     }
+    *nout = o;
     return true;
   }
 

@@ -1,0 +1,113 @@
+// fptree_opcost: CPU cost per operation for callgrind (instruction counts do
+// not depend on the machine's load, unlike throughput on a shared machine).
+// For each index: load --records u64 records (keys = id * odd constant, as
+// pmbench), then run --ops operations of each kind (find, insert, update,
+// delete, scan of 100) on uniformly drawn live keys. Under valgrind each
+// (index, phase) is dumped separately (CALLGRIND_DUMP_STATS_AT), so that
+//   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p build/bin/fptree_opcost
+//   grep -H -E '^(desc: Trigger|summary|totals)' /tmp/cg.*
+// gives the instructions of each phase; divide by --ops. Pools are capped
+// (max_pool_size) so that valgrind can map them. Without valgrind it prints
+// wall-clock times per phase (noisy on a shared machine).
+// Usage: fptree_opcost [--index a,b,...] [--records N] [--ops N]
+#include <valgrind/callgrind.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pmindex/index.h"
+#include "pmindex/pm/pool.h"
+
+using namespace pmindex;
+
+namespace {
+
+constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;  // odd: a bijection on u64
+
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+void Phase(const std::string& index, const char* phase, uint64_t ops, const std::function<void(uint64_t)>& fn) {
+  CALLGRIND_ZERO_STATS;
+  double t0 = Now();
+  for (uint64_t i = 0; i < ops; i++) fn(i);
+  double t = Now() - t0;
+  std::string tag = index + "/" + phase;
+  CALLGRIND_DUMP_STATS_AT(tag.c_str());
+  if (!RUNNING_ON_VALGRIND) std::printf("  %-20s %8.3f us/op\n", tag.c_str(), 1e6 * t / double(ops));
+}
+
+void Run(const std::string& index, uint64_t records, uint64_t ops) {
+  Options o;
+  std::string path = "/dev/shm/fptree-opcost-" + index + "-" + std::to_string(getpid()) + ".pool";
+  o.pool_path = path;
+  o.pool_size = std::max<uint64_t>(64ull << 20, records * 96);
+  o.max_pool_size = o.pool_size * 2;
+  std::unique_ptr<Index> idx;
+  Status s = OpenIndex(index, o, &idx);
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", index.c_str(), s.ToString().c_str());
+    return;
+  }
+  std::vector<uint64_t> live(records);
+  for (uint64_t i = 0; i < records; i++) live[i] = i;
+  std::shuffle(live.begin(), live.end(), std::mt19937_64(1));
+  for (uint64_t id : live) idx->Insert(U64Slice(id * kMul), U64Slice(id));
+  std::mt19937_64 rng(7);
+  std::string out;
+  uint64_t next = records;
+  Phase(index, "find", ops, [&](uint64_t) { idx->Find(U64Slice(live[rng() % live.size()] * kMul), &out); });
+  Phase(index, "insert", ops, [&](uint64_t) {
+    live.push_back(next);
+    idx->Insert(U64Slice(next * kMul), U64Slice(next));
+    next++;
+  });
+  Phase(index, "update", ops, [&](uint64_t i) { idx->Update(U64Slice(live[rng() % live.size()] * kMul), U64Slice(i)); });
+  Phase(index, "delete", ops, [&](uint64_t) {
+    size_t r = rng() % live.size();
+    idx->Remove(U64Slice(live[r] * kMul));
+    live[r] = live.back();
+    live.pop_back();
+  });
+  uint64_t sink = 0;
+  Phase(index, "scan100", ops / 10, [&](uint64_t) {
+    idx->Scan(U64Slice(live[rng() % live.size()] * kMul), 100, [&](Slice k, Slice) {
+      sink += k.size();
+      return true;
+    });
+  });
+  if (sink == 1) std::printf(" ");
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> indexes = {"dram_btree", "fptree", "fptree_single", "ptree"};
+  uint64_t records = 200000, ops = 100000;
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--records") && i + 1 < argc) records = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--ops") && i + 1 < argc) ops = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--index") && i + 1 < argc) {
+      indexes.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string v; std::getline(ss, v, ',');)
+        if (!v.empty()) indexes.push_back(v);
+    } else {
+      std::fprintf(stderr, "usage: %s [--index a,b,...] [--records N] [--ops N]\n", argv[0]);
+      return 2;
+    }
+  }
+  for (auto& ix : indexes) Run(ix, records, ops);
+  return 0;
+}
