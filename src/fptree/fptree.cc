@@ -33,7 +33,12 @@
 //           bitmap store clears the old bit and sets the new one; then the
 //           old slot's pointers are reset/freed (recovery finishes that).
 //   delete: clear the bit, persist line 0; then free the key/value blocks;
-//           a leaf left empty is unlinked with the delete micro-log (alg. 6).
+//           a leaf left empty is unlinked with the delete micro-log (alg. 6),
+//           also when it is its DRAM parent's only child (the single-child
+//           inner nodes above it go with it, a single-child root collapses);
+//           only the tree's last leaf stays. No deletion is left to recovery
+//           (fptree: one whose neighbour lock stays contended is queued in
+//           DRAM and carried out by a later Remove).
 //   split : micro-log {cur, new} (alg. 3); the new leaf is allocated into
 //           log.new (allocate-into-destination), filled and persisted; the
 //           old leaf's bitmap shrink + next pointer (+ pointer cleanup) are
@@ -49,7 +54,9 @@
 // seqlock word in its trailer line (bit 0 locked, bit 1 obsolete, +4 per
 // write): finds and scans read leaves optimistically and validate, writers
 // lock the leaf by CAS and do the persistent work outside any inner-node
-// critical section. Deleted leaves are freed after an epoch grace period.
+// critical section. Deleted leaves, inner nodes removed by a leaf deletion
+// (marked obsolete: readers restart) and their byte-key separators are freed
+// after an epoch grace period.
 // No thread ever blocks on a leaf lock while holding another lock except
 // with try-locks, so the scan/insert deadlock of a public FPTree cannot
 // happen (scans take no lock at all).

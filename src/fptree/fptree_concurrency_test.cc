@@ -113,6 +113,19 @@ class FPTreeConc : public testing::TestWithParam<Cfg> {
     if (!GetParam().bytes) return SliceToU64(a) < SliceToU64(b);
     return a < b;
   }
+  // A scan whose records are ascending and whose values belong to their
+  // keys; counts violations in *errors.
+  void CheckedScan(const std::string& start, size_t n, std::atomic<int>* errors) {
+    std::string prev;
+    bool have = false;
+    idx_->Scan(start, n, [&](Slice a, Slice b) {
+      if (have && !Less(prev, a)) ++*errors;
+      if (!ValOk(IdOf(a), b)) ++*errors;
+      prev.assign(a.data(), a.size());
+      have = true;
+      return true;
+    });
+  }
 
   std::string path_;
   std::unique_ptr<Index> idx_;
@@ -161,16 +174,7 @@ TEST_P(FPTreeConc, DisjointKeysMatchModel) {
           Status s2 = idx_->Find(Key(oid), &out);
           if (s2.ok() && !ValOk(oid, out)) errors++;
         } else {
-          std::string prev;
-          bool have = false;
-          size_t cnt = 0;
-          idx_->Scan(Key(rng() % space), rng() % 120, [&](Slice a, Slice b) {
-            if (have && !Less(prev, a)) errors++;
-            if (!ValOk(IdOf(a), b)) errors++;
-            prev.assign(a.data(), a.size());
-            have = true;
-            return true;
-          }, &cnt);
+          CheckedScan(Key(rng() % space), rng() % 120, &errors);
         }
       }
     });
@@ -352,15 +356,7 @@ TEST_P(FPTreeConc, EmptyAndRefillFallsBack) {
             if (s.ok() && !ValOk(oid, out)) errors++;
           }
           if (i % 16 == 0) {
-            std::string prev;
-            bool have = false;
-            idx_->Scan(Key(rng() % space), rng() % 50, [&](Slice a, Slice b) {
-              if (have && !Less(prev, a)) errors++;
-              if (!ValOk(IdOf(a), b)) errors++;
-              prev.assign(a.data(), a.size());
-              have = true;
-              return true;
-            });
+            CheckedScan(Key(rng() % space), rng() % 50, &errors);
           }
         }
       });

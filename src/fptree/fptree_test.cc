@@ -135,6 +135,29 @@ class FPTreeTest : public testing::TestWithParam<Cfg> {
     if (GetParam().kk == KeyKind::kU64) return SliceToU64(a) < SliceToU64(b);
     return a < b;
   }
+  // Find(k) agrees with the model.
+  void ExpectFind(const std::map<std::string, std::string>& model, const std::string& k) {
+    std::string out;
+    Status s = idx_->Find(k, &out);
+    auto it = model.find(k);
+    if (it == model.end()) {
+      ASSERT_TRUE(s.IsNotFound()) << s.ToString();
+    } else {
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      ASSERT_EQ(out, it->second);
+    }
+  }
+  // Insert(k, v) agrees with the model, which it updates; true if inserted.
+  bool InsertLikeModel(std::map<std::string, std::string>* model, const std::string& k, const std::string& v) {
+    Status s = idx_->Insert(k, v);
+    if (model->count(k)) {
+      EXPECT_TRUE(s.IsAlreadyExists()) << s.ToString();
+      return false;
+    }
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    (*model)[k] = v;
+    return true;
+  }
 
   std::string path_;
   Options opts_;
@@ -155,13 +178,8 @@ TEST_P(FPTreeTest, DifferentialAgainstStdMap) {
       int op = rng() % 100;
       if (ph == 2) op = op < 60 ? 45 : op;
       if (op < 30) {
-        Status s = idx_->Insert(k, v);
-        if (model.count(k)) {
-          ASSERT_TRUE(s.IsAlreadyExists()) << s.ToString();
-        } else {
-          ASSERT_TRUE(s.ok()) << s.ToString();
-          model[k] = v;
-        }
+        InsertLikeModel(&model, k, v);
+        ASSERT_FALSE(HasFailure());
       } else if (op < 40) {
         Status s = idx_->Update(k, v);
         if (model.count(k)) {
@@ -180,15 +198,7 @@ TEST_P(FPTreeTest, DifferentialAgainstStdMap) {
           ASSERT_TRUE(s.IsNotFound());
         }
       } else if (op < 90) {
-        std::string out;
-        Status s = idx_->Find(k, &out);
-        auto it = model.find(k);
-        if (it == model.end()) {
-          ASSERT_TRUE(s.IsNotFound());
-        } else {
-          ASSERT_TRUE(s.ok());
-          ASSERT_EQ(out, it->second);
-        }
+        ASSERT_NO_FATAL_FAILURE(ExpectFind(model, k));
       } else {
         size_t n = rng() % 40;
         std::vector<std::pair<std::string, std::string>> got;
@@ -252,15 +262,9 @@ TEST_P(FPTreeTest, DeleteHeavyRunShrinksBackWithoutReopen) {
     std::vector<std::string> keys;
     for (uint64_t i = 0; i < space; i++) {
       uint64_t id = rng() % (4 * space);
-      std::string k = Key(id), v = Val(id, cycle);
-      Status s = idx_->Insert(k, v);
-      if (model.count(k)) {
-        ASSERT_TRUE(s.IsAlreadyExists()) << s.ToString();
-      } else {
-        ASSERT_TRUE(s.ok()) << s.ToString();
-        model[k] = v;
-        keys.push_back(k);
-      }
+      std::string k = Key(id);
+      if (InsertLikeModel(&model, k, Val(id, cycle))) keys.push_back(k);
+      ASSERT_FALSE(HasFailure());
     }
     shape(&inner, &leaves);
     ASSERT_GT(leaves, 20u);
@@ -279,25 +283,11 @@ TEST_P(FPTreeTest, DeleteHeavyRunShrinksBackWithoutReopen) {
         ASSERT_TRUE(idx_->Remove(k).IsNotFound());
       } else if (op < 90) {
         uint64_t id = rng() % (4 * space);
-        std::string k = Key(id), v = Val(id, 7);
-        Status s = idx_->Insert(k, v);
-        if (model.count(k)) {
-          ASSERT_TRUE(s.IsAlreadyExists());
-        } else {
-          ASSERT_TRUE(s.ok()) << s.ToString();
-          model[k] = v;
-          keys.push_back(k);
-        }
+        std::string k = Key(id);
+        if (InsertLikeModel(&model, k, Val(id, 7))) keys.push_back(k);
+        ASSERT_FALSE(HasFailure());
       } else {
-        std::string k = Key(rng() % (4 * space)), out;
-        Status s = idx_->Find(k, &out);
-        auto it = model.find(k);
-        if (it == model.end()) {
-          ASSERT_TRUE(s.IsNotFound());
-        } else {
-          ASSERT_TRUE(s.ok());
-          ASSERT_EQ(out, it->second);
-        }
+        ASSERT_NO_FATAL_FAILURE(ExpectFind(model, Key(rng() % (4 * space))));
       }
       if (++ops % 1500 == 0) {
         Status c = idx_->Check();
