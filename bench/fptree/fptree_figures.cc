@@ -8,7 +8,7 @@
 //                       [--big-variants fptree_single,fptree] [--skip-rebuild] [--force]
 // Pools live in /dev/shm and are removed at exit. The machine may be shared:
 // times are wall-clock of this run only. --big 100000000 (the paper's 100M)
-// needs about 3.5 GB of /dev/shm for the pool plus about 4.5 GB of process
+// needs about 3.5 GB of /dev/shm for the pool plus about 6.5 GB of process
 // memory for the rebuild comparison (records copy, shuffle order, dram_btree;
 // --skip-rebuild leaves only the pool and the tree's DRAM part); the tool
 // checks MemAvailable first and refuses to start without room (--force).
@@ -132,10 +132,10 @@ double PeakRssGiB() {
   getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss / 1048576.0;  // ru_maxrss is in KiB
 }
-// Rough upper bounds from the 10M run (fptree_single: 32.8 B of PM per record,
-// fptree 26.2 B), with margin; the rebuild holds the records (16 B), the
-// shuffle order (8 B) and a dram_btree (about 24 B) per record.
-uint64_t NeedBytes(uint64_t n, bool rebuild) { return n * (40 + (rebuild ? 16 + 8 + 24 : 0)) + (256ull << 20); }
+// Rough upper bounds from the 20M run (fptree_single: 32.8 B of PM per record,
+// fptree 26.2 B; peak RSS 1.22 GiB = 65 B per record with the rebuild: the
+// records (16 B), the shuffle order (8 B), a dram_btree), with margin.
+uint64_t NeedBytes(uint64_t n, bool rebuild) { return n * (40 + (rebuild ? 72 : 4)) + (256ull << 20); }
 
 void BigFigures(const std::string& name, uint64_t n, int threads, bool rebuild) {
   std::string path = PoolPath(name + "-big");
