@@ -1025,10 +1025,14 @@ class FastFair final : public FastFairBase {
     if (n->sw & 1) St(&n->sw, n->sw + 1);  // back to insert mode: readers scan left to right
     const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
     uintptr_t dirty = 0;
+    bool count_unfenced = false;  // count flushed, no fence since
     // Flush the dirty line before the first store into another line.
     auto touch = [&](const void* p, bool shift) {
       const uintptr_t line = pm::LineOf(p);
-      if (dirty && line != dirty && !(skip && shift)) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      if (dirty && line != dirty && !(skip && shift)) {
+        pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+        count_unfenced = false;
+      }
       dirty = line;
     };
     if (pos == cnt) {
@@ -1058,11 +1062,22 @@ class FastFair final : public FastFairBase {
       St(&e[cnt + 1].k, e[cnt - 1].k);
     }
     St(&n->count, cnt + 1);
-    pm::Persist(&n->count, 4);
+    // The grown count must be durable before the first store that makes
+    // the moved record valid (k[cnt-1] below: until then slot cnt is an
+    // ignored copy). Its line is flushed now and shares the fence of the
+    // first line crossing of the shift when one comes before that store
+    // (when slot cnt or cnt+1 starts a line: half of the inserts into
+    // 512-byte nodes); otherwise it is fenced just before it.
+    pm::Flush(&n->count, 4);
+    count_unfenced = true;
     touch(&e[cnt], true);
     St(&e[cnt].v, e[cnt - 1].v);  // complete the copy
     for (int64_t j = int64_t(cnt) - 1; j >= int64_t(pos); j--) {
       touch(&e[j], true);
+      if (count_unfenced) {
+        pm::Fence();
+        count_unfenced = false;
+      }
       St(&e[j].k, j ? e[j - 1].k : n->lk);  // slot j ignored, its copy at j+1 valid
       if (j > int64_t(pos)) {
         St(&e[j].v, e[j - 1].v);
