@@ -103,10 +103,14 @@ namespace {
 std::atomic<LinkHook> g_link_hook{nullptr};
 std::atomic<LinkHook> g_value_hook{nullptr};
 std::atomic<LinkHook> g_before_value_hook{nullptr};
+std::atomic<LinkHook> g_find_hook{nullptr};
+std::atomic<BucketFailHook> g_batch_slot_fail_hook{nullptr};
 }
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
 void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
 void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, std::memory_order_release); }
+void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
+void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
 }  // namespace nvc_hashmap_testing
 
 namespace internal {
@@ -118,8 +122,10 @@ constexpr int kMaxSlots = 64;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
 constexpr uint64_t kMark = 1, kDirty = 2, kLow = 7;
-// DRAM counters of in-flight value updates (dirty_bit mode), by node.
-constexpr uint64_t kUpdStripes = 1024;
+// DRAM counters of in-flight value updates (dirty_bit mode), by node: one
+// counter per cache line (128 KiB), so an updater's two RMWs invalidate no
+// other stripe's line for finds and other updaters.
+constexpr uint64_t kUpdStripes = 2048;
 constexpr uint32_t kDummyFlag = 1;
 constexpr uint32_t kSlabFlag = 2;  // a regular node carved from an index-owned slab
 // Index-managed node slabs (node_alloc=slab): one allocator block of
@@ -271,9 +277,13 @@ struct TlCache {
 };
 thread_local TlCache tl_cache;
 // The last (index id, slot) this thread used: the common case of one index.
+// cache_gone: tl_cache was destroyed (thread exit); an operation run later by
+// another thread_local's destructor takes a slot for its own duration only.
+// (Trivially destructible, so it stays usable after tl_cache's destructor.)
 struct TlLast {
   uint64_t id = 0;
   int slot = -1;
+  bool cache_gone = false;
 };
 thread_local TlLast tl_last;
 
@@ -357,17 +367,20 @@ class NvcHashmap final : public Index {
   };
   class Op {
    public:
-    explicit Op(NvcHashmap* h) : h_(h), slot_(h->AcquireSlot()) {
+    explicit Op(NvcHashmap* h) : h_(h), slot_(h->AcquireSlot(&transient_)) {
       if (slot_ >= 0) h_->Enter(slot_);
     }
     ~Op() {
-      if (slot_ >= 0) h_->Exit(slot_);
+      if (slot_ < 0) return;
+      h_->Exit(slot_);
+      if (transient_) h_->ReleaseSlot(slot_);
     }
     bool ok() const { return slot_ >= 0; }
     Ctx ctx() const { return Ctx{slot_, &h_->slots_[slot_], &h_->root_->slots[slot_]}; }
 
    private:
     NvcHashmap* h_;
+    bool transient_ = false;
     int slot_;
   };
 
@@ -380,12 +393,12 @@ class NvcHashmap final : public Index {
   bool HasRecord(const Node* n, uint64_t v) const { return vk_ == ValueKind::kBytes && v != InlineValueOff(n); }
   // Bytes of the value stored after the key: none for u64 values.
   size_t ValueRecSize(Slice v) const { return vk_ == ValueKind::kU64 ? 0 : 8 + v.size(); }
-  std::atomic<uint64_t>& UpdStripe(const Node* n) { return upd_[(Off(n) >> 6) & (kUpdStripes - 1)]; }
+  std::atomic<uint64_t>& UpdStripe(const Node* n) { return upd_[(Off(n) >> 6) & (kUpdStripes - 1)].n; }
 
   Fix fix() const { return PMINDEX_FAULT("nvc.erratum.no_fix") ? Fix::kNone : fix_; }
   bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
 
-  int AcquireSlot();
+  int AcquireSlot(bool* transient);
   void Enter(int s);
   void Exit(int s) { slots_[s].epoch.store(0, std::memory_order_release); }
 
@@ -552,7 +565,10 @@ class NvcHashmap final : public Index {
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader
   // that sees a nonzero count persists the value word before using it.
-  std::atomic<uint64_t> upd_[kUpdStripes] = {};
+  struct alignas(64) UpdCounter {
+    std::atomic<uint64_t> n{0};
+  };
+  UpdCounter upd_[kUpdStripes];
   double recovery_seconds_ = 0;
   bool closed_ = false;
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
@@ -567,10 +583,24 @@ TlCache::~TlCache() {
     auto it = Registry_().find(e.id);
     if (it != Registry_().end()) it->second->ReleaseSlot(e.slot);
   }
+  v.clear();
+  // The slots are released: tl_last must not hand one out again, and v must
+  // not be used any more.
+  tl_last = TlLast{0, -1, true};
 }
 
-int NvcHashmap::AcquireSlot() {
+int NvcHashmap::AcquireSlot(bool* transient) {
   if (tl_last.id == id_) return tl_last.slot;  // ids are never reused
+  if (tl_last.cache_gone) {
+    for (int i = 0; i < kMaxSlots; i++) {
+      bool f = false;
+      if (slots_[i].owned.compare_exchange_strong(f, true)) {
+        *transient = true;  // released when the operation ends
+        return i;
+      }
+    }
+    return -1;
+  }
   for (const auto& e : tl_cache.v)
     if (e.id == id_) {
       tl_last = {id_, e.slot};
@@ -778,6 +808,7 @@ void NvcHashmap::MaybeGrow(const Ctx& c) {
 // finished individually).
 void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   struct Item {
+    uint64_t b;  // the bucket (kept here: once released, the slot's so may be rewritten by another claimer)
     Node* d;
     Pos pos;
   };
@@ -786,8 +817,11 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   uintptr_t flushed = 0;  // consecutive buckets share lines (two slots per line): flush each once
   for (uint64_t b = b0; b < b0 + n && k < 16; b++) {
     if (b == 0) continue;
-    Node* d = BucketSlot(b, true);
-    if (!d) break;  // pool full: link what is claimed so far
+    auto fail = nvc_hashmap_testing::g_batch_slot_fail_hook.load(std::memory_order_acquire);
+    Node* d = fail && fail(b) ? nullptr : BucketSlot(b, true);
+    // No slot (pool full while allocating its segment): link the k buckets
+    // claimed so far below (returning here would leave them claimed forever).
+    if (!d) break;
     if (LoadW(&d->value) != kSlotFree) continue;
     Node* parent = Published(ParentBucket(b));
     if (!parent) continue;  // left to on-demand initialisation
@@ -795,6 +829,7 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     if (!ClaimDummy(d, b, &st)) continue;
     const uint64_t so = SoDummy(b);
     Item& it = items[k++];
+    it.b = b;
     it.d = d;
     Search(parent, so, Slice(), c, &it.pos);
     if (it.pos.found) {  // impossible: only this slot holds bucket b's dummy
@@ -832,7 +867,7 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     } else {
       // The list changed under us: release the claim; InitBucket redoes it.
       pm::StoreVolatile(&it.d->value, kSlotFree);
-      InitBucket(Reverse64(it.d->so), c);
+      InitBucket(it.b, c);
     }
   }
 }
@@ -1087,8 +1122,10 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   Search(StartFor(h, c, false), so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
   Node* cur = pos.curr;
+  if (auto hook = nvc_hashmap_testing::g_find_hook.load(std::memory_order_acquire)) hook(key);
   // The value word first, then the mark: a value stored after a remove's
-  // mark (a late in-place update) is then never returned.
+  // mark (a late in-place update) is then never returned (test
+  // NvcHashmapErratum.FindNeverReturnsAValueStoredAfterTheMark).
   const uint64_t v = LoadW(&cur->value);
   if (LoadW(&cur->next) & kMark) {
     EnsureDelDurable(cur);
@@ -1588,8 +1625,11 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   uint64_t bc = root_->bucket_count;
   if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
   bucket_count_.store(bc);
-  // Buckets of the last doubling may be uninitialised: initialise them
-  // eagerly again (initialised ones are skipped).
+  // After a clean close, buckets of the last doubling may be uninitialised;
+  // after a crash any bucket may be (recovery frees every slot whose dummy
+  // link was not durable), those below bc / 2 are then initialised on demand
+  // by inserts. The cursor re-covers the upper half eagerly (initialised
+  // slots are skipped).
   init_next_.store(bc / 2);
   init_end_.store(bc);
   *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();

@@ -22,6 +22,14 @@ void SetAfterValueStoreHook(LinkHook hook);
 // Called by an updating thread after it checked that the node is not marked
 // and right before its store into the value word. nullptr removes the hook.
 void SetBeforeValueStoreHook(LinkHook hook);
+// Called by a finding thread after its search found the key's node and
+// before it loads the node's value word. nullptr removes the hook.
+void SetFindHook(LinkHook hook);
+// Consulted by the eager bucket initialisation (InitBatch) for each bucket it
+// is about to claim: true makes the bucket's slot lookup fail, as when the
+// pool is full while allocating the slot's segment. nullptr removes it.
+using BucketFailHook = bool (*)(uint64_t bucket);
+void SetInitBatchSlotFailHook(BucketFailHook hook);
 
 // The split-order key of a user key (bit-reversed 63-bit hash with the low bit
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.

@@ -229,11 +229,18 @@ TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
 // u64 values are updated in place (one 8-byte store into the node's value
 // word) while a remove linearizes at the mark on the node's next word. Two
 // updaters and a reader race a remover over the same keys, in rounds (all
-// keys inserted, then all removed once): every read returns a value some
-// writer wrote for that key; an update or find that starts after the key's
-// remove returned reports NotFound (no resurrected key: updates never insert);
-// after the round every key is absent (no lost remove); check(), no leak,
-// reopen.
+// keys inserted, then a random half removed once). Values carry (key, writer,
+// seq); each writer's seq only grows. Checked during the race: every read
+// returns a value some writer wrote for that key; per reading thread, key
+// and writer, the seqs read never go back (a read never returns an older
+// write than one the thread already saw); a writer's find right after its own
+// acknowledged update never returns its own older value or the loader's; an
+// update of a key that is never removed never gets NotFound; an update or
+// find that starts after the key's remove returned reports NotFound (no
+// resurrection). After the round: a removed key is absent; a kept key's
+// value is the last acknowledged update of one of the writers that updated
+// it (the loader's value if nobody did): a lost acknowledged update fails
+// this; Size(), check(), no leak; reopen at the end.
 TEST(NvcConcurrencyU64, InPlaceUpdatesRacingRemoves) {
   const int kRounds = std::getenv("PMINDEX_LONG") ? 40 : 4;
   const uint64_t kKeys = 300;
@@ -253,44 +260,86 @@ TEST(NvcConcurrencyU64, InPlaceUpdatesRacingRemoves) {
     std::vector<std::string> errors(kUpdaters + 2);
     for (int round = 0; round < kRounds; round++) {
       for (uint64_t id = 0; id < kKeys; id++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, id), enc(id, 2, round)).ok());
+      std::vector<bool> to_remove(kKeys);
+      std::mt19937_64 pick(round + 17);
+      for (uint64_t id = 0; id < kKeys; id++) to_remove[id] = pick() & 1;
       std::unique_ptr<std::atomic<bool>[]> removed(new std::atomic<bool>[kKeys]);
       for (uint64_t id = 0; id < kKeys; id++) removed[id] = false;
+      // last_acked[t][id]: writer t's last acknowledged update of id (0: none).
+      std::vector<std::vector<uint64_t>> last_acked(kUpdaters, std::vector<uint64_t>(kKeys, 0));
       std::atomic<bool> done{false};
-      auto check_value = [&](uint64_t id, const std::string& v) {
+      // A reader's view: the highest seq it read per (key, writer); a read
+      // must not go back. Writer index kUpdaters is the loader (seq 0..).
+      struct View {
+        std::vector<uint64_t> seen;  // (kUpdaters + 1) x kKeys, seq + 1 (0: nothing read)
+        View() : seen((kUpdaters + 1) * kKeys, 0) {}
+      };
+      // Decodes v for key id and checks it against the view; "" if fine.
+      auto observe = [&](View& view, uint64_t id, const std::string& v) -> std::string {
         uint64_t x;
+        if (v.size() != 8) return "value of size " + std::to_string(v.size());
         std::memcpy(&x, v.data(), 8);
-        return v.size() == 8 && (x >> 40) == id && ((x >> 32) & 0xff) <= 2;
+        const uint64_t t = (x >> 32) & 0xff, seq = x & 0xffffffffu;
+        if ((x >> 40) != id || t > uint64_t(kUpdaters)) return "read a value nobody wrote for key " + std::to_string(id);
+        if (t == uint64_t(kUpdaters) && seq != uint64_t(round)) return "read a stale loader value of key " + std::to_string(id);
+        uint64_t& s = view.seen[t * kKeys + id];
+        if (seq + 1 < s)
+          return "key " + std::to_string(id) + ": read writer " + std::to_string(t) + "'s seq " + std::to_string(seq) +
+                 " after its seq " + std::to_string(s - 1);
+        s = seq + 1;
+        if (t == uint64_t(kUpdaters))
+          for (int w = 0; w < kUpdaters; w++)
+            if (view.seen[w * kKeys + id]) return "read the loader's value of key " + std::to_string(id) + " after an update's";
+        return "";
       };
       std::vector<std::thread> th;
       for (int t = 0; t < kUpdaters; t++)
         th.emplace_back([&, t] {
           std::mt19937_64 rng(round * 10 + t);
           std::string v;
+          View view;
           for (uint64_t seq = 1; !done.load() && errors[t].empty(); seq++) {
             const uint64_t id = rng() % kKeys;
             const std::string k = MakeKey(KeyKind::kU64, id);
             const bool was_removed = removed[id].load(std::memory_order_acquire);
             Status s = idx->Update(k, enc(id, uint64_t(t), seq));
             if (s.ok() && was_removed) errors[t] = "update of a removed key " + std::to_string(id) + " succeeded";
+            else if (s.IsNotFound() && !to_remove[id]) errors[t] = "update of kept key " + std::to_string(id) + ": NotFound";
             else if (!s.ok() && !s.IsNotFound()) errors[t] = "update: " + s.ToString();
+            const bool acked = s.ok();
+            if (acked) {
+              last_acked[t][id] = seq;
+              // Our own write is now the newest of ours for this key.
+              view.seen[t * kKeys + id] = seq + 1;
+            }
             s = idx->Find(k, &v);
-            if (s.ok() && !check_value(id, v)) errors[t] = "read a value nobody wrote for key " + std::to_string(id);
-            else if (s.ok() && was_removed) errors[t] = "found removed key " + std::to_string(id);
+            if (s.ok() && was_removed) errors[t] = "found removed key " + std::to_string(id);
+            else if (s.ok()) {
+              std::string e = observe(view, id, v);
+              if (!e.empty()) errors[t] = e;
+            } else if (!s.IsNotFound()) errors[t] = "find: " + s.ToString();
+            else if (!to_remove[id]) errors[t] = "kept key " + std::to_string(id) + " not found";
           }
         });
       th.emplace_back([&] {  // a pure reader
         std::mt19937_64 rng(round + 99);
         std::string v;
+        View view;
         while (!done.load() && errors[kUpdaters].empty()) {
           const uint64_t id = rng() % kKeys;
           const bool was_removed = removed[id].load(std::memory_order_acquire);
           Status s = idx->Find(MakeKey(KeyKind::kU64, id), &v);
-          if (s.ok() && (was_removed || !check_value(id, v))) errors[kUpdaters] = "reader: bad find of key " + std::to_string(id);
+          if (s.ok() && was_removed) errors[kUpdaters] = "reader: found removed key " + std::to_string(id);
+          else if (s.ok()) {
+            std::string e = observe(view, id, v);
+            if (!e.empty()) errors[kUpdaters] = "reader: " + e;
+          } else if (!to_remove[id]) errors[kUpdaters] = "reader: kept key " + std::to_string(id) + " not found";
         }
       });
-      th.emplace_back([&] {  // the remover: each key once
-        std::vector<uint64_t> ids(kKeys);
-        for (uint64_t id = 0; id < kKeys; id++) ids[id] = id;
+      th.emplace_back([&] {  // the remover: each key of the removal set once
+        std::vector<uint64_t> ids;
+        for (uint64_t id = 0; id < kKeys; id++)
+          if (to_remove[id]) ids.push_back(id);
         std::shuffle(ids.begin(), ids.end(), std::mt19937_64(round + 5));
         std::string v;
         for (uint64_t id : ids) {
@@ -306,11 +355,31 @@ TEST(NvcConcurrencyU64, InPlaceUpdatesRacingRemoves) {
       for (auto& x : th) x.join();
       for (size_t t = 0; t < errors.size(); t++) ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
       std::string v;
-      for (uint64_t id = 0; id < kKeys; id++) ASSERT_TRUE(idx->Find(MakeKey(KeyKind::kU64, id), &v).IsNotFound()) << id;
-      ASSERT_EQ(idx->Size(), 0u);
+      uint64_t kept = 0;
+      for (uint64_t id = 0; id < kKeys; id++) {
+        Status s = idx->Find(MakeKey(KeyKind::kU64, id), &v);
+        if (to_remove[id]) {
+          ASSERT_TRUE(s.IsNotFound()) << id;
+          continue;
+        }
+        kept++;
+        ASSERT_TRUE(s.ok()) << "kept key " << id << " lost";
+        std::vector<std::string> allowed;
+        for (int w = 0; w < kUpdaters; w++)
+          if (last_acked[w][id]) allowed.push_back(enc(id, uint64_t(w), last_acked[w][id]));
+        if (allowed.empty()) allowed.push_back(enc(id, 2, round));
+        ASSERT_NE(std::find(allowed.begin(), allowed.end(), v), allowed.end())
+            << "key " << id << ": the final value is not the last acknowledged update of any writer (lost update)";
+      }
+      ASSERT_EQ(idx->Size(), kept);
       Status c = idx->Check();
       ASSERT_TRUE(c.ok()) << c.ToString();
       ExpectNoLeak(idx.get());
+      for (uint64_t id = 0; id < kKeys; id++) {
+        if (to_remove[id]) continue;
+        ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, id)).ok());
+      }
+      ASSERT_EQ(idx->Size(), 0u);
     }
     ASSERT_TRUE(idx->Close().ok());
     idx.reset();

@@ -482,6 +482,151 @@ TEST(NvcHashmapErratum, LateInPlaceUpdateIsNeverObserved) {
   }
 }
 
+// The find's read order: F's search found ka's node (unmarked) and F is
+// paused before loading the value word; updater U passed its mark check and
+// is paused before its store; R removes ka (the mark); U stores 5 into the
+// dead node and returns OK (linearized just before the mark); F resumes. F
+// must not return 5: it loads the value word, then re-checks the mark
+// (docs/nvc_hashmap.md, "Updates in place"). A find that checked the mark
+// only before loading the value (Search's load of next) returns 5 here.
+PauseState* g_pause_find = nullptr;
+void FindPauseHook(Slice key) {
+  PauseState* saved = g_pause;
+  g_pause = g_pause_find;
+  PauseHook(key);
+  g_pause = saved;
+}
+TEST(NvcHashmapErratum, FindNeverReturnsAValueStoredAfterTheMark) {
+  for (std::string fix : {"dirty_bit", "flush_on_read", "none"}) {
+    SCOPED_TRACE(fix);
+    PoolFile pf("findorder");
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"erratum_fix", fix}}), &idx).ok());
+    const std::string ka = nvc_test::U64(93), kb = nvc_test::U64(94);
+    ASSERT_TRUE(idx->Insert(ka, nvc_test::U64(1)).ok());
+    ASSERT_TRUE(idx->Insert(kb, nvc_test::U64(2)).ok());
+    PauseState pf_find, pu;
+    pf_find.key = ka;
+    pu.key = ka;
+    g_pause_find = &pf_find;
+    nvc_hashmap_testing::SetFindHook(&FindPauseHook);
+    Status sf;
+    std::string vf;
+    std::thread f([&] { sf = idx->Find(ka, &vf); });
+    WaitPaused(pf_find);
+    nvc_hashmap_testing::SetFindHook(nullptr);  // only F pauses
+    g_pause = &pu;
+    nvc_hashmap_testing::SetBeforeValueStoreHook(&PauseHook);
+    Status su;
+    std::thread u([&] { su = idx->Update(ka, nvc_test::U64(5)); });
+    WaitPaused(pu);
+    ASSERT_TRUE(idx->Remove(ka).ok());
+    ReleaseAndJoin(pu, u);  // U stores into the marked node, returns
+    EXPECT_TRUE(su.ok()) << su.ToString();
+    g_pause = &pf_find;
+    ReleaseAndJoin(pf_find, f);
+    g_pause_find = nullptr;
+    EXPECT_TRUE(sf.IsNotFound()) << "a find returned " << (sf.ok() && vf.size() == 8 ? std::to_string(vf[0]) : sf.ToString())
+                                 << ": a value stored after the remove's mark";
+    std::string v;
+    EXPECT_TRUE(idx->Find(ka, &v).IsNotFound());
+    EXPECT_TRUE(idx->Find(kb, &v).ok());
+    Status c = idx->Check();
+    EXPECT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(idx.get());
+  }
+}
+
+// Eager bucket initialisation (InitBatch) claims up to 16 bucket slots, then
+// links them. If a later bucket's slot cannot be had (pool full while
+// allocating its segment; simulated by a hook for the 10th bucket of every
+// batch), the buckets already claimed must still be linked and published:
+// none stays claimed (check() reports "still being initialised"), also after
+// a clean reopen, and the index keeps working.
+std::atomic<uint64_t> g_slot_fails{0};
+bool FailTenthOfBatch(uint64_t b) {
+  if (b % 16 != 9) return false;
+  g_slot_fails++;
+  return true;
+}
+TEST(NvcHashmap, InitBatchLinksClaimedBucketsWhenASlotFails) {
+  for (std::string na : {"slab", "allocator"}) {
+    SCOPED_TRACE(na);
+    PoolFile pf("batchfail");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "16"}, {"node_alloc", na}});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    g_slot_fails = 0;
+    nvc_hashmap_testing::SetInitBatchSlotFailHook(&FailTenthOfBatch);
+    const uint64_t n = 6000;  // the table doubles from 16 to 4096 buckets
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    nvc_hashmap_testing::SetInitBatchSlotFailHook(nullptr);
+    EXPECT_GT(g_slot_fails.load(), 10u) << "the hook never fired: the test tests nothing";
+    Status c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(idx.get());
+    idx.reset();
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+    c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    std::string v;
+    for (uint64_t i = 0; i < n; i++) {
+      ASSERT_TRUE(idx->Find(MakeKey(KeyKind::kU64, i), &v).ok()) << i;
+      ASSERT_EQ(v, nvc_test::U64(i));
+    }
+    for (uint64_t i = n; i < 2 * n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(idx.get());
+  }
+}
+
+// A thread_local whose destructor runs after the index's per-thread slot
+// cache was destroyed (thread exit; constructed before the thread first used
+// the index, so destroyed after) and uses the index: the operation must get
+// a slot of its own (the cached ones were released, and the cache must not be
+// touched any more: ASan reports a use after free otherwise) and give it back.
+struct ExitUser {
+  Index* idx = nullptr;
+  std::string key;
+  Status* out = nullptr;
+  ~ExitUser() {
+    if (idx) *out = idx->Insert(key, nvc_test::U64(7));
+  }
+};
+thread_local ExitUser tl_exit_user;
+TEST(NvcHashmap, OperationsFromThreadExitDestructors) {
+  PoolFile pa("exit-a"), pb("exit-b");
+  std::unique_ptr<Index> a, b;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pa.path, KeyKind::kU64, ValueKind::kU64), &a).ok());
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pb.path, KeyKind::kU64, ValueKind::kU64), &b).ok());
+  // More threads than slots (64): a slot taken at exit and not given back
+  // would make the later threads fail with Busy.
+  const int kThreads = 80;
+  std::vector<Status> st(kThreads);
+  for (int i = 0; i < kThreads; i++) {
+    std::thread t([&, i] {
+      tl_exit_user.idx = a.get();  // constructed first: destroyed last
+      tl_exit_user.key = MakeKey(KeyKind::kU64, 1000 + i);
+      tl_exit_user.out = &st[i];
+      ASSERT_TRUE(a->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+      ASSERT_TRUE(b->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());  // the last index used is b
+    });
+    t.join();
+    ASSERT_TRUE(st[i].ok()) << "thread " << i << ": " << st[i].ToString();
+  }
+  std::string v;
+  for (int i = 0; i < kThreads; i++) {
+    ASSERT_TRUE(a->Find(MakeKey(KeyKind::kU64, 1000 + i), &v).ok()) << i;
+    ASSERT_TRUE(a->Find(MakeKey(KeyKind::kU64, i), &v).ok()) << i;
+  }
+  EXPECT_EQ(a->Size(), 2u * kThreads);
+  Status c = a->Check();
+  ASSERT_TRUE(c.ok()) << c.ToString();
+  ExpectNoLeak(a.get());
+}
+
 // Without faults, every acknowledged operation is in the durable image at any
 // instant between operations (checked after each one).
 TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
