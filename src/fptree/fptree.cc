@@ -836,6 +836,16 @@ class FPTree final : public Index, public FPTreeIntrospect {
       if (mask->compare_exchange_weak(m, m & ~(1ull << i), std::memory_order_acquire)) return i;
     }
   }
+  // One try: a free slot, or -1 (the caller holds locks and must not wait).
+  int TryAcquireLog(std::atomic<uint64_t>* mask) {
+    if constexpr (!kConc) return 0;
+    uint64_t m = mask->load(std::memory_order_relaxed);
+    while (m) {
+      int i = __builtin_ctzll(m);
+      if (mask->compare_exchange_weak(m, m & ~(1ull << i), std::memory_order_acquire)) return i;
+    }
+    return -1;
+  }
   void ReleaseLog(std::atomic<uint64_t>* mask, int i) {
     if constexpr (!kConc) return;
     mask->fetch_or(1ull << i, std::memory_order_release);
@@ -1291,7 +1301,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     g_deferred_deletions.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> g(deferred_mu_);
     for (auto& d : deferred_)
-      if (d.leaf == loff) return;
+      if (d.leaf == loff) {
+        // Queued before with a key that may no longer lead here (the leaf
+        // was refilled and split, or its offset reused): take the new key,
+        // which routes to the leaf now.
+        d.k = k;
+        if constexpr (kBytes) d.ks.assign(k.s.data(), k.s.size());  // ProcessDeferred points k.s at it
+        return;
+      }
     Deferred d;
     d.leaf = loff;
     d.k = k;
@@ -1300,6 +1317,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     deferred_n_.store(deferred_.size(), std::memory_order_relaxed);
   }
   void ProcessDeferred() {
+    if (kConc && PMINDEX_FAULT("fptree.delete.force_deferred")) return;  // test hook: queue frozen
     Deferred d;
     {
       std::lock_guard<std::mutex> g(deferred_mu_);
@@ -1343,6 +1361,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   int TryDeleteLeaf(uint64_t loff, const SKey& k, Retired* ret) {
     constexpr int kMaxDepth = 64;
     char* l = L(loff);
+    // Test hook (not a persistence fault): behave as if contended and freeze
+    // the queue (ProcessDeferred), so that tests drive the deferred queue
+    // deterministically on few cores.
+    if (kConc && PMINDEX_FAULT("fptree.delete.force_deferred")) return kContended;
     for (int attempt = 0; attempt < 64; attempt++) {
       if (attempt) std::this_thread::yield();
       Inner* pn[kMaxDepth];
@@ -1417,8 +1439,17 @@ class FPTree final : public Index, public FPTreeIntrospect {
         if (p) LeafUnlock(p);
         continue;
       }
-      // Persistent unlink (alg. 6 lines 3-13).
-      int li = AcquireLog(&del_free_);
+      // Persistent unlink (alg. 6 lines 3-13). The log is taken with one try:
+      // logs are released only after a grace period (FinishLeafDeletion),
+      // which waits for this thread's epoch guard, so waiting for one here,
+      // inside the guard and holding locks, could deadlock once every log is
+      // pending (65+ deleting threads).
+      int li = TryAcquireLog(&del_free_);
+      if (li < 0) {
+        for (int x = t; x < d; x++) WriteUnlock(pn[x]);
+        if (p) LeafUnlock(p);
+        continue;
+      }
       DeleteLog* lg = &root_->del[li];
       pm::Store(&lg->prev, prev);
       pm::Store(&lg->cur, loff);

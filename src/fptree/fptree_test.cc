@@ -684,6 +684,47 @@ TEST(FPTreeMisc, SigkillDuringLoad) {
 
 // The fault switches exist and change the persist sequence (the crash checker
 // proves they are caught; here we only check they are wired).
+// Deferred leaf deletions (fptree: contended unlinks queued for later
+// Removes), driven by the test hook fptree.delete.force_deferred. A leaf
+// queued empty, then refilled until it splits (its queued key may now lead
+// to the new right leaf) and emptied again must still be deleted when the
+// queue drains: the queue entry takes the newer key.
+TEST(FPTreeMisc, DeferredDeletionsDrainAfterRefillAndSplit) {
+  Options o;
+  o.params = {{"leaf_size", "8"}, {"inner_size", "4"}};
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+  auto leaves = [&] {
+    uint64_t inner = 0, l = 0;
+    EXPECT_TRUE(internal::FPTreeShape(idx.get(), &inner, &l));
+    return l;
+  };
+  const uint64_t n = 400;
+  for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(U64Slice(i * 10), U64Slice(i)).ok());
+  for (uint64_t w = 0; w < 20; w++) {
+    SCOPED_TRACE("window " + std::to_string(w));
+    const uint64_t lo = 40 + w * 170, hi = lo + 120;  // 12 keys of the loaded ones
+    pm::EnableFault("fptree.delete.force_deferred");
+    for (uint64_t k = lo; k < hi; k += 10) ASSERT_TRUE(idx->Remove(U64Slice(k)).ok());
+    // Refill the emptied range densely (splits), then empty it again.
+    for (uint64_t k = lo; k < hi; k++) ASSERT_TRUE(idx->Insert(U64Slice(k), U64Slice(k)).ok());
+    for (uint64_t k = lo; k < hi; k++) ASSERT_TRUE(idx->Remove(U64Slice(k)).ok());
+    pm::DisableAllFaults();
+    for (int i = 0; i < 200; i++) ASSERT_TRUE(idx->Remove(U64Slice(1)).IsNotFound());  // drains the queue
+    Status c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+  }
+  // Everything but one record: a single leaf must remain.
+  for (uint64_t i = 1; i < n; i++) {
+    Status s = idx->Remove(U64Slice(i * 10));
+    ASSERT_TRUE(s.ok() || s.IsNotFound()) << s.ToString();
+  }
+  for (int i = 0; i < 200; i++) ASSERT_TRUE(idx->Remove(U64Slice(1)).IsNotFound());
+  EXPECT_EQ(idx->Size(), 1u);
+  EXPECT_EQ(leaves(), 1u);
+  EXPECT_TRUE(idx->Check().ok());
+}
+
 TEST(FPTreeMisc, FaultSwitchesChangePersistSequence) {
   Options o;
   std::unique_ptr<Index> idx;
