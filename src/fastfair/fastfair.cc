@@ -471,6 +471,8 @@ class FastFair final : public FastFairBase {
     }
     n = ReadLockLeaf(n, sk);
     std::vector<std::pair<std::string, std::string>> buf;
+    bool emitted = false;  // u64 keys: the last key handed out, across leaves
+    uint64_t last_emitted = 0;
     while (c < limit) {
       buf.clear();
       Entry* e = n->ents();
@@ -486,6 +488,10 @@ class FastFair final : public FastFairBase {
       RUnlock(n);
       for (auto& [k, v] : buf) {
         ++c;
+        if constexpr (!BK) {
+          emitted = true;
+          last_emitted = SliceToU64(k);
+        }
         if (!cb(k, v)) {
           if (count) *count = c;
           return Status::OK();
@@ -496,13 +502,15 @@ class FastFair final : public FastFairBase {
       RLock(n);
       if (Ld(&n->dead)) {
         // Merged into its left sibling since we read the link (u64 keys
-        // only): continue from the key after the last one returned.
+        // only): continue after the last key handed out by ANY leaf so far
+        // (the leaf just read may have been empty: restarting from its last
+        // key, or from the start key, returned records twice and out of
+        // order; found by review with read_committed=1).
         RUnlock(n);
         if constexpr (!BK) {
-          if (!buf.empty()) {
-            const uint64_t lastk = SliceToU64(buf.back().first);
-            if (lastk == UINT64_MAX) break;
-            sk = lastk + 1;
+          if (emitted) {
+            if (last_emitted == UINT64_MAX) break;
+            sk = last_emitted + 1;
           }
         }
         n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
@@ -513,6 +521,7 @@ class FastFair final : public FastFairBase {
   }
 
   uint64_t Size() override {
+    EpochGuard eg;  // walks nodes a concurrent merge may retire
     uint64_t total = 0;
     for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling))) {
       const uint32_t c = LiveCount(n);
@@ -559,7 +568,10 @@ class FastFair final : public FastFairBase {
     return d;
   }
   int Cap() const override { return int(cap_); }
-  int TreeHeight() override { return int(At(Ld(&meta_->root))->level) + 1; }
+  int TreeHeight() override {
+    EpochGuard eg;
+    return int(At(Ld(&meta_->root))->level) + 1;
+  }
 
  private:
   enum Mode { kInsert, kUpdate, kUpsert };
