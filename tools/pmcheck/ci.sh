@@ -89,6 +89,7 @@ fastfair fastfair.create.skip_meta_flush
 fastfair fastfair.insert.skip_shift_flush
 fastfair fastfair.remove.skip_flush
 fastfair fastfair.split.link_before_persist
+fastfair fastfair.merge.free_before_unlink --keys 30
 nvc_hashmap nvc.insert.skip_node_persist
 nvc_hashmap nvc.insert.skip_link_persist
 nvc_hashmap nvc.remove.skip_mark_persist --lint
