@@ -1,7 +1,10 @@
 // NVC-Hashmap tests: differential against std::unordered_map (both key and
 // value kinds, every erratum mode, bucket-table growth, reopen), parameters,
 // crash images built with a DurableImage observer (the erratum scenario, the
-// fault switches), and recovery after SIGKILL of a loading child process.
+// fault switches), deterministic interleavings through test hooks (a late
+// in-place update, the find's value-then-mark read order), a failing bucket
+// slot in the middle of an eager initialisation batch, operations from
+// thread-exit destructors, and recovery after SIGKILL of a loading child.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
