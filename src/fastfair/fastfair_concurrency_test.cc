@@ -224,7 +224,8 @@ void FastFairConcurrency::RunSplitRacingWithDelete(uint64_t kN, int readers) {
 // Splits and merges under contention (FAIR sec. 4.2, the lock order and
 // the epoch reclamation of docs/fastfair.md): two writers on the SAME hot
 // keys grow the tree (both insert every hot key, in different orders) and
-// shrink it again (both remove every hot key), three rounds, which splits
+// shrink it again (both remove every hot key), three rounds (15 with
+// PMINDEX_LONG=1), which splits
 // and merges leaves and internal nodes and collapses/grows the root, while
 // readers find and scan. Stable keys (every 8th id) are never written:
 // finds must always return them exactly, and a scan must return every
@@ -235,6 +236,7 @@ void FastFairConcurrency::RunSplitRacingWithDelete(uint64_t kN, int readers) {
 TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
   const bool u64k = GetParam().kk == KeyKind::kU64;
   const uint64_t kIds = 4000;
+  const int rounds = std::getenv("PMINDEX_LONG") ? 15 : 3;  // PMINDEX_LONG: a longer stress
   auto key = [&](uint64_t id) { return u64k ? U64(id + 1) : Key(id); };
   auto stable = [](uint64_t id) { return id % 8 == 0; };
   for (uint64_t id = 0; id < kIds; id += 8) ASSERT_TRUE(idx_->Insert(key(id), Value(id, 0)).ok());
@@ -256,8 +258,8 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
     std::vector<uint64_t> hot;
     for (uint64_t id = 0; id < kIds; id++)
       if (!stable(id)) hot.push_back(id);
-    for (int round = 0; round < 3; round++) {
-      const bool last = round == 2;
+    for (int round = 0; round < rounds; round++) {
+      const bool last = round == rounds - 1;
       std::shuffle(hot.begin(), hot.end(), rng);
       for (uint64_t id : hot) {
         Status s = idx_->Insert(key(id), Value(id, 0));
