@@ -72,7 +72,11 @@ struct Counters {
   Counters operator-(const Counters& o) const;
 };
 namespace detail {
-extern thread_local Counters tl_counters;
+// initial-exec: every primitive bumps these counters, and the default
+// (general-dynamic) model costs a __tls_get_addr call per access from a
+// shared library. The 64 bytes come from glibc's static TLS reserve, which
+// also covers libpmindex loaded by dlopen (the PiBench plugins; tested).
+extern thread_local Counters tl_counters __attribute__((tls_model("initial-exec")));
 }
 inline Counters& ThreadCounters() { return detail::tl_counters; }
 inline void ResetThreadCounters() { detail::tl_counters = Counters{}; }
