@@ -45,8 +45,7 @@
 // published by ONE 8-byte store of Meta::root (failure-atomic root
 // replacement).
 //
-// FAIR merge (sec. 4.2), u64 keys only (byte-key trees keep their nodes):
-// a non-root node below cap/4 after a delete is merged with a sibling under
+// FAIR merge (sec. 4.2), every key kind: a non-root node below cap/4 after a delete is merged with a sibling under
 // the same parent if the result fits in 3/4 of a node (any fit if it is
 // empty), in the reverse order of the split: a persistent limbo slot takes
 // the right node r, its separator leaves the parent (the B-link state of a
@@ -56,7 +55,10 @@
 // freed after an epoch grace period (lock-free readers may stand on it).
 // Open settles the limbo slots: a merge whose commit did not persist is
 // undone (the paper's "dangling sibling" recovery cannot tell a merge from
-// a split), an unlinked node freed. A root left with one child is replaced
+// a split), an unlinked node freed. Byte keys: a leaf merge leaves r's low
+// key block (the separator) unreferenced; r->low keeps owning it and it is
+// freed with r (after the grace period: internal readers read separator
+// blocks lock-free, or at open). A root left with one child is replaced
 // by it (one 8-byte store). No borrowing (it would move a live node's high
 // fence). docs/fastfair.md, Merges.
 //
@@ -79,7 +81,8 @@
 // key, key (ReadValid: the left key must precede the value). Split locks
 // the new sibling before linking it. With byte keys or byte values, out-of-line blocks are freed on
 // delete/update, so leaf readers take the leaf's read lock (internal levels
-// stay lock-free: their key blocks are never freed); `read_committed=1`
+// stay lock-free: a separator key block is freed only by a leaf merge,
+// after the epoch grace period); `read_committed=1`
 // (sec. 5.1) does the same for u64 trees.
 //
 // Lazy recovery (sec. 5.2): Open bumps Meta::gen and touches no node. The
@@ -286,7 +289,7 @@ class FastFair final : public FastFairBase {
   FastFair(std::unique_ptr<pm::Pool> pool, const Options& o, uint32_t node_size, ValueKind vk, bool rc)
       : pool_(std::move(pool)), base_(pool_->base()), alloc_(&pool_->allocator()), opts_(o),
         node_size_(node_size), cap_((node_size - sizeof(Node)) / sizeof(Entry)), bv_(vk == ValueKind::kBytes),
-        vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc), merge_(!BK) {
+        vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc) {
     lock_chunks_ = size_t(pool_->max_size() / node_size_ >> kLockChunkBits) + 1;
     lock_dir_.reset(new std::atomic<std::atomic<uint32_t>*>[lock_chunks_]());
   }
@@ -326,7 +329,17 @@ class FastFair final : public FastFairBase {
   Status Recover(Meta* m) override {
     meta_ = m;
     gen_ = m->gen;
-    if (pool_->read_only()) return Status::OK();
+    if (pool_->read_only()) {
+      // Open writes nothing: remember the merges whose commit did not
+      // persist (constant work), so that Check, Size and ForEachOwnedBlock
+      // give l the fence and count the read-write open would restore.
+      if (m->limbo) {
+        LimboSlot* ls = Limbo();
+        for (uint32_t i = 0; i < kLimboSlots; i++)
+          if (ls[i].r && ls[i].l != kRootMark && LimboLinked(ls[i])) ro_undo_.push_back(ls[i].l);
+      }
+      return Status::OK();
+    }
     // O(1): bump the generation, settle the one spare root word. Nodes are
     // repaired lazily by the writers that lock them.
     const pm::Counters c0 = pm::ThreadCounters();
@@ -419,7 +432,7 @@ class FastFair final : public FastFairBase {
     }
     // Merge trigger: a non-root node that fell below kMergeBelow of its
     // capacity (docs/fastfair.md, Merges).
-    const bool underfull = merge_ && st.ok() && Underfull(n) && Off(n) != Ld(&meta_->root);
+    const bool underfull = st.ok() && Underfull(n) && Off(n) != Ld(&meta_->root);
     WUnlock(n);
     EnsurePending(pend);
     if (underfull) {
@@ -471,15 +484,19 @@ class FastFair final : public FastFairBase {
     }
     n = ReadLockLeaf(n, sk);
     std::vector<std::pair<std::string, std::string>> buf;
-    bool emitted = false;  // u64 keys: the last key handed out, across leaves
-    uint64_t last_emitted = 0;
+    bool emitted = false;  // the last key handed out, across leaves
+    uint64_t last_emitted = 0;  // (u64 keys)
+    std::string last_key;       // (byte keys)
+    std::string restart_key;    // (byte keys) sk's storage after a restart
+    bool excl = false;          // skip keys <= sk (restart after last_key)
     while (c < limit) {
       buf.clear();
       Entry* e = n->ents();
       const uint32_t cnt = LiveCount(n);
       for (uint32_t j = 0; j < cnt && buf.size() < limit - c; j++) {
         if (Ignored(n, j)) continue;
-        if (Cmp(e[j].k, sk) < 0) continue;
+        const int c0 = Cmp(e[j].k, sk);
+        if (c0 < 0 || (excl && c0 == 0)) continue;
         std::string ks = BK ? std::string(BlockSlice(e[j].k)) : std::string(reinterpret_cast<const char*>(&e[j].k), 8);
         std::string vs = bv_ ? std::string(BlockSlice(e[j].v)) : std::string(reinterpret_cast<const char*>(&e[j].v), 8);
         buf.emplace_back(std::move(ks), std::move(vs));
@@ -488,10 +505,9 @@ class FastFair final : public FastFairBase {
       RUnlock(n);
       for (auto& [k, v] : buf) {
         ++c;
-        if constexpr (!BK) {
-          emitted = true;
-          last_emitted = SliceToU64(k);
-        }
+        emitted = true;
+        if constexpr (!BK) last_emitted = SliceToU64(k);
+        else last_key = k;
         if (!cb(k, v)) {
           if (count) *count = c;
           return Status::OK();
@@ -501,16 +517,22 @@ class FastFair final : public FastFairBase {
       n = At(next);
       RLock(n);
       if (Ld(&n->dead)) {
-        // Merged into its left sibling since we read the link (u64 keys
-        // only): continue after the last key handed out by ANY leaf so far
+        // Merged into its left sibling since we read the link: continue
+        // strictly after the last key handed out by ANY leaf so far (u64:
+        // from its successor; byte keys have no successor word, so from the
+        // key itself, exclusive)
         // (the leaf just read may have been empty: restarting from its last
         // key, or from the start key, returned records twice and out of
         // order; found by review with read_committed=1).
         RUnlock(n);
-        if constexpr (!BK) {
-          if (emitted) {
+        if (emitted) {
+          if constexpr (!BK) {
             if (last_emitted == UINT64_MAX) break;
             sk = last_emitted + 1;
+          } else {
+            restart_key = last_key;
+            sk = Slice(restart_key);
+            excl = true;
           }
         }
         n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
@@ -653,9 +675,20 @@ class FastFair final : public FastFairBase {
   // The fence a quiescent reader should apply: a split interrupted between
   // storing `sibling` and `high` leaves the old high, but the records from
   // the sibling's low key up are already the sibling's.
+  // Likewise for a merge into n that a crash interrupted before its commit
+  // line persisted, seen by a read-only open (which cannot undo it): the
+  // appended records from r's low key up are r's.
   uint64_t EffectiveHigh(Node* n) const {
-    if (n->sibling && n->spare_node == n->sibling) return At(n->sibling)->low;
+    if (n->sibling && (n->spare_node == n->sibling || UndoPending(n))) return At(n->sibling)->low;
     return n->high;
+  }
+  bool UndoPending(Node* n) const {
+    return !ro_undo_.empty() && std::find(ro_undo_.begin(), ro_undo_.end(), Off(n)) != ro_undo_.end();
+  }
+  // The search key of a low fence word (0: below every key).
+  SK LowKey(uint64_t low) const {
+    if constexpr (BK) return low ? BlockSlice(low) : Slice();
+    else return low;
   }
   uint32_t LiveCount(Node* n) const {
     const uint32_t c = n->count;
@@ -1301,7 +1334,7 @@ class FastFair final : public FastFairBase {
         continue;
       }
       const uint32_t i = retired_[j].first;
-      alloc_->Free(&ls[i].r);
+      FreeLimboNode(&ls[i]);
       freed = true;
       nodes_freed_++;
       limbo_busy_[i] = false;
@@ -1326,7 +1359,7 @@ class FastFair final : public FastFairBase {
     Node* p = nullptr;
     Node* next = nullptr;
     bool used = false;
-    if (LockAt(level + 1, KeyOf(xlow), &pend, &p, /*grow=*/false).ok() && p) {
+    if (LockAt(level + 1, LowKey(xlow), &pend, &p, /*grow=*/false).ok() && p) {
       used = MergeUnder(p, x, xlow, slot, &pend);
       if (used && p->count == 0 && Off(p) == Ld(&meta_->root)) {
         CollapseRoot(p);
@@ -1349,7 +1382,7 @@ class FastFair final : public FastFairBase {
     int64_t j;
     uint32_t pos;
     if (p->leftmost == Off(x)) j = -1;
-    else if (FindInLocked(p, KeyOf(xlow), &pos) && pe[pos].v == Off(x)) j = pos;
+    else if (xlow && FindInLocked(p, KeyOf(xlow), &pos) && pe[pos].v == Off(x)) j = pos;
     else return false;  // not (or no longer) listed here
     for (int64_t sep : {j, j + 1}) {  // r = child of record sep
       if (sep < 0 || sep >= int64_t(p->count)) continue;
@@ -1484,11 +1517,31 @@ class FastFair final : public FastFairBase {
           St(&ls[i].l, uint64_t(0));
           pm::Persist(&ls[i].l, 8);
         }
-        alloc_->Free(&ls[i].r);
+        FreeLimboNode(&ls[i]);
         pm::Fence();
         open_blocks_freed_++;
       }
     }
+  }
+  // Byte keys: a leaf merged away still owns its low key block K (the
+  // separator: p's record and l's high referenced it until the commit,
+  // nothing does after it; internal readers may still be reading it, hence
+  // freed with r, after the grace period). r->low is the persistent word
+  // that owns K until K is freed (then 0): a crash between the two frees
+  // leaves r owning nothing else, and open frees r alone. An internal r's
+  // low is p's separator moved down into l (still referenced, not r's); a
+  // collapsed root is internal.
+  uint64_t LimboKeyBlock(const LimboSlot& s) const {
+    if constexpr (BK) {
+      Node* r = At(s.r);
+      if (r->level == 0) return r->low;
+    }
+    (void)s;
+    return 0;
+  }
+  void FreeLimboNode(LimboSlot* s) {
+    if (LimboKeyBlock(*s)) alloc_->Free(&At(s->r)->low);
+    alloc_->Free(&s->r);
   }
   // True if the slot's node is still in the tree (its unlink not durable).
   bool LimboLinked(const LimboSlot& s) const {
@@ -1500,9 +1553,10 @@ class FastFair final : public FastFairBase {
   // separator, if already deleted, comes back through the B-link repair.
   void UndoMerge(Node* l, Node* r) {
     const uint64_t K = r->low;
+    const SK key = KeyOf(K);
     Entry* e = l->ents();
     uint32_t cut = 0;
-    while (cut < l->count && e[cut].k < K) cut++;
+    while (cut < l->count && Cmp(e[cut].k, key) < 0) cut++;
     St(&l->high, K);
     St(&l->count, cut);
     pm::Persist(l, pm::kCacheLine);
@@ -1737,7 +1791,6 @@ class FastFair final : public FastFairBase {
   const bool bv_;
   const ValueKind vk_;
   const bool locked_reads_;
-  const bool merge_;  // merges enabled (u64 keys; see docs/fastfair.md)
   static constexpr int kLockChunkBits = 14;
   size_t lock_chunks_ = 0;
   std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> lock_dir_;
@@ -1746,6 +1799,8 @@ class FastFair final : public FastFairBase {
   bool limbo_busy_[kLimboSlots] = {};
   std::vector<std::pair<uint32_t, uint64_t>> retired_;
   std::atomic<uint32_t> retired_count_{0};
+  // Read-only open: left nodes of merges that did not commit (see Recover).
+  std::vector<uint64_t> ro_undo_;
   std::atomic<uint64_t> merges_{0}, root_collapses_{0}, nodes_freed_{0}, merges_skipped_{0};
   std::mutex root_mu_;
   uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
@@ -1780,7 +1835,7 @@ Status FastFair<BK>::Check() {
       uint64_t prevk = 0;
       if (level > 0) children.push_back(n->leftmost);
       const uint32_t live = LiveCount(n);
-      if (live != n->count && n->spare_node != n->sibling)
+      if (live != n->count && n->spare_node != n->sibling && !UndoPending(n))
         return corrupt(where + " has records at or above its high key outside a split");
       for (uint32_t j = 0; j < live; j++) {
         if (Ignored(n, j)) continue;
@@ -1816,7 +1871,7 @@ Status FastFair<BK>::Check() {
       if (Ignored(n, j)) continue;
       const SK key = KeyOf(e[j].k);
       Node* l = Descend(0, key, nullptr);
-      while (l->sibling && Cmp(l->high, key) <= 0) l = At(l->sibling);
+      while (l->sibling && Cmp(EffectiveHigh(l), key) <= 0) l = At(l->sibling);
       if (l != n) {
         // Only allowed where a crash interrupted a split before the old
         // node's high key moved: readers find the copy there.
@@ -1839,7 +1894,10 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
     fn(meta_->limbo);
     LimboSlot* ls = Limbo();
     for (uint32_t i = 0; i < kLimboSlots; i++)
-      if (ls[i].r && !LimboLinked(ls[i])) fn(ls[i].r);
+      if (ls[i].r && !LimboLinked(ls[i])) {
+        fn(ls[i].r);
+        if (const uint64_t k = LimboKeyBlock(ls[i])) fn(k);
+      }
   }
   std::vector<uint64_t> blocks;
   for (Node* first = At(meta_->root); first; first = first->level ? At(first->leftmost) : nullptr) {
