@@ -882,8 +882,11 @@ class FastFair final : public FastFairBase {
         RLock(n);
         continue;
       }
+      // (high == 0 with a sibling: only a read-only open after a crash that
+      // kept count and high of a merge's commit line but not the sibling,
+      // r being rightmost; n holds r's records then. As in MoveRight.)
       uint64_t s = n->sibling;
-      if (s && Cmp(n->high, key) <= 0) {
+      if (s && n->high && Cmp(n->high, key) <= 0) {
         RUnlock(n);
         n = At(s);
         RLock(n);
