@@ -6,9 +6,9 @@
 #      flushes, missing fences, erratum reads);
 #   2. two threads, 600 crash images, lint fatal (concurrent indexes only);
 #   3. byte keys and values, 500 crash images, lint fatal;
-#   4. a small key space (30 keys per thread), 1000 crash images, lint fatal:
-#      deletes empty nodes, so leaf deletion / node merges and root
-#      collapses run (FPTree with 3-way inner nodes);
+#   4. a small key space (30 keys per thread), 1000 crash images, lint fatal,
+#      u64 and byte keys: deletes empty nodes, so leaf deletion / node
+#      merges and root collapses run (FPTree with 3-way inner nodes);
 #   5. 20 process kills.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
@@ -75,6 +75,8 @@ for idx in $indexes; do
   run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
   # shellcheck disable=SC2086
   run "$idx shrink" 0 --index "$idx" --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # shellcheck disable=SC2086
+  run "$idx shrink bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
 done
