@@ -10,7 +10,8 @@
 // sec. 4.1), rebuilt at open. Leaf (fptree variants, m <= 56 slots):
 //   line 0      : 8-byte validity bitmap, then m one-byte fingerprints
 //   lines 1..   : m slots of {key word, value word} (16 bytes, 4 per line)
-//   trailer line: next leaf (pptr), lock/version word (never flushed)
+//   trailer line: next leaf (pptr), lock/version word (never flushed),
+//                 48-byte scan-order hint (volatile, never trusted unchecked)
 // ptree leaf (m <= 64): line 0 = bitmap only, a key array, a value array,
 // the trailer. A key word is the u64 key or the offset of a key block
 // {u64 len, bytes}; a value word is the u64 value or the offset of a value
@@ -61,11 +62,12 @@
 // with try-locks, so the scan/insert deadlock of a public FPTree cannot
 // happen (scans take no lock at all).
 //
-// Scans of u64 trees keep a DRAM-only sorted slot order per leaf (ScanCache,
-// direct-mapped by leaf offset, never persisted, never touched by writers);
-// an entry is used only if it lists exactly the valid slots with strictly
-// ascending keys, which makes it correct whatever happened since it was
-// written (see GetScanCache and docs/fptree.md).
+// Scans read each leaf in the order of its scan-order hint: six-bit slot
+// indices in the unused 48 bytes of the leaf's trailer line, stored by the
+// last scan that sorted the leaf with volatile stores (never flushed, never
+// written by writers); it is used only if it lists exactly the valid slots
+// with strictly ascending keys, which makes it correct whatever happened
+// since it was written (see LoadHint and docs/fptree.md).
 #include "fptree/fptree.h"
 
 #include <immintrin.h>
@@ -116,19 +118,6 @@ enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
 const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
 
 inline void Pause() { _mm_pause(); }
-
-// Volatile scan-order cache; see FPTree::GetScanCache.
-struct ScanCache {
-  static constexpr int kWords = 8;  // 64 one-byte slot indices (ptree leaves hold up to 64)
-  static constexpr int kBits = 16;
-  static constexpr size_t kEntries = size_t(1) << kBits;
-  struct Entry {
-    std::atomic<uint64_t> tag{0};  // leaf offset (never 0)
-    std::atomic<uint64_t> perm[kWords] = {};
-  };
-  std::unique_ptr<Entry[]> e{new Entry[kEntries]};
-  Entry* Slot(uint64_t off) { return &e[((off >> 6) * 0x9E3779B97F4A7C15ull) >> (64 - kBits)]; }
-};
 
 // ---------------------------------------------------------------------------
 // PM root object.
@@ -1542,6 +1531,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if constexpr (kBytes) resume.ks.assign(start.data(), start.size());
     else resume.k = SliceToU64(start);
     std::vector<Rec> out, leafrecs;
+    std::vector<std::pair<Rec, int>> scratch;
     while (done < n) {
       out.clear();
       bool end = false;
@@ -1557,7 +1547,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
         while (out.size() < want) {
           char* l = L(loff);
           uint64_t nx = 0;
-          if (!ReadLeafRecs(l, lv, k, incl, &leafrecs, &nx)) break;  // changed: re-traverse
+          if (!ReadLeafRecs(l, lv, k, incl, &leafrecs, &scratch, &nx)) break;  // changed: re-traverse
           for (auto& r : leafrecs) out.push_back(std::move(r));
           // Later leaves are filtered by the last key collected: a leaf we
           // passed may have emptied and been deleted meanwhile, its range
@@ -1600,29 +1590,6 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (count) *count = done;
     return Status::OK();
   }
-  // Volatile scan-order cache (DRAM only, never persisted, not part of the
-  // layout): a direct-mapped table keyed by leaf offset holding the slot
-  // indices of a leaf's records in key order, as last computed by a scan.
-  // Writers never touch it. An entry is trusted only after it verifies
-  // against the leaf as read: it must name exactly popcount(bitmap) slots,
-  // each valid, with strictly ascending keys; such a list is the sorted order
-  // of the current records whatever happened since it was written (inserts,
-  // deletes, slot reuse, a leaf freed and reallocated, a torn entry written
-  // by two scans at once). Verifying costs the key loads a scan makes anyway;
-  // a failed check falls back to sorting and refreshes the entry. Allocated
-  // at the first u64 scan (kEntries * 72 B = 4.5 MiB, counted in dram_bytes).
-  ScanCache* GetScanCache() {
-    ScanCache* c = scache_.load(std::memory_order_acquire);
-    if (c) return c;
-    auto* fresh = new ScanCache;
-    if (scache_.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) {
-      dram_bytes_.fetch_add(ScanCache::kEntries * sizeof(ScanCache::Entry), std::memory_order_relaxed);
-      return fresh;
-    }
-    delete fresh;
-    return c;
-  }
-
   // Per-thread record buffer of ScanU64 (kScanBatch records plus one leaf),
   // reached once per scan: a thread_local name used in the loops cost a TLS
   // lookup per record, and a vector a capacity check per record.
@@ -1638,15 +1605,13 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return buf->get();
   }
   // Scan for u64 keys and values: the same algorithm as Scan with plain
-  // (key, value) pairs instead of owned strings, plus the volatile sorted
-  // permutation cache (see ScanCache): a leaf whose cached order still checks
-  // out is read in key order without sorting.
+  // (key, value) pairs instead of owned strings; each leaf is read in the
+  // order of its scan-order hint when the hint checks out (see LoadHint).
   Status ScanU64(uint64_t start, size_t n, ScanCallback cb, size_t* count) {
     size_t done = 0;
     uint64_t resume = start;
     bool inclusive = true;
     KV* out = ScanBuffer();
-    ScanCache* cache = GetScanCache();
     while (done < n) {
       size_t nout = 0;
       bool end = false;
@@ -1662,7 +1627,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           char* l = L(loff);
           size_t before = nout;
           bool truncated = false;
-          if (!ReadLeafSortedU64(l, loff, lv, cache, resume, inclusive, want - before, out, &nout, &truncated)) {
+          if (!ReadLeafSortedU64(l, lv, resume, inclusive, want - before, out, &nout, &truncated)) {
             nout = before;
             break;  // changed: re-traverse from the last key collected
           }
@@ -1708,14 +1673,85 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (off && off + lay_.bytes <= pool_size_)
       for (uint32_t o = 0; o < lay_.bytes; o += 64) __builtin_prefetch(L(off) + o);
   }
-  // Appends to out[*nout..] the records of leaf l (offset loff, version lv)
-  // with key >= from (> from if !incl), ascending, at most `room` of them
-  // (*truncated = true if more were left). Uses the cached order when it
-  // verifies, else sorts and caches. False if the leaf changed while it was
-  // read (torn key/bitmap); the caller also validates the version afterwards,
-  // which covers the values read here.
-  bool ReadLeafSortedU64(char* l, uint64_t loff, uint64_t lv, ScanCache* cache, uint64_t from, bool incl, size_t room, KV* out,
-                         size_t* nout, bool* truncated) {
+
+  // ---- scan-order hint ---------------------------------------------------------------
+  // Leaves are unsorted (sec. 4.1), so a scan needs each leaf's records in
+  // key order. The last scan that sorted a leaf leaves that order in the 48
+  // unused bytes of the leaf's trailer line (after the next pointer and the
+  // lock word): up to 64 six-bit slot indices, entry j at bits [6j, 6j+6) of
+  // the six little-endian words. It is a hint, not state: written with
+  // volatile stores (pm::StoreVolatile, never flushed, never logged), never
+  // touched by writers, not copied by splits, and trusted only if it lists
+  // exactly the valid slots (LoadHint) in strictly ascending key order (the
+  // caller checks while it reads the keys, which an unsorted leaf needs
+  // anyway: a record below the last one emitted could hide in any slot).
+  // Such a list *is* the sorted order of the records as read, whatever
+  // happened since it was written: inserts, deletes, slot reuse with an
+  // unchanged bitmap, a leaf freed and reallocated, a crash (the trailer
+  // line reaches PM whenever a split flushes the next pointer, or by
+  // eviction, with any hint contents), a pool written by an older version
+  // (the bytes were zero or stale), or a hint torn by two scans storing at
+  // once. A failed check sorts, stores a fresh hint and goes on. Concurrent
+  // trees store a hint only from a version-validated read of the leaf.
+  // It lives in the leaf's own trailer line, which the scan reads anyway
+  // (next pointer, version), so it costs no extra miss and no DRAM and
+  // scales with the tree (the DRAM table it replaces had 64K entries).
+  static constexpr int kHintWords = 6;  // 48 bytes: 64 slots x 6 bits
+  uint64_t* Hint(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer + 16); }
+  // Hint words needed for cnt entries, loaded into w (7 words: byte 6g..6g+7
+  // of group g = entries 8g..8g+7 is always inside the array).
+  int LoadHintWords(char* l, int cnt, uint64_t* w) const {
+    const int nw = (6 * cnt + 63) / 64;
+    const uint64_t* h = Hint(l);
+    for (int i = 0; i < nw; i++) w[i] = Ld(h + i);
+    for (int i = nw; i <= kHintWords; i++) w[i] = 0;
+    return nw;
+  }
+  // Entries 8g..8g+7 of the hint (six bits each, from bit 0).
+  static uint64_t HintGroup(const uint64_t* w, int g) {
+    uint64_t x;
+    std::memcpy(&x, reinterpret_cast<const char*>(w) + 6 * g, 8);
+    return x;
+  }
+  // Decodes the first cnt = popcount(bm) hint entries into ord; true iff
+  // they name exactly the slots of bm (then they are distinct). cnt <= 1
+  // needs no hint.
+  bool LoadHint(char* l, uint64_t bm, int cnt, uint8_t* ord) const {
+    if (cnt <= 1) {
+      if (cnt) ord[0] = uint8_t(__builtin_ctzll(bm));
+      return true;
+    }
+    uint64_t w[kHintWords + 1];
+    LoadHintWords(l, cnt, w);
+    uint64_t seen = 0;
+    for (int j = 0; j < cnt; j++) {
+      unsigned s = unsigned(HintGroup(w, j >> 3) >> (6 * (j & 7))) & 63;
+      ord[j] = uint8_t(s);
+      seen |= 1ull << s;
+    }
+    return seen == bm;
+  }
+  void StoreHint(char* l, const uint8_t* ord, int cnt) {
+    if (cnt <= 1) return;
+    uint64_t w[kHintWords + 1] = {};
+    char* b = reinterpret_cast<char*>(w);
+    for (int g = 0; 8 * g < cnt; g++) {
+      uint64_t x = 0;
+      for (int j = 8 * g; j < cnt && j < 8 * g + 8; j++) x |= uint64_t(ord[j]) << (6 * (j & 7));
+      std::memcpy(b + 6 * g, &x, 6);
+    }
+    const int nw = (6 * cnt + 63) / 64;
+    uint64_t* h = Hint(l);
+    for (int i = 0; i < nw; i++) pm::StoreVolatile(h + i, w[i], __ATOMIC_RELAXED);
+  }
+
+  // Appends to out[*nout..] the records of leaf l (version lv) with key >=
+  // from (> from if !incl), ascending, at most `room` of them (*truncated =
+  // true if more were left). Reads in the hinted order when it checks out,
+  // else sorts and stores a fresh hint. False if the leaf changed while it
+  // was read (torn key/bitmap); the caller also validates the version
+  // afterwards, which covers the values read here.
+  bool ReadLeafSortedU64(char* l, uint64_t lv, uint64_t from, bool incl, size_t room, KV* out, size_t* nout, bool* truncated) {
     uint64_t bm = Ld(Bm(l)) & lay_.full;
     int cnt = __builtin_popcountll(bm);
     // The scan will go on to the next leaf (a random address, one dependent
@@ -1727,37 +1763,42 @@ class FPTree final : public Index, public FPTreeIntrospect {
     const char* kbase = l + lay_.key_off;
     const char* vbase = l + lay_.val_off;
     const size_t kstride = lay_.key_stride, vstride = lay_.val_stride;
-    const unsigned m = lay_.m;
     auto key_at = [&](unsigned s) { return Ld(reinterpret_cast<const uint64_t*>(kbase + s * kstride)); };
     auto val_at = [&](unsigned s) { return Ld(reinterpret_cast<const uint64_t*>(vbase + s * vstride)); };
     // Records below `from` (only in the first leaf) are skipped.
     auto wanted = [&](uint64_t kk) { return kk > from || (kk == from && incl); };
     size_t o = *nout;
-    ScanCache::Entry* e = cache ? cache->Slot(loff) : nullptr;
-    if (e && e->tag.load(std::memory_order_relaxed) == loff) {
-      // Cached order: valid iff it lists cnt slots, each set in bm, with
-      // strictly ascending keys (then it is exactly the set of valid slots in
-      // key order, however it was obtained or torn).
-      uint64_t w[ScanCache::kWords];
-      for (int j = 0; j < (cnt + 7) / 8; j++) w[j] = e->perm[j].load(std::memory_order_relaxed);
-      const uint8_t* pm8 = reinterpret_cast<const uint8_t*>(w);
+    uint8_t ord[64];
+    if (cnt > 1) {
+      // Decoded on the fly: entry j names a slot of bm, and its key is above
+      // entry j-1's; cnt such entries are exactly bm's slots in key order.
+      uint64_t w[kHintWords + 1];
+      LoadHintWords(l, cnt, w);
       size_t end = o + room;
       bool ok = true;
       uint64_t prev = 0;
-      for (int j = 0; j < cnt; j++) {
-        unsigned s = pm8[j];
-        uint64_t kk = s < m ? key_at(s) : 0;
-        if (s >= m || !(bm >> s & 1) || (j > 0 && kk <= prev)) {
-          ok = false;
-          break;
+      for (int j = 0; j < cnt && ok; j += 8) {
+        uint64_t x = HintGroup(w, j >> 3);
+        const int je = std::min(cnt, j + 8);
+        for (int jj = j; jj < je; jj++, x >>= 6) {
+          const unsigned s = unsigned(x & 63);
+          if (!(bm >> s & 1)) {  // before the key load: s may be >= m
+            ok = false;
+            break;
+          }
+          uint64_t kk = key_at(s);
+          if (jj > 0 && kk <= prev) {
+            ok = false;
+            break;
+          }
+          prev = kk;
+          if (!wanted(kk)) continue;
+          if (o == end) {
+            *truncated = true;
+            continue;  // keep verifying the order of the rest
+          }
+          out[o++] = {kk, val_at(s)};
         }
-        prev = kk;
-        if (!wanted(kk)) continue;
-        if (o == end) {
-          *truncated = true;
-          continue;  // keep verifying the order of the rest
-        }
-        out[o++] = {kk, val_at(s)};
       }
       if (ok) {
         *nout = o;
@@ -1767,22 +1808,17 @@ class FPTree final : public Index, public FPTreeIntrospect {
       *truncated = false;
       if (kConc && !LeafValidate(l, lv)) return false;
     }
-    // Miss: sort (key, slot) pairs, cache the order, emit.
+    // Stale hint: sort (key, slot) pairs, store the order, emit.
     std::pair<uint64_t, uint32_t> ks[64];
     int c = 0;
     for (uint64_t mm = bm; mm; mm &= mm - 1) {
       unsigned i = unsigned(__builtin_ctzll(mm));
       ks[c++] = {key_at(i), i};
     }
-    if (kConc && !LeafValidate(l, lv)) return false;  // do not cache a torn order
+    if (kConc && !LeafValidate(l, lv)) return false;  // do not store a torn order
     std::sort(ks, ks + c, [](const auto& a, const auto& b) { return a.first < b.first; });
-    if (e) {
-      uint64_t w[ScanCache::kWords] = {};
-      uint8_t* pm8 = reinterpret_cast<uint8_t*>(w);
-      for (int j = 0; j < c; j++) pm8[j] = uint8_t(ks[j].second);
-      e->tag.store(loff, std::memory_order_relaxed);
-      for (int j = 0; j < (c + 7) / 8; j++) e->perm[j].store(w[j], std::memory_order_relaxed);
-    }
+    for (int j = 0; j < c; j++) ord[j] = uint8_t(ks[j].second);
+    StoreHint(l, ord, c);
     size_t end = o + room;
     for (int j = 0; j < c; j++) {
       uint64_t kk = ks[j].first;
@@ -1797,34 +1833,44 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return true;
   }
 
-  // Snapshot of leaf l's records >= k (> k if !inclusive), sorted. False if the
+  // Snapshot of leaf l's records >= k (> k if !inclusive), sorted (byte keys
+  // or byte values). Reads the keys in the hinted order and checks it as it
+  // goes; a stale hint is replaced after a sort. `all` is scratch space
+  // (kept between calls so its strings keep their buffers). False if the
   // leaf changed meanwhile (the caller re-traverses).
-  bool ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bool inclusive, std::vector<Rec>* recs, uint64_t* next) {
-    for (int attempt = 0;; attempt++) {
-      recs->clear();
-      uint64_t bm = Ld(Bm(l));
-      bool ok = true;
-      for (uint64_t m = bm; m; m &= m - 1) {
-        int i = __builtin_ctzll(m);
-        Rec r;
-        if (!ReadSlotKey(l, i, &r)) {
-          ok = false;
-          break;
-        }
-        int c = CmpRecKey(r, k);
-        if (c < 0 || (c == 0 && !inclusive)) continue;
-        if (!ReadSlotVal(l, i, &r)) {
-          ok = false;
-          break;
-        }
-        recs->push_back(std::move(r));
-      }
-      *next = Ld(Next(l));
-      if (LeafValidate(l, lv) && ok) break;
-      return false;
+  bool ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bool inclusive, std::vector<Rec>* recs,
+                    std::vector<std::pair<Rec, int>>* all, uint64_t* next) {
+    recs->clear();
+    uint64_t bm = Ld(Bm(l)) & lay_.full;
+    int cnt = __builtin_popcountll(bm);
+    uint8_t ord[64];
+    bool sorted = LoadHint(l, bm, cnt, ord);
+    if (!sorted) {
+      int c = 0;
+      for (uint64_t m = bm; m; m &= m - 1) ord[c++] = uint8_t(__builtin_ctzll(m));
     }
-    std::sort(recs->begin(), recs->end(), [](const Rec& a, const Rec& b) { return CmpRec(a, b) < 0; });
-    return true;
+    if (all->size() < size_t(cnt)) all->resize(cnt);
+    for (int j = 0; j < cnt; j++) {
+      auto& a = (*all)[j];
+      a.second = ord[j];
+      if (!ReadSlotKey(l, ord[j], &a.first)) return false;  // stale key pointer: the leaf changed
+      if (sorted && j > 0 && CmpRec((*all)[j - 1].first, a.first) >= 0) sorted = false;
+    }
+    if (!sorted) {
+      if (kConc && !LeafValidate(l, lv)) return false;  // do not store a torn order
+      std::sort(all->begin(), all->begin() + cnt, [](const auto& a, const auto& b) { return CmpRec(a.first, b.first) < 0; });
+      for (int j = 0; j < cnt; j++) ord[j] = uint8_t((*all)[j].second);
+      StoreHint(l, ord, cnt);
+    }
+    for (int j = 0; j < cnt; j++) {
+      auto& a = (*all)[j];
+      int c = CmpRecKey(a.first, k);
+      if (c < 0 || (c == 0 && !inclusive)) continue;
+      recs->push_back(std::move(a.first));
+      if (!ReadSlotVal(l, a.second, &recs->back())) return false;
+    }
+    *next = Ld(Next(l));
+    return LeafValidate(l, lv);
   }
 
   uint64_t Size() override {
@@ -1991,7 +2037,6 @@ class FPTree final : public Index, public FPTreeIntrospect {
     }
     nodes_.clear();
     deferred_.clear();
-    delete scache_.exchange(nullptr);
     Status s = pool_ ? pool_->Close() : Status::OK();
     return s;
   }
@@ -2222,7 +2267,6 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::vector<Deferred> deferred_;
   std::atomic<size_t> deferred_n_{0};
   std::atomic<uint64_t> dram_bytes_{0};
-  std::atomic<ScanCache*> scache_{nullptr};
   uint64_t pool_size_ = 0;  // for ScanU64's prefetch bound
   std::atomic<uint64_t> split_free_{~0ull}, del_free_{~0ull};
   std::vector<uint64_t> free_leaves_;
