@@ -157,21 +157,33 @@ struct alignas(64) EpochSlot {
 constexpr int kEpochSlots = 256;
 EpochSlot g_slots[kEpochSlots];
 std::atomic<uint64_t> g_epoch{1};
+// The per-thread state is trivial (no destructor): a thread_local with a
+// destructor gets a TLS init guard that is reached through __tls_get_addr in
+// a shared library (two calls per guarded operation, callgrind). The slot is
+// released at thread exit by a separate thread_local touched only when the
+// slot is taken.
 struct TlsEpoch {
   int idx = -1;
   int depth = 0;
-  ~TlsEpoch() {
-    if (idx >= 0) g_slots[idx].used.store(false, std::memory_order_release);
-  }
 };
 FPT_TLS TlsEpoch tl_epoch;
+struct EpochSlotReleaser {
+  int idx = -1;
+  ~EpochSlotReleaser() {
+    if (idx < 0) return;
+    tl_epoch.idx = -1;
+    g_slots[idx].used.store(false, std::memory_order_release);
+  }
+};
 EpochSlot* MySlot() {
   if (tl_epoch.idx < 0) {
+    thread_local EpochSlotReleaser releaser;
     for (;;) {
       for (int i = 0; i < kEpochSlots; i++) {
         bool f = false;
         if (!g_slots[i].used.load(std::memory_order_relaxed) && g_slots[i].used.compare_exchange_strong(f, true)) {
           tl_epoch.idx = i;
+          releaser.idx = i;
           return &g_slots[i];
         }
       }
@@ -1203,7 +1215,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
         return Status::OK();
       }
       if (!LeafValidate(l, lv)) continue;
-      if (value) value->assign(reinterpret_cast<const char*>(&w), 8);
+      if (value) {  // resize + copy: a reused 8-byte string is not reallocated or re-copied via _M_replace
+        value->resize(8);
+        std::memcpy(value->data(), &w, 8);
+      }
       return Status::OK();
     }
   }
