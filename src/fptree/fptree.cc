@@ -1635,14 +1635,19 @@ class FPTree final : public Index, public FPTreeIntrospect {
         SKey k;
         k.u = resume;
         uint64_t lv = 0;
-        uint64_t loff = FindLeaf(k, &lv);
+        Path path;
+        uint64_t loff = FindLeaf(k, &lv, &path);
         PrefetchLeaf(loff);  // its lines are read in key order, i.e. at random
         size_t want = std::min<size_t>(n - done, kScanBatch);
+        Ahead ahead{path.parent, path.idx, path.idx};
+        int per_leaf = int(lay_.m / 2);  // records per leaf, guessed until one is read
         while (nout < want) {
+          PrefetchAhead(&ahead, (want - nout) / size_t(std::max(per_leaf, 1)) + 1);
           char* l = L(loff);
           size_t before = nout;
           bool truncated = false;
-          if (!ReadLeafSortedU64(l, lv, resume, inclusive, want - before, out, &nout, &truncated)) {
+          if (!ReadLeafSortedU64(l, lv, resume, inclusive, want - before, ahead.pf > ahead.pos, out, &nout, &truncated,
+                                 &per_leaf)) {
             nout = before;
             break;  // changed: re-traverse from the last key collected
           }
@@ -1665,6 +1670,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           if (kConc && (nv & 3)) break;
           loff = nx;
           lv = nv;
+          ahead.pos++;
         }
       }
       size_t emit = std::min(nout, n - done);
@@ -1687,6 +1693,47 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void PrefetchLeaf(uint64_t off) const {
     if (off && off + lay_.bytes <= pool_size_)
       for (uint32_t o = 0; o < lay_.bytes; o += 64) __builtin_prefetch(L(off) + o);
+  }
+  // Scan lookahead. The leaves a scan visits next are its bottom inner
+  // node's next children: their offsets are known without waiting for each
+  // leaf's next pointer, so the leaves' header lines (bitmap, trailer) are
+  // fetched several leaves ahead instead of one dependent miss per leaf,
+  // which dominates when deletes have left leaves sparse (the paper never
+  // merges leaves). The child words are read without validation: a stale
+  // offset only wastes a prefetch (bounded by the pool size; the node is
+  // not freed while the scan's epoch guard is held). The list order, read
+  // through the next pointers and validated, is still what the scan follows.
+  struct Ahead {
+    Inner* parent;  // bottom inner node of the first leaf (nullptr: none)
+    uint32_t pos;   // child index of the leaf being read
+    uint32_t pf;    // highest child index whose header lines were prefetched
+  };
+  static constexpr size_t kMaxAhead = 8;
+  void PrefetchAhead(Ahead* a, size_t leaves) const {
+    if (!a->parent) return;
+    uint32_t cnt = std::min(a->parent->count.load(std::memory_order_relaxed), a->parent->cap);
+    uint32_t last = uint32_t(std::min<size_t>(std::min<size_t>(leaves, kMaxAhead) + a->pos, cnt));
+    for (; a->pf < last; a->pf++) {
+      uint64_t off = a->parent->child()[a->pf + 1].load(std::memory_order_relaxed);
+      if (off && off + lay_.bytes <= pool_size_) {
+        __builtin_prefetch(L(off));
+        __builtin_prefetch(L(off) + lay_.trailer);
+      }
+    }
+  }
+  // The lines of leaf `off` that hold its valid slots (from its bitmap, whose
+  // line PrefetchAhead fetched earlier).
+  void PrefetchRecords(uint64_t off) const {
+    if (!off || off + lay_.bytes > pool_size_) return;
+    char* l = L(off);
+    uint64_t bm = Ld(Bm(l)) & lay_.full;
+    const uint32_t per = 64 / lay_.key_stride;  // slots per line: 4 (fptree), 8 (ptree)
+    const uint64_t group = (1ull << per) - 1;
+    for (uint32_t s = 0; s < lay_.m; s += per) {
+      if (!((bm >> s) & group)) continue;
+      __builtin_prefetch(Key(l, int(s)));
+      if (!lay_.fp) __builtin_prefetch(Val(l, int(s)));
+    }
   }
 
   // ---- scan-order hint ---------------------------------------------------------------
@@ -1766,13 +1813,19 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // else sorts and stores a fresh hint. False if the leaf changed while it
   // was read (torn key/bitmap); the caller also validates the version
   // afterwards, which covers the values read here.
-  bool ReadLeafSortedU64(char* l, uint64_t lv, uint64_t from, bool incl, size_t room, KV* out, size_t* nout, bool* truncated) {
+  bool ReadLeafSortedU64(char* l, uint64_t lv, uint64_t from, bool incl, size_t room, bool next_header_fetched, KV* out,
+                         size_t* nout, bool* truncated, int* cnt_out) {
     uint64_t bm = Ld(Bm(l)) & lay_.full;
     int cnt = __builtin_popcountll(bm);
+    *cnt_out = cnt;
     // The scan will go on to the next leaf (a random address, one dependent
-    // miss after another otherwise): fetch it while this one is read. A
+    // miss after another otherwise): fetch it while this one is read, only
+    // the lines with records if its bitmap is on its way already (Ahead). A
     // stale offset only wastes the prefetch.
-    if (room > size_t(cnt)) PrefetchLeaf(Ld(Next(l)));
+    if (room > size_t(cnt)) {
+      if (next_header_fetched) PrefetchRecords(Ld(Next(l)));
+      else PrefetchLeaf(Ld(Next(l)));
+    }
     // Layout values in locals: the loops below store to `out`, which the
     // compiler cannot tell apart from this->lay_.
     const char* kbase = l + lay_.key_off;
