@@ -117,16 +117,26 @@ namespace internal {
 namespace {
 
 constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
-constexpr uint32_t kVersion = 2;  // 2: u64 values in the node's value word, remove marks next
+// 2: u64 values in the node's value word, remove marks next.
+// 3: 8-byte bucket-table slots (the dummy is its slot's next word), links to
+//    dummies carry the bucket number (kBucketLink), the list ends with kEnd.
+constexpr uint32_t kVersion = 3;
 constexpr int kMaxSlots = 64;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
-constexpr uint64_t kMark = 1, kDirty = 2, kLow = 7;
+// Low bits of a link word. kBucketLink: the link names bucket (word >> 3)'s
+// dummy, not a pool offset; bucket 0 (the head) is never a successor, so
+// kEnd = a link to bucket 0 ends the list. In a dummy's own word (its bucket
+// slot) bit 0 is kUnpub (claimed, not published yet): dummies are never
+// marked, and every CAS of a predecessor's word keeps that bit (KeepUnpub).
+constexpr uint64_t kMark = 1, kDirty = 2, kBucketLink = 4, kLow = 7;
+constexpr uint64_t kUnpub = kMark;
+constexpr uint64_t kEnd = kBucketLink;
+constexpr uint64_t kSlotBytes = 8;  // a bucket-table slot: the dummy's next word
 // DRAM counters of in-flight value updates (dirty_bit mode), by node: one
 // counter per cache line (128 KiB), so an updater's two RMWs invalidate no
 // other stripe's line for finds and other updaters.
 constexpr uint64_t kUpdStripes = 2048;
-constexpr uint32_t kDummyFlag = 1;
 constexpr uint32_t kSlabFlag = 2;  // a regular node carved from an index-owned slab
 // Index-managed node slabs (node_alloc=slab): one allocator block of
 // kSlabSize bytes holds a header (next slab, node class, the free bitmap
@@ -139,22 +149,23 @@ constexpr uint64_t kSlabMagic = 0x42414c5343564e01ull;
 constexpr int kNumClasses = 3;  // node slots of 64, 128, 256 bytes
 constexpr uint64_t kClassSize[kNumClasses] = {64, 128, 256};
 constexpr size_t kLocalFreeMax = 4096;  // per-thread free nodes kept before sharing half
-// A bucket-table slot is a 32-byte dummy node whose value word holds its state.
-constexpr uint64_t kSlotFree = 0, kSlotClaimed = 1, kSlotLinked = 2;
+// A bucket-table slot word: 0 free; kUnpub set: claimed (being linked, or
+// linked but its link not yet durable); else published (its dummy is in the
+// list and the link to it is durable).
 constexpr size_t kHeader = 32;
 constexpr uint64_t kRetireBatch = 32;
 
 enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 
-// A list node; key bytes follow the header, then (8-aligned) the inline value
-// record. Regular nodes are >= 64 bytes, hence 64-byte aligned: the header is
-// one cache line. Dummies are 32-byte blocks (16-byte aligned; only their
-// next word ever changes).
+// A regular list node; key bytes follow the header, then (8-aligned) the
+// inline value record. Regular nodes are >= 64 bytes, hence 64-byte aligned:
+// the header is one cache line. Dummies are not Nodes: a dummy is the 8-byte
+// word of its bucket-table slot (its next), its split-order key is
+// SoDummy(bucket), known from the link that names it.
 struct Node {
   uint64_t next;
-  uint64_t so;     // split-order key
-  uint64_t value;  // u64 values: the value; byte values: the record offset;
-                   // in-table dummies: the slot state; no flag bits
+  uint64_t so;     // split-order key (odd)
+  uint64_t value;  // u64 values: the value; byte values: the record offset; no flag bits
   uint32_t klen;
   uint32_t flags;
 };
@@ -177,7 +188,7 @@ struct Root {
   uint16_t reserved;
   uint64_t max_key, max_value;
   uint64_t seg0;  // buckets in segment 0 (power of two)
-  uint64_t head;  // owns the dummy of bucket 0: the list head
+  uint64_t head;  // unused since version 3 (0): bucket 0's slot is the list head
   uint64_t slab_head;   // first node slab (node_alloc=slab), linked by SlabHdr::next
   uint64_t node_alloc;  // 0: one allocator block per node; 1: slabs (fixed at creation)
   // Line 1: mutable state.
@@ -188,7 +199,8 @@ struct Root {
   uint64_t slab_pending;  // a new slab until it is linked into slab_head
   uint64_t pad1[3];
   // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
-  // holds [seg0 << (s-1), seg0 << s). Each slot is a 32-byte dummy node.
+  // holds [seg0 << (s-1), seg0 << s). Each slot is an 8-byte dummy (its next
+  // word); slot 0 is the list head.
   uint64_t seg[kMaxSegments];
   PSlot slots[kMaxSlots];
 };
@@ -310,9 +322,18 @@ struct Pos {
   uint64_t pp_raw = 0;          // its value when we passed it
   uint64_t* prev_word = nullptr;
   uint64_t curr_raw = 0;  // *prev_word as loaded (exact, for CAS)
-  Node* curr = nullptr;
+  Node* curr = nullptr;   // the regular node curr_raw names (nullptr: a dummy or the end)
   bool found = false;
 };
+
+// The link without its mark/kUnpub and kDirty bits: what a new node's next
+// or an unlink copies.
+inline uint64_t Succ(uint64_t raw) { return raw & ~(kMark | kDirty); }
+// The kUnpub bit of a predecessor's word, kept by every CAS of that word: a
+// dummy's word may carry it; a regular predecessor's word as loaded by a
+// search is unmarked, so this is 0 for it.
+inline uint64_t KeepUnpub(uint64_t exp) { return exp & kUnpub; }
+inline uint64_t BucketLink(uint64_t b) { return (b << 3) | kBucketLink; }
 
 enum class PutMode { kInsert, kUpdate, kUpsert };
 
@@ -384,6 +405,7 @@ class NvcHashmap final : public Index {
     int slot_;
   };
 
+  // The regular node an untagged link names (raw & kBucketLink == 0).
   Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
   static char* KeyPtr(Node* n) { return reinterpret_cast<char*>(n) + kHeader; }
@@ -439,52 +461,45 @@ class NvcHashmap final : public Index {
     *i = b - (seg0_ << (w - 1));
   }
   uint64_t SegSize(int s) const { return s == 0 ? seg0_ : seg0_ << (s - 1); }
-  // Bucket b's slot; allocates its segment if `create` (slow path apart, so
-  // the common lookup inlines).
-  Node* BucketSlot(uint64_t b, bool create) {
+  // Bucket b's slot word (its dummy); allocates its segment if `create` (slow
+  // path apart, so the common lookup inlines). nullptr: no segment.
+  uint64_t* BucketSlot(uint64_t b, bool create) {
     int s;
     uint64_t i;
     SegOf(b, &s, &i);
     if (s >= kMaxSegments) return nullptr;
-    if (char* seg = segs_[s].load(std::memory_order_acquire)) return reinterpret_cast<Node*>(seg + i * kHeader);
+    if (char* seg = segs_[s].load(std::memory_order_acquire)) return reinterpret_cast<uint64_t*>(seg) + i;
     return create ? NewSegmentSlot(s, i) : nullptr;
   }
-  Node* NewSegmentSlot(int s, uint64_t i);
+  uint64_t* NewSegmentSlot(int s, uint64_t i);
   // Starts loading the bucket-table slot of hash h (the first miss of every
   // operation) while the operation sets up its epoch.
   void PrefetchBucket(uint64_t h) const {
-    if (const Node* d = const_cast<NvcHashmap*>(this)->BucketSlot(h & (bucket_count_.load(std::memory_order_relaxed) - 1), false))
+    if (const uint64_t* d = const_cast<NvcHashmap*>(this)->BucketSlot(h & (bucket_count_.load(std::memory_order_relaxed) - 1), false))
       __builtin_prefetch(d);
   }
-  Node* Published(uint64_t b);
-  // The bucket-table segment holding pool offset off, as (segment, index),
-  // or false if off is not a slot.
-  bool SlotOf(uint64_t off, int* s, uint64_t* i) const {
-    for (int k = 0; k < kMaxSegments; k++) {
-      const uint64_t base = root_->seg[k];
-      if (!base || off < base || off >= base + SegSize(k) * kHeader) continue;
-      if ((off - base) % kHeader) return false;
-      *s = k;
-      *i = (off - base) / kHeader;
-      return true;
+  static bool IsPublished(uint64_t w) { return w && !(w & kUnpub); }
+  uint64_t* Published(uint64_t b) {
+    uint64_t* d = BucketSlot(b, false);
+    return d && IsPublished(LoadW(d)) ? d : nullptr;
+  }
+  // Clears kUnpub of a linked dummy whose link is durable (volatile: crash
+  // recovery recomputes it, Close persists the table). Concurrent inserts
+  // behind the dummy keep the bit, so the CAS loop ends.
+  static void Publish(uint64_t* d) {
+    uint64_t v = LoadW(d);
+    while ((v & kUnpub) && !pm::CasVolatile(d, &v, v & ~kUnpub)) {
     }
-    return false;
   }
   uint64_t FirstBucket(int s) const { return s == 0 ? 0 : seg0_ << (s - 1); }
-  Node* StartFor(uint64_t h, const Ctx& c, bool init);
-  Node* InitBucket(uint64_t b, const Ctx& c);
-  // Claims bucket b's free slot d (volatile CAS free -> claimed; on failure
-  // *st gets the state) and writes its dummy header except next.
-  static bool ClaimDummy(Node* d, uint64_t b, uint64_t* st) {
-    if (!pm::CasVolatile(&d->value, st, kSlotClaimed)) return false;
-    pm::Store(&d->so, SoDummy(b));
-    pm::Store(&d->klen, uint32_t(0));
-    pm::Store(&d->flags, kDummyFlag);
-    return true;
-  }
+  uint64_t* StartFor(uint64_t h, const Ctx& c, bool init);
+  uint64_t* InitBucket(uint64_t b, const Ctx& c);
+  // Claims bucket b's free slot d (volatile CAS free -> claimed, i.e. kUnpub;
+  // on failure *st gets the word).
+  static bool ClaimDummy(uint64_t* d, uint64_t* st) { return pm::CasVolatile(d, st, kUnpub | kEnd); }
 
-  void Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
-  bool HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
+  void Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
+  uint64_t HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
   Status Put(Slice key, Slice value, PutMode mode);
@@ -687,25 +702,18 @@ void NvcHashmap::EnsureDelDurable(Node* n) {
 // ---------------------------------------------------------------------------
 // Bucket table.
 
-Node* NvcHashmap::NewSegmentSlot(int s, uint64_t i) {
+uint64_t* NvcHashmap::NewSegmentSlot(int s, uint64_t i) {
   char* seg;
   {
     std::lock_guard<std::mutex> g(seg_mu_);
     seg = segs_[s].load(std::memory_order_acquire);
     if (!seg) {
-      if (!pool_->allocator().AllocateZeroed(&root_->seg[s], SegSize(s) * kHeader).ok()) return nullptr;
+      if (!pool_->allocator().AllocateZeroed(&root_->seg[s], SegSize(s) * kSlotBytes).ok()) return nullptr;
       seg = base_ + root_->seg[s];
       segs_[s].store(seg, std::memory_order_release);
     }
   }
-  return reinterpret_cast<Node*>(seg + i * kHeader);
-}
-
-// Bucket b's dummy if it is linked and published, else nullptr.
-Node* NvcHashmap::Published(uint64_t b) {
-  if (b == 0) return N(root_->head);
-  Node* d = BucketSlot(b, false);
-  return d && LoadW(&d->value) == kSlotLinked ? d : nullptr;
+  return reinterpret_cast<uint64_t*>(seg) + i;
 }
 
 // The dummy to start a search for hash h: its bucket's, initialised on
@@ -713,54 +721,53 @@ Node* NvcHashmap::Published(uint64_t b) {
 // another thread initialising it), the nearest published ancestor's, which is
 // correct (the list is complete) but walks further. Remove and Update pass
 // init = false: they never allocate.
-Node* NvcHashmap::StartFor(uint64_t h, const Ctx& c, bool init) {
+uint64_t* NvcHashmap::StartFor(uint64_t h, const Ctx& c, bool init) {
   uint64_t b = h & (bucket_count_.load(std::memory_order_relaxed) - 1);
-  if (Node* d = Published(b)) return d;
+  if (uint64_t* d = Published(b)) return d;
   if (init) {
-    if (Node* d = InitBucket(b, c)) return d;
+    if (uint64_t* d = InitBucket(b, c)) return d;
   }
   while (b) {
     b = ParentBucket(b);
-    if (Node* d = Published(b)) return d;
+    if (uint64_t* d = Published(b)) return d;
   }
-  return N(root_->head);
+  return BucketSlot(0, false);
 }
 
 // Links bucket b's dummy, which lives in its bucket-table slot (no
 // allocation). The slot is claimed with a volatile CAS (free -> claimed), so
 // one thread writes it; others use an ancestor meanwhile (never wait). The
 // slot is published (linked) only after its link is durable.
-Node* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
-  if (b == 0) return N(root_->head);
-  Node* d = BucketSlot(b, true);
+uint64_t* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
+  if (b == 0) return BucketSlot(0, false);
+  uint64_t* d = BucketSlot(b, true);
   if (!d) return nullptr;
-  if (LoadW(&d->value) == kSlotLinked) return d;
+  if (IsPublished(LoadW(d))) return d;
   const uint64_t pb = ParentBucket(b);
-  Node* parent = Published(pb);
+  uint64_t* parent = Published(pb);
   if (!parent) parent = InitBucket(pb, c);
   if (!parent) return nullptr;
-  uint64_t st = kSlotFree;
-  if (!ClaimDummy(d, b, &st)) return st == kSlotLinked ? d : nullptr;
+  uint64_t st = 0;
+  if (!ClaimDummy(d, &st)) return IsPublished(st) ? d : nullptr;
   const uint64_t so = SoDummy(b);
   Pos pos;
   for (;;) {
     Search(parent, so, Slice(), c, &pos);
     if (pos.found) {  // impossible: only this slot holds bucket b's dummy
-      pm::StoreVolatile(&d->value, kSlotFree);
+      pm::StoreVolatile(d, uint64_t(0));
       return nullptr;
     }
-    pm::StoreAtomic(&d->next, pos.curr_raw & ~kLow);
-    pm::Persist(d, kHeader);
+    // The dummy (its word, still unpublished) is durable before it is linked.
+    pm::StoreAtomic(d, Succ(pos.curr_raw) | kUnpub);
+    pm::Persist(d, kSlotBytes);
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
     uint64_t exp = pos.curr_raw;
-    const uint64_t desired = Off(d) | (dirty_mode() ? kDirty : 0);
+    const uint64_t desired = BucketLink(b) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
     pm::Persist(pos.prev_word, 8);
     if (dirty_mode()) ClearDirty(pos.prev_word, desired);
-    // Volatile: recovery recomputes slot states from the list; Close
-    // persists the segments.
-    pm::StoreVolatile(&d->value, kSlotLinked);
+    Publish(d);
     return d;
   }
 }
@@ -808,36 +815,37 @@ void NvcHashmap::MaybeGrow(const Ctx& c) {
 // finished individually).
 void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   struct Item {
-    uint64_t b;  // the bucket (kept here: once released, the slot's so may be rewritten by another claimer)
-    Node* d;
+    uint64_t b;
+    uint64_t* d;
+    uint64_t desired;  // the link to d
     Pos pos;
   };
   Item items[16];
   int k = 0;
-  uintptr_t flushed = 0;  // consecutive buckets share lines (two slots per line): flush each once
+  uintptr_t flushed = 0;  // consecutive buckets share lines (8 slots per line): flush each once
   for (uint64_t b = b0; b < b0 + n && k < 16; b++) {
     if (b == 0) continue;
     auto fail = nvc_hashmap_testing::g_batch_slot_fail_hook.load(std::memory_order_acquire);
-    Node* d = fail && fail(b) ? nullptr : BucketSlot(b, true);
+    uint64_t* d = fail && fail(b) ? nullptr : BucketSlot(b, true);
     // No slot (pool full while allocating its segment): link the k buckets
     // claimed so far below (returning here would leave them claimed forever).
     if (!d) break;
-    if (LoadW(&d->value) != kSlotFree) continue;
-    Node* parent = Published(ParentBucket(b));
+    if (LoadW(d) != 0) continue;
+    uint64_t* parent = Published(ParentBucket(b));
     if (!parent) continue;  // left to on-demand initialisation
-    uint64_t st = kSlotFree;
-    if (!ClaimDummy(d, b, &st)) continue;
+    uint64_t st = 0;
+    if (!ClaimDummy(d, &st)) continue;
     const uint64_t so = SoDummy(b);
     Item& it = items[k++];
     it.b = b;
     it.d = d;
     Search(parent, so, Slice(), c, &it.pos);
     if (it.pos.found) {  // impossible: only this slot holds bucket b's dummy
-      pm::StoreVolatile(&d->value, kSlotFree);
+      pm::StoreVolatile(d, uint64_t(0));
       k--;
       continue;
     }
-    pm::StoreAtomic(&d->next, it.pos.curr_raw & ~kLow);
+    pm::StoreAtomic(d, Succ(it.pos.curr_raw) | kUnpub);
     if (pm::LineOf(d) != flushed) {
       if (flushed) pm::Flush(reinterpret_cast<const void*>(flushed), pm::kCacheLine);
       flushed = pm::LineOf(d);
@@ -851,8 +859,8 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     Item& it = items[i];
     EnsureWordDurable(it.pos.pp_word, it.pos.pp_raw);
     uint64_t exp = it.pos.curr_raw;
-    const uint64_t desired = Off(it.d) | (dirty_mode() ? kDirty : 0);
-    linked[i] = pm::Cas(it.pos.prev_word, &exp, desired);
+    it.desired = BucketLink(it.b) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
+    linked[i] = pm::Cas(it.pos.prev_word, &exp, it.desired);
     if (linked[i]) {
       if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(Slice());
       pm::Flush(it.pos.prev_word, 8);
@@ -862,11 +870,11 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   for (int i = 0; i < k; i++) {
     Item& it = items[i];
     if (linked[i]) {
-      if (dirty_mode()) ClearDirty(it.pos.prev_word, Off(it.d) | kDirty);
-      pm::StoreVolatile(&it.d->value, kSlotLinked);
+      if (dirty_mode()) ClearDirty(it.pos.prev_word, it.desired);
+      Publish(it.d);
     } else {
       // The list changed under us: release the claim; InitBucket redoes it.
-      pm::StoreVolatile(&it.d->value, kSlotFree);
+      pm::StoreVolatile(it.d, uint64_t(0));
       InitBucket(it.b, c);
     }
   }
@@ -875,7 +883,12 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
 // ---------------------------------------------------------------------------
 // The list (Michael's lock-free list in split order).
 
-void NvcHashmap::Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
+// Finds the position of (so, key) from the dummy word `start`: prev_word is
+// the word to CAS, curr_raw its exact value, curr the regular node it names
+// (found: the key's node) or nullptr (a later dummy or the end). A dummy's so
+// comes from the link naming it (SoDummy of its bucket), so a search that
+// stops at the next bucket's dummy does not touch it.
+void NvcHashmap::Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
   // Without a fix (the paper's original algorithm) every link followed is
   // acted on unchecked: report each one to the observer, so pmcheck's erratum
   // lint sees every read of a not-yet-durable link.
@@ -884,19 +897,37 @@ void NvcHashmap::Search(Node* start, uint64_t so, Slice key, const Ctx& c, Pos* 
 retry:
   pos->pp_word = nullptr;
   pos->pp_raw = 0;
-  pos->prev_word = &start->next;
-  pos->curr_raw = load(pos->prev_word) & ~kMark;  // dummies are never marked
+  pos->prev_word = start;
+  pos->curr_raw = load(start);  // exact (a dummy's word may carry kUnpub, never kMark)
   for (;;) {
-    Node* curr = N(pos->curr_raw);
+    const uint64_t raw = pos->curr_raw;
+    if (raw & kBucketLink) {
+      // A dummy (or kEnd). Dummies are never marked: no unlink to help.
+      pos->curr = nullptr;
+      const uint64_t b = raw >> 3;
+      const uint64_t dso = SoDummy(b);
+      uint64_t* w;
+      if (b == 0 || dso >= so || !(w = BucketSlot(b, false))) {
+        pos->found = b != 0 && dso == so;
+        return;
+      }
+      pos->pp_word = pos->prev_word;
+      pos->pp_raw = raw;
+      pos->prev_word = w;
+      pos->curr_raw = load(w);
+      continue;
+    }
+    Node* curr = N(raw);
     pos->curr = curr;
-    if (!curr) {
+    if (!curr) {  // a 0 link (never written by this version; Check reports it)
       pos->found = false;
       return;
     }
     const uint64_t next_raw = load(&curr->next);
     if (next_raw & kMark) {
-      if (!HelpUnlink(pos->prev_word, pos->curr_raw, curr, next_raw, c)) goto retry;
-      pos->curr_raw = next_raw & ~kLow;
+      const uint64_t unlinked = HelpUnlink(pos->prev_word, raw, curr, next_raw, c);
+      if (!unlinked) goto retry;
+      pos->curr_raw = unlinked;
       continue;
     }
     const int r = Cmp(curr, so, key);
@@ -912,16 +943,18 @@ retry:
   }
 }
 
-// Unlinks the marked node curr from *prev_word. False if *prev_word changed.
-bool NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c) {
+// Unlinks the marked node curr from *prev_word, which held curr_raw. Returns
+// the word's new value, or 0 if *prev_word changed.
+uint64_t NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c) {
   // The deletion (and curr's own next, which the new link copies) must be
   // durable before the node disappears from the volatile list.
   EnsureDelDurable(curr);
   uint64_t exp = curr_raw;
-  if (!pm::Cas(prev_word, &exp, next_raw & ~kLow)) return false;
+  const uint64_t desired = Succ(next_raw) | KeepUnpub(curr_raw);
+  if (!pm::Cas(prev_word, &exp, desired)) return 0;
   pm::Persist(prev_word, 8);
   Retire(c, Off(curr), true);
-  return true;
+  return desired;
 }
 
 // A regular node, allocated into this thread's pending slot, written and
@@ -1003,7 +1036,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   Op op(this);
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
-  Node* start = StartFor(h, c, mode != PutMode::kUpdate);
+  uint64_t* start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
   uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
   Status result;
@@ -1076,7 +1109,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
       result = Status::NotFound();
       break;
     }
-    const uint64_t succ = pos.curr_raw & ~kLow;
+    const uint64_t succ = Succ(pos.curr_raw);
     if (!fresh) {
       result = AllocNode(c, so, key, value, succ, &fresh);
       if (!result.ok()) break;
@@ -1088,7 +1121,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     // durable, or a crash could keep our node but lose prev.
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
     uint64_t exp = pos.curr_raw;
-    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0);
+    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = nvc_hashmap_testing::g_link_hook.load(std::memory_order_acquire)) hook(key);
     const bool skip_link = PMINDEX_FAULT("nvc.insert.skip_link_persist");
@@ -1165,7 +1198,7 @@ Status NvcHashmap::Remove(Slice key) {
   Op op(this);
   if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
   const Ctx c = op.ctx();
-  Node* start = StartFor(h, c, false);
+  uint64_t* start = StartFor(h, c, false);
   Pos pos;
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();
@@ -1189,7 +1222,7 @@ Status NvcHashmap::Remove(Slice key) {
   if (dirty_mode()) ClearDirty(&cur->next, desired);
   // Physical unlink: one attempt here; otherwise a search unlinks it.
   uint64_t exp = pos.curr_raw;
-  if (pm::Cas(pos.prev_word, &exp, n & ~kLow)) {
+  if (pm::Cas(pos.prev_word, &exp, Succ(n) | KeepUnpub(exp))) {
     pm::Persist(pos.prev_word, 8);
     Retire(c, Off(cur), true);
   } else {
@@ -1226,7 +1259,7 @@ void NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
   if (r.node) {
     const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
     const uint64_t v = LoadW(&n->value);
-    if (!(n->flags & kDummyFlag) && HasRecord(n, v)) {
+    if (HasRecord(n, v)) {
       pm::StoreAtomic(&ps->scratch, v);
       a.Free(&ps->scratch);
     }
@@ -1395,15 +1428,20 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) fn(root_->seg[s]);
   for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) fn(off);
-  for (uint64_t raw = root_->head; N(raw); raw = LoadW(&N(raw)->next)) {
-    Node* n = N(raw);
-    if (n->flags & kDummyFlag) {
-      if (Off(n) == root_->head) fn(Off(n));  // other dummies live in segments
-    } else {
-      if (!IsSlabNode(n)) fn(Off(n));  // slab nodes: the slab is the block
-      const uint64_t v = LoadW(&n->value);
-      if (HasRecord(n, v)) fn(v);
+  // Dummies live in the segments; regular nodes outside slabs are blocks.
+  for (uint64_t raw = LoadW(BucketSlot(0, false));;) {
+    if (raw & kBucketLink) {
+      const uint64_t* w = (raw >> 3) ? BucketSlot(raw >> 3, false) : nullptr;
+      if (!w) break;
+      raw = LoadW(w);
+      continue;
     }
+    Node* n = N(raw);
+    if (!n) break;
+    if (!IsSlabNode(n)) fn(Off(n));  // slab nodes: the slab is the block
+    const uint64_t v = LoadW(&n->value);
+    if (HasRecord(n, v)) fn(v);
+    raw = LoadW(&n->next);
   }
   for (auto& st : slots_) {
     std::lock_guard<std::mutex> g(st.limbo_mu);
@@ -1412,7 +1450,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
       if (r.node) {
         const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
         const uint64_t v = LoadW(&n->value);
-        if (!(n->flags & kDummyFlag) && HasRecord(n, v)) fn(v);
+        if (HasRecord(n, v)) fn(v);
       }
     }
   }
@@ -1423,8 +1461,8 @@ Status NvcHashmap::Check() {
   if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
-  std::unordered_map<uint64_t, uint64_t> dummies;  // offset -> split-order key
-  std::unordered_set<uint64_t> live_slab;          // reachable slab nodes
+  std::unordered_set<uint64_t> dummies;    // buckets whose dummy is reachable
+  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes
   uint64_t count = 0;
   {
     // The slab list must equal slab_cls_ (our volatile index of it).
@@ -1435,56 +1473,59 @@ Status NvcHashmap::Check() {
     }
     if (n != slab_cls_.size()) return bad("slab list disagrees with the slab index");
   }
-  Node* prev = N(root_->head);
-  if (!prev || !(prev->flags & kDummyFlag) || prev->so != 0) return bad("head is not bucket 0's dummy");
-  dummies[Off(prev)] = 0;
+  uint64_t* pw = BucketSlot(0, false);  // the word we stand on
+  if (!pw || !IsPublished(LoadW(pw))) return bad("bucket 0's slot (the list head) is not published");
+  const Node* prev = nullptr;  // the regular node we stand on (nullptr: a dummy)
+  uint64_t prev_so = 0;
   const uint64_t psize = pool_->size();
   for (;;) {
-    const uint64_t raw = LoadW(&prev->next);
-    if (raw & kMark) return bad("reachable node at " + std::to_string(Off(prev)) + " is marked deleted");
+    const uint64_t raw = LoadW(pw);
+    if (prev && (raw & kMark)) return bad("reachable node at " + std::to_string(Off(prev)) + " is marked deleted");
+    if (raw & kBucketLink) {
+      const uint64_t b = raw >> 3;
+      if (b == 0) break;  // kEnd
+      uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
+      if (!w) return bad("link to bucket " + std::to_string(b) + " outside the bucket table");
+      if (prev_so >= SoDummy(b)) return bad("split order violated at bucket " + std::to_string(b) + "'s dummy");
+      if (!IsPublished(LoadW(w))) return bad("linked dummy of bucket " + std::to_string(b) + " is not published");
+      dummies.insert(b);
+      pw = w;
+      prev = nullptr;
+      prev_so = SoDummy(b);
+      continue;
+    }
     Node* n = N(raw);
-    if (!n) break;
+    if (!n) return bad("null link (0) after split-order key " + std::to_string(prev_so));
     const uint64_t off = Off(n);
-    int ss, cl = 0;
-    uint64_t si, sl = 0, ix = 0;
-    const bool in_slot = SlotOf(off, &ss, &si);
-    if (in_slot) {
-      if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
-        return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
-      if (LoadW(&n->value) != kSlotLinked) return bad("linked dummy " + std::to_string(off) + " is not published");
-    } else if (InSlab(off, &sl, &cl, &ix)) {
+    int cl = 0;
+    uint64_t sl = 0, ix = 0;
+    if (InSlab(off, &sl, &cl, &ix)) {
       if (!IsSlabNode(n) || SlabClassOf(n) != cl) return bad("slab node " + std::to_string(off) + " has wrong flags");
       if (!live_slab.emplace(off).second) return bad("slab node " + std::to_string(off) + " reached twice");
     } else if (off % 64 || off >= psize || !a.IsAllocated(off) || IsSlabNode(n)) {
       return bad("next pointer " + std::to_string(off) + " does not point to an allocated node");
     }
-    const bool dummy = n->flags & kDummyFlag;
-    if (dummy && !in_slot) return bad("dummy " + std::to_string(off) + " outside the bucket table");
-    if (dummy != !(n->so & 1)) return bad("node " + std::to_string(off) + " dummy flag disagrees with its split-order key");
-    if (prev->so > n->so) return bad("split order violated at node " + std::to_string(off));
-    if (prev->so == n->so) {
-      if (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)
-        return bad("duplicate or unordered keys at node " + std::to_string(off));
+    if (!(n->so & 1)) return bad("regular node " + std::to_string(off) + " has a dummy's split-order key");
+    if (prev_so > n->so) return bad("split order violated at node " + std::to_string(off));
+    if (prev_so == n->so && (!prev || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0))
+      return bad("duplicate or unordered keys at node " + std::to_string(off));
+    if (kk_ == KeyKind::kU64 ? n->klen != 8 : (n->klen == 0 || n->klen > max_key_))
+      return bad("bad key length at node " + std::to_string(off));
+    if (SoRegular(HashKey(kk_, Slice(KeyPtr(n), n->klen))) != n->so)
+      return bad("node " + std::to_string(off) + " split-order key does not match its key's hash");
+    const uint64_t rec = LoadW(&n->value);
+    if (HasRecord(n, rec)) {
+      if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
     }
-    if (dummy) {
-      dummies[off] = n->so;
-    } else {
-      if (kk_ == KeyKind::kU64 ? n->klen != 8 : (n->klen == 0 || n->klen > max_key_))
-        return bad("bad key length at node " + std::to_string(off));
-      if (SoRegular(HashKey(kk_, Slice(KeyPtr(n), n->klen))) != n->so)
-        return bad("node " + std::to_string(off) + " split-order key does not match its key's hash");
-      const uint64_t rec = LoadW(&n->value);
-      if (HasRecord(n, rec)) {
-        if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
-      }
-      if (vk_ == ValueKind::kBytes) {
-        uint64_t len;
-        std::memcpy(&len, base_ + rec, 8);
-        if (len > max_value_) return bad("value length out of range at node " + std::to_string(off));
-      }
-      count++;
+    if (vk_ == ValueKind::kBytes) {
+      uint64_t len;
+      std::memcpy(&len, base_ + rec, 8);
+      if (len > max_value_) return bad("value length out of range at node " + std::to_string(off));
     }
+    count++;
+    pw = &n->next;
     prev = n;
+    prev_so = n->so;
   }
   // Bucket-table slots: every published (initialised) bucket's dummy is in
   // the list (the converse was checked above); none is half-initialised.
@@ -1492,11 +1533,11 @@ Status NvcHashmap::Check() {
     char* seg = segs_[s].load(std::memory_order_acquire);
     if (!seg) continue;
     for (uint64_t i = 0; i < SegSize(s); i++) {
-      Node* d = reinterpret_cast<Node*>(seg + i * kHeader);
-      const uint64_t st = LoadW(&d->value);
-      if (st == kSlotFree) continue;
-      if (st != kSlotLinked) return bad("bucket " + std::to_string(FirstBucket(s) + i) + " is still being initialised");
-      if (!dummies.count(Off(d))) return bad("bucket " + std::to_string(FirstBucket(s) + i) + " is published but its dummy is not in the list");
+      const uint64_t b = FirstBucket(s) + i;
+      const uint64_t w = LoadW(reinterpret_cast<uint64_t*>(seg) + i);
+      if (w == 0 || b == 0) continue;
+      if (!IsPublished(w)) return bad("bucket " + std::to_string(b) + " is still being initialised");
+      if (!dummies.count(b)) return bad("bucket " + std::to_string(b) + " is published but its dummy is not in the list");
     }
   }
   if (count != Size())
@@ -1558,7 +1599,7 @@ Status NvcHashmap::Close() {
   // Slot states were published with volatile stores: make them durable so a
   // clean open can trust them.
   for (int s = 0; s < kMaxSegments; s++)
-    if (char* seg = segs_[s].load()) pm::Flush(seg, SegSize(s) * kHeader);
+    if (char* seg = segs_[s].load()) pm::Flush(seg, SegSize(s) * kSlotBytes);
   pm::Fence();
   pm::StoreAtomic(&root_->count, Size());
   pm::Persist(&root_->count, 8);
@@ -1591,12 +1632,11 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   pm::Store(&root_->bucket_count, initial_buckets);
   bucket_count_.store(initial_buckets);
   init_end_.store(initial_buckets);  // initialise the initial buckets eagerly
-  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->head, 64));
-  Node* head = N(root_->head);
-  pm::Store(&head->flags, kDummyFlag);
-  pm::Persist(head, kHeader);
-  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kHeader));
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kSlotBytes));
   segs_[0].store(base_ + root_->seg[0]);
+  uint64_t* head = BucketSlot(0, false);  // bucket 0's dummy: the list head, published, empty list
+  pm::StoreAtomic(head, kEnd);
+  pm::Persist(head, kSlotBytes);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);
@@ -1607,7 +1647,8 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   if (!root_) return Status::Corrupt("nvc_hashmap: the pool has no root object (creation interrupted?)");
   if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
   if (root_->version != kVersion)
-    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version));
+    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads version " +
+                           std::to_string(kVersion) + " only: 8-byte bucket slots since version 3; recreate the pool)");
   if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
   kk_ = KeyKind(root_->key_kind);
   vk_ = ValueKind(root_->value_kind);
@@ -1619,9 +1660,10 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   if (!slab_ && root_->slab_head) return Status::Corrupt("nvc_hashmap: slabs in a node_alloc=allocator pool");
   if (seg0_ == 0 || (seg0_ & (seg0_ - 1)) || seg0_ > (1ull << 30)) return Status::Corrupt("nvc_hashmap: bad segment size");
   log_seg0_ = 63 - __builtin_clzll(seg0_);
-  if (!root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing list head or bucket table");
+  if (root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing bucket table (or a head block: not version 3)");
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) segs_[s].store(base_ + root_->seg[s]);
+  if (!IsPublished(*BucketSlot(0, false))) return Status::Corrupt("nvc_hashmap: the list head (bucket 0's slot) is not published");
   uint64_t bc = root_->bucket_count;
   if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
   bucket_count_.store(bc);
@@ -1657,89 +1699,89 @@ Status NvcHashmap::Recover() {
   owned.push_back(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
-  owned.push_back(root_->head);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
   std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
   uint64_t count = 0;
-  std::vector<uint64_t> linked_slots;  // reachable in-table dummies
-  Node* prev = N(root_->head);
-  if (!a.IsAllocated(root_->head)) return bad("list head not allocated");
+  std::unordered_set<uint64_t> linked;  // buckets whose dummy is reachable
+  uint64_t* pw = BucketSlot(0, false);  // the word we stand on (LoadRoot checked the head)
+  const Node* prev = nullptr;           // the regular node we stand on (nullptr: a dummy)
+  uint64_t prev_so = 0;
   for (;;) {
-    uint64_t* pw = &prev->next;
     uint64_t raw = *pw;
     if (raw & (kDirty | kMark)) {
-      // prev is live (marked nodes are unlinked below before we step on
-      // them; dummies are never marked); kDirty is moot now.
+      // The word's owner is live (marked nodes are unlinked below before we
+      // step on them); kDirty is moot now, and a reachable dummy is
+      // published (kUnpub, the mark bit of a dummy's word, cleared).
       raw &= ~(kDirty | kMark);
       pm::StoreAtomic(pw, raw);
       pm::Flush(pw, 8);
     }
+    if (raw & kBucketLink) {
+      const uint64_t b = raw >> 3;
+      if (b == 0) break;  // kEnd
+      uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
+      if (!w) return bad("link to bucket " + std::to_string(b) + " outside the bucket table");
+      if (prev_so >= SoDummy(b)) return bad("list out of split order at bucket " + std::to_string(b) + "'s dummy");
+      linked.insert(b);
+      pw = w;
+      prev = nullptr;
+      prev_so = SoDummy(b);
+      continue;
+    }
     Node* n = N(raw);
-    if (!n) break;
+    if (!n) return bad("null link (0) after split-order key " + std::to_string(prev_so));
     const uint64_t off = Off(n);
-    int ss, cl = 0;
-    uint64_t si, sl = 0, ix = 0;
-    const bool in_slot = SlotOf(off, &ss, &si);
+    int cl = 0;
+    uint64_t sl = 0, ix = 0;
     bool in_slab = false;
-    if (in_slot) {
-      if (!(n->flags & kDummyFlag) || n->so != SoDummy(FirstBucket(ss) + si) || FirstBucket(ss) + si == 0)
-        return bad("bucket-table slot " + std::to_string(off) + " linked with a wrong dummy");
-      linked_slots.push_back(off);
-    } else if (InSlab(off, &sl, &cl, &ix)) {
-      if (!IsSlabNode(n) || SlabClassOf(n) != cl || (n->flags & kDummyFlag))
-        return bad("slab node " + std::to_string(off) + " has wrong flags");
+    if (InSlab(off, &sl, &cl, &ix)) {
+      if (!IsSlabNode(n) || SlabClassOf(n) != cl) return bad("slab node " + std::to_string(off) + " has wrong flags");
       in_slab = true;
     } else if (off % 64 || off >= psize || !a.IsAllocated(off) || IsSlabNode(n)) {
-      return bad("dangling next pointer " + std::to_string(off) + " in node " + std::to_string(Off(prev)));
+      return bad("dangling next pointer " + std::to_string(off) + " after split-order key " + std::to_string(prev_so));
     }
-    const bool dummy = n->flags & kDummyFlag;
-    if (dummy && !in_slot) return bad("dummy " + std::to_string(off) + " outside the bucket table");
+    if (!(n->so & 1)) return bad("regular node " + std::to_string(off) + " has a dummy's split-order key");
     const uint64_t v = n->value;
-    if (!dummy && (n->next & kMark)) {
+    if (n->next & kMark) {
       // A remove reached its linearization point durably: complete it
       // (unlink); the node is freed by the sweep below.
-      pm::StoreAtomic(pw, n->next & ~kLow);
+      pm::StoreAtomic(pw, Succ(n->next));
       pm::Flush(pw, 8);
       continue;
     }
-    if (prev->so > n->so || (prev->so == n->so && (dummy || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
+    if (prev_so > n->so || (prev_so == n->so && (!prev || Cmp(prev, n->so, Slice(KeyPtr(n), n->klen)) >= 0)))
       return bad("list out of split order at node " + std::to_string(off));
     if (in_slab) {
       if (!live_slab.insert(off).second) return bad("slab node " + std::to_string(off) + " linked twice");
-    } else if (!in_slot) {
+    } else {
       owned.push_back(off);
     }
-    if (!dummy) {
-      count++;
-      const uint64_t rec = v;
-      if (HasRecord(n, rec)) {
-        if (rec >= psize || !a.IsAllocated(rec)) return bad("value record of node " + std::to_string(off) + " not allocated");
-        owned.push_back(rec);
-      }
+    count++;
+    if (HasRecord(n, v)) {
+      if (v >= psize || !a.IsAllocated(v)) return bad("value record of node " + std::to_string(off) + " not allocated");
+      owned.push_back(v);
     }
+    pw = &n->next;
     prev = n;
+    prev_so = n->so;
   }
   pm::Fence();
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
   auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
-  // Slot states: linked iff the dummy is reachable; other slots are reset
-  // (a claim or an unpublished dummy whose link did not become durable).
-  std::sort(linked_slots.begin(), linked_slots.end());
+  // Slot states: a reachable dummy is published (its word was cleaned in the
+  // walk); every other slot is reset (a claim, or a dummy whose link did not
+  // become durable).
   for (int s = 0; s < kMaxSegments; s++) {
     char* seg = segs_[s].load();
     if (!seg) continue;
     for (uint64_t i = 0; i < SegSize(s); i++) {
-      Node* d = reinterpret_cast<Node*>(seg + i * kHeader);
-      if (std::binary_search(linked_slots.begin(), linked_slots.end(), Off(d))) {
-        if (d->value != kSlotLinked) {
-          pm::StoreAtomic(&d->value, kSlotLinked);
-          pm::Flush(d, kHeader);
-        }
-      } else if (d->next || d->so || d->value || d->flags) {
-        pm::Set(d, 0, kHeader);
-        pm::Flush(d, kHeader);
+      uint64_t* d = reinterpret_cast<uint64_t*>(seg) + i;
+      const uint64_t b = FirstBucket(s) + i;
+      if (*d && b != 0 && !linked.count(b)) {
+        pm::StoreAtomic(d, uint64_t(0));
+        pm::Flush(d, kSlotBytes);
       }
     }
   }
