@@ -121,7 +121,10 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // 3: 8-byte bucket-table slots (the dummy is its slot's next word), links to
 //    dummies carry the bucket number (kBucketLink), the list ends with kEnd.
 constexpr uint32_t kVersion = 3;
-constexpr int kMaxSlots = 64;
+// Thread slots: a thread binds one for its lifetime. 256 (format 3; was 64,
+// and 96 live threads got Busy): scans (epoch advance, Size) stop at the
+// highest slot ever bound (slot_hwm_).
+constexpr int kMaxSlots = 256;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
 // Low bits of a link word. kBucketLink: the link names bucket (word >> 3)'s
@@ -378,7 +381,8 @@ class NvcHashmap final : public Index {
   }
   uint64_t Size() override {
     int64_t n = int64_t(base_count_);
-    for (auto& s : slots_) n += s.delta.load(std::memory_order_relaxed);
+    const int hwm = slot_hwm_.load(std::memory_order_acquire);
+    for (int i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
     return n < 0 ? 0 : uint64_t(n);
   }
   Status Check() override;
@@ -435,6 +439,14 @@ class NvcHashmap final : public Index {
   bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
 
   int AcquireSlot(bool* transient);
+  // Before the slot's first epoch entry. A scan that misses the raise sees the
+  // slot as quiescent, as if it had looked just before the entry (EBR's usual
+  // case: the entry re-reads the global epoch).
+  void RaiseHwm(int i) {
+    int h = slot_hwm_.load(std::memory_order_seq_cst);
+    while (h < i + 1 && !slot_hwm_.compare_exchange_weak(h, i + 1, std::memory_order_seq_cst)) {
+    }
+  }
   void Enter(int s);
   void Exit(int s) { slots_[s].epoch.store(0, std::memory_order_release); }
 
@@ -590,6 +602,7 @@ class NvcHashmap final : public Index {
   uint64_t base_count_ = 0;
   std::atomic<uint64_t> global_epoch_{1};
   SlotState slots_[kMaxSlots];
+  std::atomic<int> slot_hwm_{0};  // 1 + the highest slot index ever bound
   // dirty_bit mode: in-flight in-place value updates per stripe of nodes
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader
@@ -626,6 +639,7 @@ int NvcHashmap::AcquireSlot(bool* transient) {
       bool f = false;
       if (slots_[i].owned.compare_exchange_strong(f, true)) {
         *transient = true;  // released when the operation ends
+        RaiseHwm(i);
         return i;
       }
     }
@@ -644,6 +658,7 @@ int NvcHashmap::AcquireSlot(bool* transient) {
     if (slots_[i].owned.compare_exchange_strong(f, true)) {
       v.push_back({id_, i});
       tl_last = {id_, i};
+      RaiseHwm(i);
       return i;
     }
   }
@@ -1062,7 +1077,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
   const Ctx c = op.ctx();
   uint64_t* start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
@@ -1175,7 +1190,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
   const Ctx c = op.ctx();
   Pos pos;
   // Finds never initialise buckets (that would flush on the read path): an
@@ -1224,7 +1239,7 @@ Status NvcHashmap::Remove(Slice key) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 64 threads use this index");
+  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
   const Ctx c = op.ctx();
   uint64_t* start = StartFor(h, c, false);
   Pos pos;
@@ -1275,8 +1290,9 @@ void NvcHashmap::Retire(const Ctx& c, uint64_t off, bool node) {
 
 void NvcHashmap::TryAdvance() {
   uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
-  for (auto& s : slots_) {
-    uint64_t l = s.epoch.load(std::memory_order_seq_cst);
+  const int hwm = slot_hwm_.load(std::memory_order_seq_cst);
+  for (int i = 0; i < hwm; i++) {
+    uint64_t l = slots_[i].epoch.load(std::memory_order_seq_cst);
     if ((l & 1) && (l >> 1) != e) return;
   }
   global_epoch_.compare_exchange_strong(e, e + 1, std::memory_order_seq_cst);

@@ -218,6 +218,50 @@ TEST(NvcHashmap, NodeAllocIsSelectableAndKept) {
   }
 }
 
+// Format 3 (8-byte bucket slots, compact 32-byte u64 nodes): a pool of an
+// older format is refused with a clear error, not misread.
+TEST(NvcHashmap, OlderFormatVersionIsRefused) {
+  PoolFile pf("version");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  ASSERT_TRUE(idx->Insert(nvc_test::U64(1), nvc_test::U64(2)).ok());
+  idx.reset();
+  {
+    std::unique_ptr<pm::Pool> p;
+    pm::PoolOptions po;
+    ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+    auto* version = reinterpret_cast<uint32_t*>(p->base() + *p->root_slot() + 8);  // Root::version
+    ASSERT_EQ(*version, 3u);
+    pm::Store(version, uint32_t(2));
+    pm::Persist(version, 4);
+    ASSERT_TRUE(p->Close().ok());
+  }
+  o.create_if_missing = false;
+  Status s = OpenIndex("", o, &idx);
+  EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+  EXPECT_NE(s.ToString().find("unsupported format version 2"), std::string::npos) << s.ToString();
+}
+
+// The footprint that decides find speed once the index outgrows the cache
+// (docs/nvc_hashmap.md, "Footprint"): u64 records take one 32-byte slab slot
+// and the bucket table 8 bytes per bucket (it was 64 + 32).
+TEST(NvcHashmap, U64RecordsTakeCompactNodesAndSlots) {
+  PoolFile pf("footprint");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  const uint64_t b0 = idx->pool()->allocator().BytesInUse();
+  const uint64_t n = 100000;
+  for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+  const double per = double(idx->pool()->allocator().BytesInUse() - b0) / n;
+  // 32-byte node (+ slab headers) + 8-byte slots for up to n / 2 .. n buckets.
+  EXPECT_LT(per, 48.0) << "PM bytes per record";
+  EXPECT_GT(per, 32.0);
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  ExpectNoLeak(idx.get());
+}
+
 // Node slots freed before a clean close are found free again after the
 // reopen (slab bitmaps) and after a crash (the list walk): inserting as many
 // new records as were removed allocates nothing new.
