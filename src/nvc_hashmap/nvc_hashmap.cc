@@ -8,12 +8,17 @@
 // equal split-order keys. Bucket b starts at a dummy node whose split-order
 // key is reverse(b) (lowest bit clear). The bucket count doubles without
 // moving any node; bucket b is initialised lazily by inserting its dummy after
-// the dummy of its parent (b with its highest set bit cleared). Dummies live
-// in the persistent bucket-table segments (32-byte slots; bucket 0's dummy,
-// the list head, is its own block), so initialising a bucket allocates nothing.
+// the dummy of its parent (b with its highest set bit cleared). A dummy is
+// the 8-byte word of its bucket's slot in the persistent bucket-table
+// segments (bucket 0's slot is the list head), so initialising a bucket
+// allocates nothing; links to a dummy carry its bucket number, hence its
+// split-order key (format 3; docs/nvc_hashmap.md "Layout").
 //
 // PM words (8 bytes, pool offsets, paper 3.3 (2)):
 //   node.next  = successor | kMark (node deleted, word frozen) | kDirty
+//   dummy word = successor | kUnpub (not published yet) | kDirty
+//   successor  = a regular node's offset, or bucket << 3 | kBucketLink
+//                (a dummy; kEnd = bucket 0 = the end of the list)
 //   node.value = the u64 value itself, or the offset of the byte-value record
 // kDirty is the erratum's "write pending" bit (fix b): the latest store to
 // next (a link or the mark) may not be durable yet. The value word has no
@@ -27,7 +32,8 @@
 // cursor over the new half after each doubling (MaybeGrow/InitBatch).
 //
 // Node memory (node_alloc, docs/nvc_hashmap.md "Node slabs"): by default
-// nodes of <= 256 bytes are slots of index-owned 32 KiB slabs (a persistent
+// nodes of <= 256 bytes (compact 32-byte u64 nodes included) are slots of
+// index-owned 32 KiB slabs (a persistent
 // list from root.slab_head; each slab is one allocator block). A slot's
 // ownership is reachability from the list: free slots live only in DRAM free
 // lists, rebuilt on open from the slab bitmaps written at clean close, or by
@@ -852,6 +858,15 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   };
   Item items[16];
   int k = 0;
+  // The searches below are independent: start loading the first node of
+  // every parent's chain at once (one miss latency for the batch instead of
+  // one per search; the parents' slots are consecutive, hence cached).
+  for (uint64_t b = b0; b < b0 + n; b++) {
+    if (b == 0) continue;
+    const uint64_t* pw = BucketSlot(ParentBucket(b), false);
+    const uint64_t v = pw ? LoadW(pw) : 0;
+    if (IsPublished(v) && !(v & kBucketLink)) __builtin_prefetch(N(v));
+  }
   uintptr_t flushed = 0;  // consecutive buckets share lines (8 slots per line): flush each once
   for (uint64_t b = b0; b < b0 + n && k < 16; b++) {
     if (b == 0) continue;
