@@ -581,6 +581,16 @@ class NvcHashmap final : public Index {
   bool IsSlabNode(const Node* n) const { return compact_ ? slab_ : (n->flags & kSlabFlag) != 0; }
   int SlabClassOf(const Node* n) const { return compact_ ? 0 : int(n->flags >> 4); }
 
+  // For list walks that validate (Check, Recover): the slot word of bucket
+  // b's dummy, named by a link after split-order key prev_so; nullptr and
+  // *err if the bucket has no slot or the link breaks the split order.
+  uint64_t* DummyAfter(uint64_t b, uint64_t prev_so, std::string* err) {
+    uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
+    if (!w) *err = "link to bucket " + std::to_string(b) + " outside the bucket table";
+    else if (prev_so >= SoDummy(b)) *err = "split order violated at bucket " + std::to_string(b) + "'s dummy";
+    else return w;
+    return nullptr;
+  }
   Status InitNew(const Options& o, uint64_t initial_buckets);
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
@@ -1543,9 +1553,9 @@ Status NvcHashmap::Check() {
     if (raw & kBucketLink) {
       const uint64_t b = raw >> 3;
       if (b == 0) break;  // kEnd
-      uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
-      if (!w) return bad("link to bucket " + std::to_string(b) + " outside the bucket table");
-      if (prev_so >= SoDummy(b)) return bad("split order violated at bucket " + std::to_string(b) + "'s dummy");
+      std::string err;
+      uint64_t* w = DummyAfter(b, prev_so, &err);
+      if (!w) return bad(err);
       if (!IsPublished(LoadW(w))) return bad("linked dummy of bucket " + std::to_string(b) + " is not published");
       dummies.insert(b);
       pw = w;
@@ -1781,9 +1791,9 @@ Status NvcHashmap::Recover() {
     if (raw & kBucketLink) {
       const uint64_t b = raw >> 3;
       if (b == 0) break;  // kEnd
-      uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
-      if (!w) return bad("link to bucket " + std::to_string(b) + " outside the bucket table");
-      if (prev_so >= SoDummy(b)) return bad("list out of split order at bucket " + std::to_string(b) + "'s dummy");
+      std::string err;
+      uint64_t* w = DummyAfter(b, prev_so, &err);
+      if (!w) return bad(err);
       linked.insert(b);
       pw = w;
       prev = nullptr;
