@@ -557,7 +557,8 @@ class NvcHashmap final : public Index {
   void Retire(const Ctx& c, uint64_t off, bool node);
   void TryAdvance();
   void Reclaim(int slot, bool all);
-  void FreeRetired(SlotState* st, PSlot* ps, const Retired& r);
+  // True if it freed through the allocator (which then needs a fence).
+  bool FreeRetired(SlotState* st, PSlot* ps, const Retired& r);
   bool ReclaimForSpace(const Ctx& c);
 
   // Node slabs (node_alloc=slab).
@@ -1338,24 +1339,27 @@ void NvcHashmap::TryAdvance() {
   global_epoch_.compare_exchange_strong(e, e + 1, std::memory_order_seq_cst);
 }
 
-void NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
+bool NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
   pm::Allocator& a = pool_->allocator();
+  bool freed = false;
   if (r.node) {
     const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
     const uint64_t v = LoadW(&n->value);
     if (HasRecord(n, v)) {
       pm::StoreAtomic(&ps->scratch, v);
       a.Free(&ps->scratch);
+      freed = true;
     }
     if (IsSlabNode(n)) {
       // Unlinked durably (before Retire): unreachable, hence free. Its PM
       // contents stay as they are until the slot is reused.
       SlabFree(st, r.off, SlabClassOf(n));
-      return;
+      return freed;
     }
   }
   pm::StoreAtomic(&ps->scratch, r.off);
   a.Free(&ps->scratch);
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -1479,12 +1483,15 @@ void NvcHashmap::Reclaim(int slot, bool all) {
   auto ready = [&](const Retired& r) { return all || r.epoch + 2 <= e; };
   if (std::none_of(st.limbo.begin(), st.limbo.end(), ready)) return;
   size_t keep = 0;
+  bool freed = false;
   for (size_t i = 0; i < st.limbo.size(); i++) {
-    if (ready(st.limbo[i])) FreeRetired(&st, ps, st.limbo[i]);
+    if (ready(st.limbo[i])) freed |= FreeRetired(&st, ps, st.limbo[i]);
     else st.limbo[keep++] = st.limbo[i];
   }
   st.limbo.resize(keep);
-  pm::Fence();  // Free leaves its lane clear to the caller's next fence
+  // Free leaves its lane clear to the caller's next fence; returning slab
+  // slots to the DRAM free lists stores nothing to PM (no fence needed).
+  if (freed) pm::Fence();
 }
 
 // On PoolFull: push the epoch forward and free what this thread retired.
