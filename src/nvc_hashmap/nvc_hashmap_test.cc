@@ -441,6 +441,54 @@ TEST(NvcHashmapErratum, AllocatorNodesFlushOnReadFixKeepsIt) {
   EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "allocator"}}, false));
 }
 
+// Format 3: a dummy is its slot's word, and bit 0 of that word is kUnpub
+// (claimed, not published), not a deletion mark. Thread A initialises
+// bucket 8 and is paused right after linking the dummy (before persisting the
+// link and publishing); thread B inserts a key of bucket 8: it cannot start
+// at the unpublished dummy, walks from the head through it (treating it as a
+// live dummy, not a marked node) and links behind it, keeping kUnpub. B's
+// insert is acknowledged before A resumes, so it must survive a crash taken
+// then (B made the link to the dummy durable first); after A resumes the
+// bucket is published and everything checks.
+void RunUnpublishedDummyScenario(const std::string& fix) {
+  SCOPED_TRACE(fix);
+  // 16 buckets: bucket 8's slot is on another line than the head's (slot
+  // 0), whose word links to it, so B's own flush does not persist A's link.
+  CrashHarness h("unpub", {{"erratum_fix", fix}, {"initial_buckets", "16"}});
+  std::string ka, kb;  // two keys of bucket 8: hash & 15 == 0b1000, so so's top 4 bits are 0b0001
+  for (uint64_t i = 1; kb.empty(); i++) {
+    const std::string k = nvc_test::U64(i * 7919);
+    if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, k) >> 60 != 1) continue;
+    (ka.empty() ? ka : kb) = k;
+  }
+  PauseState ps;
+  ps.key = "";  // the first dummy link (A's, bucket 8)
+  g_pause = &ps;
+  nvc_hashmap_testing::SetAfterLinkHook(&PauseHook);
+  std::thread a([&] { EXPECT_TRUE(h.idx->Insert(ka, nvc_test::U64(1)).ok()); });
+  WaitPaused(ps);
+  EXPECT_TRUE(h.idx->Insert(kb, nvc_test::U64(2)).ok());
+  std::string v;
+  EXPECT_TRUE(h.idx->Find(kb, &v).ok());
+  std::vector<char> img = h.Snapshot();  // power failure now
+  ReleaseAndJoin(ps, a);
+  Status c = h.idx->Check();
+  EXPECT_TRUE(c.ok()) << c.ToString();  // bucket 1 published, nothing marked
+  EXPECT_TRUE(h.idx->Find(ka, &v).ok() && v == nvc_test::U64(1));
+  EXPECT_TRUE(h.idx->Find(kb, &v).ok() && v == nvc_test::U64(2));
+  std::unique_ptr<Index> rec;
+  Status s = h.Crash(img, &rec);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  c = rec->Check();
+  EXPECT_TRUE(c.ok()) << c.ToString();
+  ExpectNoLeak(rec.get());
+  EXPECT_TRUE(rec->Find(kb, &v).ok() && v == nvc_test::U64(2)) << "an acknowledged insert behind an unpublished dummy was lost";
+  EXPECT_TRUE(rec->Insert(ka, nvc_test::U64(3)).ok());  // the recovered index keeps working
+  EXPECT_TRUE(rec->Check().ok());
+}
+TEST(NvcHashmapErratum, InsertBehindAnUnpublishedDummyDirtyBit) { RunUnpublishedDummyScenario("dirty_bit"); }
+TEST(NvcHashmapErratum, InsertBehindAnUnpublishedDummyFlushOnRead) { RunUnpublishedDummyScenario("flush_on_read"); }
+
 // The erratum for in-place value updates: updater A stored key ka's new u64
 // value but has not persisted it; reader B finds ka and returns the new
 // value; the power fails. Without a fix the image holds the old value although
