@@ -118,7 +118,12 @@ namespace pmindex::internal {
 namespace {
 
 constexpr uint64_t kMagic = 0x524941465453414Full;  // "OASTFAIR"-ish tag
-constexpr uint32_t kVersion = 1;
+// Format versions. 2: a node's durable `count` may lag its records by one
+// after a crash (the insert shift does not fence the count; see InsertAt and
+// Pushed). Version 1 pools (older builds) are opened and written with the
+// version 1 protocol (count fenced before the shift).
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kMinVersion = 1;
 constexpr uint64_t kBytesLk = 1;  // lk of byte-key nodes: never a block offset
 
 struct Meta {
@@ -326,11 +331,13 @@ class FastFair final : public FastFairBase {
     Node* r = At(meta_->root);
     if (BK) {
       St(&r->lk, kBytesLk);
-      St(&r->ents()[0].k, kBytesLk);  // I
+      St(&r->ents()[0].k, kBytesLk);  // I2: slots 0 and 1 copy lk
+      St(&r->ents()[1].k, kBytesLk);
       pm::Persist(&r->lk, 8);
-      pm::Persist(&r->ents()[0], sizeof(Entry));
+      pm::Persist(&r->ents()[0], 2 * sizeof(Entry));
     }
     gen_ = 1;
+    lag_ok_ = true;
     pm::Store(&meta_->version, kVersion);
     pm::Store(&meta_->key_kind, uint8_t(BK ? KeyKind::kBytes : KeyKind::kU64));
     pm::Store(&meta_->value_kind, uint8_t(vk_));
@@ -348,6 +355,8 @@ class FastFair final : public FastFairBase {
   Status Recover(Meta* m) override {
     meta_ = m;
     gen_ = m->gen;
+    lag_ok_ = m->version >= 2;
+    read_only_ = pool_->read_only();
     if (pool_->read_only()) {
       // Open writes nothing: remember the merges whose commit did not
       // persist (constant work), so that Check, Size and ForEachOwnedBlock
@@ -600,6 +609,7 @@ class FastFair final : public FastFairBase {
     d.open_pm_lines = open_pm_lines_;
     d.nodes_repaired = nodes_repaired_.load();
     d.splits_finished_by_repair = splits_repaired_.load();
+    d.counts_repaired = counts_repaired_.load();
     d.parent_links_repaired = parents_repaired_.load();
     d.root_grows = root_grows_.load();
     d.merges = merges_.load();
@@ -664,6 +674,66 @@ class FastFair final : public FastFairBase {
     return Ld(&e[j].k) == left;
   }
 
+  // ---- the durable count may lag by one (format version 2) ----------------
+  // An insert shift stores the grown `count` first (readers of the live tree
+  // see it before any record moves) but does not fence it before the shift:
+  // its line is flushed with the shift's last line, under the shift's final
+  // fence. So after a crash the durable count of the node being inserted
+  // into may still be the old one while the shift already moved the last
+  // record R from slot c-1 into slot c = count (past the durable count).
+  // Pushed() recognises exactly that slot: in insert mode (`sw` even; the
+  // switch to insert mode is made durable before any record moves, see
+  // InsertAt), slot c is otherwise an ignored copy of its left neighbour
+  // (invariant I2, below), or, in the windows of a split or merge, a record
+  // at or above `high`. So: c >= 1, c < cap, sw even, k[c] differs from
+  // k[c-1], sorts above it, and lies below `high` (if there is a sibling):
+  // slot c holds R, which counts. Its value is durable whenever it counts:
+  // v[c] = v[c-1] is stored before the store that makes slot c-1 ignored,
+  // in the same line or in a line flushed and fenced before it.
+  // Invariant I2 (writers, durable whenever `sw` is durably even): slots
+  // count and count+1 (those below cap) are ignored copies of the left key
+  // of slot count. An insert that grows count to c+1 therefore finds slot
+  // c+1 durably an ignored copy already: a crash that kept the new count
+  // but not the shift is harmless, and Pushed never looks past slot c.
+  // Only nodes not repaired since the open (gen != gen_), or any node of a
+  // read-only open, may lag; writers repair a node (Repair counts R) before
+  // they change it, so the live tree never applies the rule.
+  bool MayLag(Node* n) const { return lag_ok_ && (read_only_ || Ld(&n->gen) != gen_); }
+  bool Pushed(Node* n, uint32_t c) const {
+    if (c == 0 || c >= cap_ || (Ld(&n->sw) & 1)) return false;
+    Entry* e = n->ents();
+    const uint64_t k = Ld(&e[c].k), left = Ld(&e[c - 1].k);
+    if (k == left || (BK && (k == kBytesLk || k >= pool_->size()))) return false;
+    const SK key = KeyOf(k);
+    if (Cmp(left, key) >= 0) return false;
+    const uint64_t h = Ld(&n->high);
+    return !Ld(&n->sibling) || !h || Cmp(h, key) > 0;
+  }
+  // The number of slots a reader considers (lock-free or locked).
+  uint32_t CountOf(Node* n) const { return CountLF(n, MayLag(n)); }
+  // The same with MayLag(n) computed by the caller (it only turns false,
+  // when a writer repairs the node, and Pushed is false after the repair).
+  uint32_t CountLF(Node* n, bool lag) const {
+    const uint32_t c = Ld(&n->count);
+    if (__builtin_expect(lag, 0)) return c + Pushed(n, c);
+    return c;
+  }
+  // I2 for a write-locked node: slots count and count+1 (below cap) become
+  // ignored copies of the left key of slot count; persisted if changed.
+  void SetTail(Node* n) {
+    Entry* e = n->ents();
+    const uint32_t c = n->count;
+    const uint64_t left = c ? e[c - 1].k : n->lk;
+    const uint32_t end = std::min(c + 2, cap_);
+    bool changed = false;
+    for (uint32_t i = c; i < end; i++) {
+      if (e[i].k == left) continue;
+      St(&e[i].k, left);
+      changed = true;
+    }
+    if (changed) pm::Persist(&e[c], (end - c) * sizeof(Entry));
+  }
+
   // Lock-free read of record j whose key was loaded as k1: true with its
   // value if the record was valid while v was read. Loads: left key, key,
   // v, left key, key. The left key MUST be read before v: an insert shift
@@ -710,7 +780,7 @@ class FastFair final : public FastFairBase {
     else return low;
   }
   uint32_t LiveCount(Node* n) const {
-    const uint32_t c = n->count;
+    const uint32_t c = CountOf(n);
     const uint64_t h = EffectiveHigh(n);
     if (!n->sibling || !h || c == 0) return c;
     Entry* e = n->ents();
@@ -798,7 +868,8 @@ class FastFair final : public FastFairBase {
       }
       const uint64_t sw = Ld(&n->sw);
       Entry* e = n->ents();
-      const uint32_t cnt = Ld(&n->count);
+      const bool lag = MayLag(n);
+      const uint32_t cnt = CountLF(n, lag);
       const uint64_t lk = Ld(&n->lk);
       // Fast path: find the last key <= key, then validate only that record
       // (k, v, left k, k again). Anything unusual takes the careful path.
@@ -823,7 +894,7 @@ class FastFair final : public FastFairBase {
       }
       if (cand == -2) {
         child = Ld(&n->leftmost);
-        for (uint32_t i = 0; i < Ld(&n->count); i++) {
+        for (uint32_t i = 0; i < CountLF(n, lag); i++) {
           uint64_t k1 = Ld(&e[i].k);
           uint64_t p = i ? Ld(&e[i - 1].k) : Ld(&n->lk);
           if (k1 == p || (BK && k1 == kBytesLk)) continue;
@@ -929,7 +1000,7 @@ class FastFair final : public FastFairBase {
   // skipped.
   bool FindInLocked(Node* n, const SK& key, uint32_t* pos) const {
     Entry* e = n->ents();
-    const uint32_t cnt = n->count;
+    const uint32_t cnt = CountOf(n);
     if (n->gen == gen_) {
       // Repaired and write-locked (or read-locked: a repaired node is only
       // changed under its write lock): no ignored records, binary search.
@@ -965,13 +1036,14 @@ class FastFair final : public FastFairBase {
       }
       const uint64_t sw = Ld(&n->sw);
       Entry* e = n->ents();
+      const bool lag = MayLag(n);
       bool found = false;
       uint64_t val = 0;
       if (!(sw & 1)) {
         // The left key loaded in the previous step is only a filter here;
         // a match is confirmed with fresh loads.
         uint64_t prev = Ld(&n->lk);
-        for (uint32_t j = 0; j < Ld(&n->count); j++) {
+        for (uint32_t j = 0; j < CountLF(n, lag); j++) {
           uint64_t k1 = Ld(&e[j].k);
           const bool dup = k1 == prev;
           prev = k1;
@@ -992,7 +1064,7 @@ class FastFair final : public FastFairBase {
           }
         }
       } else {
-        for (int64_t j = int64_t(Ld(&n->count)) - 1; j >= 0; j--) {
+        for (int64_t j = int64_t(CountLF(n, lag)) - 1; j >= 0; j--) {
           uint64_t k1 = Ld(&e[j].k);
           uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
           if (k1 == p) continue;
@@ -1065,13 +1137,14 @@ class FastFair final : public FastFairBase {
       const uint64_t next1 = Ld(&n->sibling);
       if (next1) PrefetchNode(At(next1));  // the scan goes on there next
       const uint64_t lk = Ld(&n->lk);
-      const uint32_t c = std::min(Ld(&n->count), cap_);
+      const bool lag = MayLag(n);
+      const uint32_t c = std::min(CountLF(n, lag), cap_);
       snap.resize(c);
       for (uint32_t j = 0; j < c; j++) {
         snap[j].k = Ld(&e[j].k);
         snap[j].v = Ld(&e[j].v);
       }
-      bool same = Ld(&n->count) == c && Ld(&n->lk) == lk;
+      bool same = std::min(CountLF(n, lag), cap_) == c && Ld(&n->lk) == lk;
       for (uint32_t j = 0; j < c && same; j++) same = Ld(&e[j].k) == snap[j].k;
       const uint64_t next = Ld(&n->sibling);
       if (!same || next != next1 || Ld(&n->sw) != sw) continue;
@@ -1088,13 +1161,22 @@ class FastFair final : public FastFairBase {
   }
 
   // ---- FAST in-node shifts (caller holds the node's write lock) ----------
-  // Invariant I: the slot just past the end is normally an ignored copy,
-  // e[count].k == left key of slot count, so growing `count` reveals
-  // nothing; InsertAt checks it (a removal of the last record breaks it).
+  // Invariant I2 (see Pushed): slots count and count+1 are ignored copies
+  // of the left key of slot count, so growing `count` reveals nothing and a
+  // crash that kept a grown count but not the records is harmless. Only a
+  // removal of the last record breaks it (in delete mode, `sw` odd, where
+  // Pushed does not look); InsertAt restores it, durably, before it makes
+  // `sw` even.
   void InsertAt(Node* n, uint32_t pos, uint64_t k, uint64_t v) {
     const uint32_t cnt = n->count;
     Entry* e = n->ents();
-    if (n->sw & 1) St(&n->sw, n->sw + 1);  // back to insert mode: readers scan left to right
+    SetTail(n);
+    // Back to insert mode: readers scan left to right. A switch from delete
+    // mode must be durable before a record moves (Pushed trusts only an even
+    // sw), so then the count line is fenced before the shift as in format 1.
+    const bool flip = n->sw & 1;
+    if (flip) St(&n->sw, n->sw + 1);
+    const bool lag = lag_ok_ && !flip;
     const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
     uintptr_t dirty = 0;
     bool count_unfenced = false;  // count flushed, no fence since
@@ -1108,40 +1190,32 @@ class FastFair final : public FastFairBase {
       dirty = line;
     };
     if (pos == cnt) {
-      // Append: fill the invisible slot, keep I for the next slot, then
-      // count commits.
-      touch(&e[cnt], false);
+      // Append: fill the invisible slot and the two copies behind it (I2 for
+      // the grown node), persist them, then `count` commits.
       St(&e[cnt].v, v);
       St(&e[cnt].k, k);
-      if (cnt + 1 < cap_) {
-        touch(&e[cnt + 1], false);
-        St(&e[cnt + 1].k, k);
-      }
-      pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      const uint32_t end = std::min(cnt + 3, cap_);
+      for (uint32_t i = cnt + 1; i < end; i++) St(&e[i].k, k);
+      pm::Persist(&e[cnt], (end - cnt) * sizeof(Entry));
       St(&n->count, cnt + 1);
       pm::Persist(&n->count, 4);
       return;
     }
-    // I for the grown node (invisible until the next insert), then count:
-    // slot cnt becomes visible as an ignored copy of slot cnt-1 (by I; only
-    // a removal of the last record leaves it otherwise, fixed here first).
-    if (e[cnt].k != e[cnt - 1].k) {
-      St(&e[cnt].k, e[cnt - 1].k);
-      pm::Persist(&e[cnt], sizeof(Entry));
-    }
-    if (cnt + 1 < cap_) {
-      touch(&e[cnt + 1], true);
-      St(&e[cnt + 1].k, e[cnt - 1].k);
+    // I2 for the grown node: slot cnt+1 is a copy already, slot cnt+2
+    // becomes one (only the next insert relies on it, after our last fence).
+    if (cnt + 2 < cap_) {
+      St(&e[cnt + 2].k, e[cnt - 1].k);
+      if (pm::LineOf(&e[cnt + 2]) != pm::LineOf(&e[cnt])) pm::Flush(&e[cnt + 2].k, 8);
     }
     St(&n->count, cnt + 1);
-    // The grown count must be durable before the first store that makes
-    // the moved record valid (k[cnt-1] below: until then slot cnt is an
-    // ignored copy). Its line is flushed now and shares the fence of the
-    // first line crossing of the shift when one comes before that store
-    // (when slot cnt or cnt+1 starts a line: half of the inserts into
-    // 512-byte nodes); otherwise it is fenced just before it.
-    pm::Flush(&n->count, 4);
-    count_unfenced = true;
+    if (!lag) {
+      // Format 1, or a switch from delete mode: the grown count (and sw)
+      // must be durable before the first store that makes the moved record
+      // valid (k[cnt-1] below). Its line shares the fence of a line
+      // crossing when slot cnt starts a line, else it is fenced before it.
+      pm::Flush(&n->count, 4);
+      count_unfenced = true;
+    }
     touch(&e[cnt], true);
     St(&e[cnt].v, e[cnt - 1].v);  // complete the copy
     for (int64_t j = int64_t(cnt) - 1; j >= int64_t(pos); j--) {
@@ -1158,6 +1232,10 @@ class FastFair final : public FastFairBase {
         St(&e[j].k, k);  // commit
       }
     }
+    // Format 2: the count shares the final fence. Until then a crash may
+    // keep the shift without the count: Pushed counts the record moved past
+    // it (docs/fastfair.md, "The count's fence").
+    if (lag) pm::Flush(&n->count, 4);
     pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
   }
 
@@ -1203,10 +1281,7 @@ class FastFair final : public FastFairBase {
       if (!used) {
         St(&n->lk, c);
         pm::Persist(&n->lk, 8);
-        if (n->count == 0) {  // I: the first slot is an ignored copy of lk
-          St(&e[0].k, c);
-          pm::Persist(&e[0], sizeof(Entry));
-        }
+        if (n->count == 0) SetTail(n);  // I2: slots 0 and 1 copy lk (Pushed never looks at count 0)
         return;
       }
     }
@@ -1245,8 +1320,8 @@ class FastFair final : public FastFairBase {
     pm::Copy(s, &h, sizeof(Node));
     if (h.count) pm::Copy(s->ents(), leaf ? &e[m] : &e[m + 1], h.count * sizeof(Entry));
     size_t slen = sizeof(Node) + h.count * sizeof(Entry);
-    if (h.count < cap_) {  // I
-      pm::Store(&s->ents()[h.count].k, h.count ? s->ents()[h.count - 1].k : h.lk);
+    for (uint32_t i = h.count; i < h.count + 2 && i < cap_; i++) {  // I2
+      pm::Store(&s->ents()[i].k, h.count ? s->ents()[h.count - 1].k : h.lk);
       slen += sizeof(Entry);
     }
     const bool early_link = PMINDEX_FAULT("fastfair.split.link_before_persist");
@@ -1272,9 +1347,12 @@ class FastFair final : public FastFairBase {
     St(&n->spare_node, uint64_t(0));
     if (BK && leaf) St(&n->spare_a, uint64_t(0));
     pm::Persist(n, pm::kCacheLine);
-    // I for the cut node (slot m is past the durable count now).
+    // I2 for the cut node (slots m and m+1 are past the durable count now;
+    // until this persists, slot m holds the median, at n's new high: not
+    // taken for a record Pushed past the count).
     St(&e[m].k, e[m - 1].k);
-    pm::Persist(&e[m], sizeof(Entry));
+    St(&e[m + 1].k, e[m - 1].k);
+    pm::Persist(&e[m], 2 * sizeof(Entry));
     if (early_link) pm::Persist(s, slen);
     *out_k = K;
     *out_s = s;
@@ -1299,8 +1377,9 @@ class FastFair final : public FastFairBase {
       h.lk = BK ? kBytesLk : 0;
       h.gen = gen_;
       pm::Copy(nr, &h, sizeof(Node));
-      pm::Store(&nr->ents()[0].k, h.lk);  // I
-      pm::Persist(nr, sizeof(Node) + sizeof(Entry));
+      pm::Store(&nr->ents()[0].k, h.lk);  // I2
+      pm::Store(&nr->ents()[1].k, h.lk);
+      pm::Persist(nr, sizeof(Node) + 2 * sizeof(Entry));
       // The new root is durable; one 8-byte store publishes it.
       St(&meta_->root, Off(nr));
       St(&meta_->spare_root, uint64_t(0));
@@ -1481,8 +1560,8 @@ class FastFair final : public FastFairBase {
         St(&le[lc + i].k, add[i].k);
       }
       len = n * sizeof(Entry);
-      if (lc + n < cap_) {  // I
-        St(&le[lc + n].k, add[n - 1].k);
+      for (uint32_t i = lc + n; i < lc + n + 2 && i < cap_; i++) {  // I2
+        St(&le[i].k, add[n - 1].k);
         len += sizeof(Entry);
       }
       pm::Persist(&le[lc], len);
@@ -1587,20 +1666,15 @@ class FastFair final : public FastFairBase {
     St(&l->high, K);
     St(&l->count, cut);
     pm::Persist(l, pm::kCacheLine);
-    if (cut < cap_) {
-      const uint64_t left = cut ? e[cut - 1].k : l->lk;
-      if (e[cut].k != left) {
-        St(&e[cut].k, left);
-        pm::Persist(&e[cut], sizeof(Entry));
-      }
-    }
+    SetTail(l);  // I2 (until then slot cut holds a record >= high: not Pushed)
   }
 
   // ---- lazy repair -------------------------------------------------------
   bool Referenced(Node* n, uint64_t b) const {
     if (n->sibling && (n->high == b || EffectiveHigh(n) == b)) return true;
     Entry* e = n->ents();
-    for (uint32_t j = 0; j < n->count; j++) {
+    const uint32_t c = CountOf(n);
+    for (uint32_t j = 0; j < c; j++) {
       if (Ignored(n, j)) continue;
       if (BK && e[j].k == b) return true;
       if (bv_ && n->level == 0 && e[j].v == b) return true;
@@ -1614,6 +1688,13 @@ class FastFair final : public FastFairBase {
 
   void Repair(Node* n, Pending* pend) {
     nodes_repaired_++;
+    // First the record an interrupted insert shift moved past a durable
+    // count that had not caught up (format 2, see Pushed).
+    if (lag_ok_ && Pushed(n, n->count)) {
+      St(&n->count, n->count + 1);
+      pm::Persist(&n->count, 4);
+      counts_repaired_++;
+    }
     Entry* e = n->ents();
     if (n->spare_node) {
       if (n->spare_node == n->sibling) {
@@ -1642,14 +1723,7 @@ class FastFair final : public FastFairBase {
       if (Ignored(n, j)) DeleteAt(n, j, false);  // persists count
       else j++;
     }
-    if (n->count < cap_) {
-      const uint32_t c = n->count;
-      const uint64_t left = c ? e[c - 1].k : n->lk;
-      if (e[c].k != left) {
-        St(&e[c].k, left);
-        pm::Persist(&e[c], sizeof(Entry));
-      }
-    }
+    SetTail(n);  // I2
     for (uint64_t* sp : {&n->spare_a, &n->spare_b}) {
       if (!*sp) continue;
       if (Referenced(n, *sp)) {
@@ -1818,6 +1892,8 @@ class FastFair final : public FastFairBase {
   const bool bv_;
   const ValueKind vk_;
   const bool locked_reads_;
+  bool lag_ok_ = false;     // format version >= 2: counts may lag after a crash (Pushed)
+  bool read_only_ = false;  // opened read-only: no node is repaired, any may lag
   static constexpr int kLockChunkBits = 14;
   size_t lock_chunks_ = 0;
   std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> lock_dir_;
@@ -1832,6 +1908,7 @@ class FastFair final : public FastFairBase {
   std::mutex root_mu_;
   uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
+  std::atomic<uint64_t> counts_repaired_{0};
 };
 
 // ---- Check ------------------------------------------------------------------
@@ -1862,7 +1939,7 @@ Status FastFair<BK>::Check() {
       uint64_t prevk = 0;
       if (level > 0) children.push_back(n->leftmost);
       const uint32_t live = LiveCount(n);
-      if (live != n->count && n->spare_node != n->sibling && !UndoPending(n))
+      if (live != CountOf(n) && n->spare_node != n->sibling && !UndoPending(n))
         return corrupt(where + " has records at or above its high key outside a split");
       for (uint32_t j = 0; j < live; j++) {
         if (Ignored(n, j)) continue;
@@ -1991,7 +2068,7 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   if (pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
     return Status::Corrupt("fastfair root object too small");
   if (m->magic != kMagic) return Status::Corrupt("fastfair metadata not initialised (creation interrupted?)");
-  if (m->version != kVersion) return Status::Corrupt("fastfair format version " + std::to_string(m->version) + " unsupported");
+  if (m->version < kMinVersion || m->version > kVersion) return Status::Corrupt("fastfair format version " + std::to_string(m->version) + " unsupported");
   if (m->key_kind > 1 || m->value_kind > 1) return Status::Corrupt("fastfair metadata has bad key/value kinds");
   if (m->node_size < 256 || m->node_size > 8192 || m->node_size % 64) return Status::Corrupt("fastfair metadata has a bad node size");
   if (o.params.count("node_size") && ns_param != m->node_size)

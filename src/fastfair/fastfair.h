@@ -15,6 +15,7 @@ struct DebugCounters {
   uint64_t open_pm_lines = 0;
   uint64_t nodes_repaired = 0;      // nodes a writer repaired lazily since open
   uint64_t splits_finished_by_repair = 0;
+  uint64_t counts_repaired = 0;     // records an interrupted insert moved past a lagging durable count
   uint64_t parent_links_repaired = 0;  // siblings a writer found missing in their parent
   uint64_t root_grows = 0;
   uint64_t merges = 0;          // FAIR merges (node merged into its left sibling)

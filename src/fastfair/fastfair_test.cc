@@ -333,20 +333,33 @@ TEST(FastFair, FlushCountsOfShifts) {
   };
   // Record i sits at byte 96 + 16 i: line (96 + 16 i) / 64.
   auto line_of = [](int slot) { return uint64_t((96 + 16 * slot) / 64); };
-  // Append (slot 20): the record and the ignored copy past it share a line,
-  // then count.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 2u);
+  auto fences = [&](auto&& op) {
+    pm::ResetThreadCounters();
+    op();
+    return pm::ThreadCounters().fences;
+  };
+  // Append (slot 20): the record and the two ignored copies past it (I2:
+  // slots 20-22, lines 6-7), persisted, then count: two fences.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 3u);
   // Remove the last record: only count (the commit).
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
-  // Insert at slot 0 with 20 records: the copy past the end is re-made
-  // (the removal above left a record there): 1 line; count; then every line
-  // from slot 21 down to slot 0, each once.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + line_of(21) - line_of(0) + 1);
+  // Insert at slot 0 with 20 records: the copies past the end are re-made
+  // (the removal above left a record there): 1 line (slots 20-21); count;
+  // the copy at slot 22 (line 7); then every line from slot 20 down to
+  // slot 0, each once.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + 1 + line_of(20) - line_of(0) + 1);
   // Remove slot 0 of 21: the commit line and every line the shift stores to
   // (slots 0..19), each once, then count.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), line_of(19) - line_of(0) + 1 + 1);
-  // Insert at slot 0 again: now the copy past the end is in place.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + line_of(21) - line_of(0) + 1);
+  // Insert at slot 0 again: now the copies past the end are in place; count
+  // and the copy at slot 22, then the shift's lines. The node was in delete
+  // mode: its count is fenced before the shift (one more fence).
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + line_of(20) - line_of(0) + 1);
+  // Insert at slot 0 in insert mode (21 records): the count is flushed with
+  // the shift's last line and shares its fence: one fence per line of the
+  // shift (slots 21..0), none of its own (format 2; docs/fastfair.md).
+  EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Insert(U64(3), U64(1)).ok()); }), line_of(21) - line_of(0) + 1);
+  ASSERT_TRUE(idx->Remove(U64(3)).ok());
   ASSERT_TRUE(idx->Remove(U64(1)).ok());
   // Remove in the middle (slot 10 of 20): lines of slots 10..18, then count.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(120)).ok()); }), line_of(18) - line_of(10) + 1 + 1);
