@@ -1191,13 +1191,21 @@ class FastFair final : public FastFairBase {
     };
     if (pos == cnt) {
       // Append: fill the invisible slot and the two copies behind it (I2 for
-      // the grown node), persist them, then `count` commits.
-      St(&e[cnt].v, v);
-      St(&e[cnt].k, k);
+      // the grown node; value before key in each slot), then `count`
+      // commits; one fence for all. A crash may keep any of these lines:
+      // count without the record shows slot cnt as the old ignored copy; the
+      // record without count is Pushed (the insert in flight happened); count
+      // and the copy at cnt+1 without slot cnt show (k, v) once, at cnt+1
+      // (Pushed; slot cnt is an ignored copy); count and slot cnt without
+      // the copy leave at cnt+1 the old copy, below k: not Pushed (the
+      // "sorts above" condition). Format 1 never looks past count.
       const uint32_t end = std::min(cnt + 3, cap_);
-      for (uint32_t i = cnt + 1; i < end; i++) St(&e[i].k, k);
-      pm::Persist(&e[cnt], (end - cnt) * sizeof(Entry));
+      for (uint32_t i = cnt; i < end; i++) {
+        St(&e[i].v, v);
+        St(&e[i].k, k);
+      }
       St(&n->count, cnt + 1);
+      pm::Flush(&e[cnt], (end - cnt) * sizeof(Entry));
       pm::Persist(&n->count, 4);
       return;
     }

@@ -338,10 +338,12 @@ TEST(FastFair, FlushCountsOfShifts) {
     op();
     return pm::ThreadCounters().fences;
   };
-  // Append (slot 20): the record and the two ignored copies past it (I2:
-  // slots 20-22, lines 6-7), persisted, then count: two fences.
+  // Append (slot 20): the record and the two copies past it (I2: slots
+  // 20-22, lines 6-7) and count, under one fence.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 3u);
+  EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Insert(U64(1002), U64(1)).ok()); }), 1u);
   // Remove the last record: only count (the commit).
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1002)).ok()); }), 1u);
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
   // Insert at slot 0 with 20 records: the copies past the end are re-made
   // (the removal above left a record there): 1 line (slots 20-21); count;
