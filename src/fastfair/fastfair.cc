@@ -16,10 +16,12 @@
 // refuses an existing key; key-block offsets are unique allocations;
 // separators are distinct split keys). A record whose k equals the k of its
 // left neighbour (for slot 0: the node's `lk` word, chosen never to equal a
-// key of the node) is ignored by every reader. The slot past the end is kept
-// an ignored copy (invariant I, see InsertAt). FAST insert (sec. 3.3): grow
-// `count` (persisted; the new slot is an ignored copy), then shift right one
-// record at a time: "k[j] = k[j-1]" flips validity from slot j to its copy
+// key of the node) is ignored by every reader. The two slots past the end
+// are kept ignored copies (invariant I2, see InsertAt). FAST insert (sec.
+// 3.3): grow `count` (the new slot is an ignored copy; its line is persisted
+// with the shift's last line: after a crash the durable count may lag by
+// the one record the shift moved past it, which Pushed recognises: format
+// version 2), then shift right one record at a time: "k[j] = k[j-1]" flips validity from slot j to its copy
 // at j+1 with ONE 8-byte store, then "v[j] = v[j-1]" fills the now-ignored
 // slot; at the insertion point v is written while the slot is ignored and
 // the final store of k is the commit. FAST delete (sec. 3.5) is the reverse:
@@ -914,7 +916,11 @@ class FastFair final : public FastFairBase {
   }
   void PrefetchNode(const Node* n) const {
     const char* p = reinterpret_cast<const char*>(n);
-    for (uint32_t o = 0; o < node_size_; o += 64) __builtin_prefetch(p + o);
+    const char* const end = p + node_size_;
+    do {
+      __builtin_prefetch(p);
+      p += 64;
+    } while (p < end);
   }
 
   // Descends to the node of `level` whose range should hold key (without
@@ -1255,7 +1261,7 @@ class FastFair final : public FastFairBase {
     const bool skip = PMINDEX_FAULT("fastfair.remove.skip_flush");
     if (commit && pos + 1 == cnt) {
       // The last record: the count store alone commits (the slot keeps the
-      // record, so InsertAt re-establishes I before growing count again).
+      // record, so InsertAt re-establishes I2 before growing count again).
       St(&n->count, cnt - 1);
       pm::Persist(&n->count, 4);
       return;
@@ -1273,7 +1279,8 @@ class FastFair final : public FastFairBase {
       St(&e[j].k, e[j + 1].k);  // slot j valid again, j+1 its ignored copy
     }
     if (!skip && (commit || pos + 1 < cnt)) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
-    // Slot cnt-1 is now an ignored copy (I holds for the shrunk node). The
+    // Slot cnt-1 is now an ignored copy (I2 holds for the shrunk node if it
+    // held before: slot cnt copied the same last key). The
     // count store is persisted too: a stale durable count would let a later
     // change of slot cnt-2 revive that copy.
     St(&n->count, cnt - 1);
