@@ -922,6 +922,10 @@ class FastFair final : public FastFairBase {
   }
   void PrefetchNode(const Node* n) const {
     const char* p = reinterpret_cast<const char*>(n);
+    if (node_size_ == 512) {  // the default: 8 instructions instead of a loop of 32
+      for (int o = 0; o < 512; o += 64) __builtin_prefetch(p + o);
+      return;
+    }
     const char* const end = p + node_size_;
     do {
       __builtin_prefetch(p);
