@@ -13,6 +13,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
 
 namespace {
 
@@ -368,6 +369,51 @@ TEST(FastFair, FlushCountsOfShifts) {
   // An update is one line.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Update(U64(100), U64(3)).ok()); }), 1u);
   ASSERT_TRUE(idx->Check().ok());
+}
+
+// Format version 1 pools (older builds: the count fenced before the shift,
+// no lagging count after a crash) are opened, keep working, and keep the
+// version 1 protocol: an insert-mode shift fences its count (one fence more
+// than in a version 2 pool); an unknown newer version is refused.
+TEST(FastFair, FormatVersion1PoolsKeepTheirProtocol) {
+  auto shift_fences = [](const std::string& path, uint32_t version) -> uint64_t {
+    Options o = fftest::MakeOptions(path, KeyKind::kU64, ValueKind::kU64, 512);
+    std::unique_ptr<Index> idx;
+    EXPECT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    for (uint64_t i = 0; i < 20; i++) EXPECT_TRUE(idx->Insert(U64(100 + 2 * i), U64(i)).ok());
+    idx.reset();
+    {  // Meta::version is the u32 at offset 8 of the root object.
+      std::unique_ptr<pm::Pool> pool;
+      EXPECT_TRUE(pm::Pool::Open(path, "fastfair", pm::PoolOptions{}, &pool).ok());
+      uint32_t* ver = reinterpret_cast<uint32_t*>(pool->base() + *pool->root_slot() + 8);
+      EXPECT_EQ(*ver, 2u);
+      pm::StorePersist(ver, version);
+    }
+    Status st = OpenIndex("fastfair", o, &idx);
+    if (version > 2) {
+      EXPECT_TRUE(st.IsCorrupt()) << st.ToString();
+      return 0;
+    }
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    // Two inserts at slot 0 (the first repairs the node after the open):
+    // the second is measured, in insert mode, shifting slots 21..0.
+    EXPECT_TRUE(idx->Insert(U64(1), U64(1)).ok());
+    pm::ResetThreadCounters();
+    EXPECT_TRUE(idx->Insert(U64(3), U64(1)).ok());
+    const uint64_t fences = pm::ThreadCounters().fences;
+    for (uint64_t i = 0; i < 20; i++) {
+      std::string v;
+      EXPECT_TRUE(idx->Find(U64(100 + 2 * i), &v).ok());
+      EXPECT_EQ(v, U64(i));
+    }
+    EXPECT_TRUE(idx->Check().ok());
+    EXPECT_TRUE(fftest::NoLeak(idx.get()));
+    return fences;
+  };
+  fftest::PoolGuard g1("v1"), g2("v2"), g3("v3");
+  const uint64_t f1 = shift_fences(g1.path, 1), f2 = shift_fences(g2.path, 2);
+  EXPECT_EQ(f1, f2 + 1) << "version 1 fences the count before the shift, version 2 does not";
+  shift_fences(g3.path, 3);
 }
 
 TEST(FastFair, AverageLinesPerInsertAndDelete) {
