@@ -18,11 +18,12 @@
 // left neighbour (for slot 0: the node's `lk` word, chosen never to equal a
 // key of the node) is ignored by every reader. The two slots past the end
 // are kept ignored copies (invariant I2, see InsertAt). FAST insert (sec.
-// 3.3): grow `count` (the new slot is an ignored copy; its line is persisted
-// with the shift's last line: after a crash the durable count may lag by
-// the one record the shift moved past it, which Pushed recognises: format
-// version 2), then shift right one record at a time: "k[j] = k[j-1]" flips validity from slot j to its copy
-// at j+1 with ONE 8-byte store, then "v[j] = v[j-1]" fills the now-ignored
+// 3.3): grow `count` (the new slot is an ignored copy; its line is
+// persisted with the shift's last line: after a crash the durable count may
+// lag by the one record the shift moved past it, which Pushed recognises:
+// format version 2), then shift right one record at a time: "k[j] =
+// k[j-1]" flips validity from slot j to its copy at j+1 with ONE 8-byte
+// store, then "v[j] = v[j-1]" fills the now-ignored
 // slot; at the insertion point v is written while the slot is ignored and
 // the final store of k is the commit. FAST delete (sec. 3.5) is the reverse:
 // "k[pos] = k[pos-1]" is the commit, then "v[j] = v[j+1]; k[j] = k[j+1]"
@@ -1144,7 +1145,8 @@ class FastFair final : public FastFairBase {
   // after the records, a scan could take the old count of a merge's left
   // node and its new link, and skip the merged node's records (found by
   // SplitsAndMergesWithReadersAndScans).
-  // `out` has room for cap_ records; *nout gets the number kept.
+  // `snap` has room for cap_ records; *nout gets the number kept (the
+  // snapshot is filtered in place).
   Node* SnapshotLeafLF(Node* n, const SK& start, bool have_last, uint64_t last, Entry* snap, uint32_t* nout) {
     Entry* e = n->ents();
     for (;;) {
