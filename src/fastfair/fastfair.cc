@@ -123,9 +123,13 @@ namespace {
 constexpr uint64_t kMagic = 0x524941465453414Full;  // "OASTFAIR"-ish tag
 // Format versions. 2: a node's durable `count` may lag its records by one
 // after a crash (the insert shift does not fence the count; see InsertAt and
-// Pushed). Version 1 pools (older builds) are opened and written with the
-// version 1 protocol (count fenced before the shift).
-constexpr uint32_t kVersion = 2;
+// Pushed), in insert mode only. 3: the delete shift's count shares its last
+// fence too, and the removal of the last record stores the key before the
+// count (so no state in either mode leaves a live-looking record past the
+// durable count except the one a shift is moving: Pushed needs no mode).
+// Pools of older versions are opened and written with their own protocol
+// (1: counts fenced before/after the shifts; 2: as session 3's first one).
+constexpr uint32_t kVersion = 3;
 constexpr uint32_t kMinVersion = 1;
 constexpr uint64_t kBytesLk = 1;  // lk of byte-key nodes: never a block offset
 
@@ -342,7 +346,7 @@ class FastFair final : public FastFairBase {
       pm::Persist(&r->ents()[0], 2 * sizeof(Entry));
     }
     gen_ = 1;
-    lag_ok_ = true;
+    SetProtocol(kVersion);
     pm::Store(&meta_->version, kVersion);
     pm::Store(&meta_->key_kind, uint8_t(BK ? KeyKind::kBytes : KeyKind::kU64));
     pm::Store(&meta_->value_kind, uint8_t(vk_));
@@ -360,7 +364,7 @@ class FastFair final : public FastFairBase {
   Status Recover(Meta* m) override {
     meta_ = m;
     gen_ = m->gen;
-    lag_ok_ = m->version >= 2;
+    SetProtocol(m->version);
     read_only_ = pool_->read_only();
     if (pool_->read_only()) {
       // Open writes nothing: remember the merges whose commit did not
@@ -707,9 +711,16 @@ class FastFair final : public FastFairBase {
   // Only nodes not repaired since the open (gen != gen_), or any node of a
   // read-only open, may lag; writers repair a node (Repair counts R) before
   // they change it, so the live tree never applies the rule.
+  void SetProtocol(uint32_t version) {
+    lag_ok_ = version >= 2;
+    sw_guard_ = version == 2;
+    lazy_delete_count_ = version >= 3;
+  }
   bool MayLag(Node* n) const { return lag_ok_ && (read_only_ || Ld(&n->gen) != gen_); }
   bool Pushed(Node* n, uint32_t c) const {
-    if (c == 0 || c >= cap_ || (Ld(&n->sw) & 1)) return false;
+    // (Format 2 only: delete mode is excluded, its last-record removal
+    // committed by the count store alone.)
+    if (c == 0 || c >= cap_ || (sw_guard_ && (Ld(&n->sw) & 1))) return false;
     Entry* e = n->ents();
     const uint64_t k = Ld(&e[c].k), left = Ld(&e[c - 1].k);
     if (k == left || (BK && (k == kBytesLk || k >= pool_->size()))) return false;
@@ -1194,7 +1205,7 @@ class FastFair final : public FastFairBase {
     // sw), so then the count line is fenced before the shift as in format 1.
     const bool flip = n->sw & 1;
     if (flip) St(&n->sw, n->sw + 1);
-    const bool lag = lag_ok_ && !flip;
+    const bool lag = lag_ok_ && !(flip && sw_guard_);
     const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
     uintptr_t dirty = 0;
     bool count_unfenced = false;  // count flushed, no fence since
@@ -1272,7 +1283,22 @@ class FastFair final : public FastFairBase {
     if (!(n->sw & 1)) St(&n->sw, n->sw + 1);  // delete mode: readers scan right to left
     const bool skip = PMINDEX_FAULT("fastfair.remove.skip_flush");
     if (commit && pos + 1 == cnt) {
-      // The last record: the count store alone commits (the slot keeps the
+      if (lazy_delete_count_) {
+        // The last record (format 3): its key becomes an ignored copy (the
+        // commit for readers of the live tree), then the count shrinks; one
+        // fence for both lines. A crash that kept the count but not the key
+        // shows the record past the count, where Pushed counts it again (the
+        // removal in flight did not happen); one that kept the key but not
+        // the count shows a trailing ignored copy. So no durable state has
+        // a live-looking record past the count that is not the record a
+        // shift is moving, whatever the mode (Pushed needs no sw test).
+        St(&e[pos].k, pos ? e[pos - 1].k : n->lk);
+        St(&n->count, cnt - 1);
+        pm::Flush(&e[pos].k, 8);
+        pm::Persist(&n->count, 4);
+        return;
+      }
+      // Formats 1 and 2: the count store alone commits (the slot keeps the
       // record, so InsertAt re-establishes I2 before growing count again).
       St(&n->count, cnt - 1);
       pm::Persist(&n->count, 4);
@@ -1290,11 +1316,24 @@ class FastFair final : public FastFairBase {
       St(&e[j].v, e[j + 1].v);
       St(&e[j].k, e[j + 1].k);  // slot j valid again, j+1 its ignored copy
     }
-    if (!skip && (commit || pos + 1 < cnt)) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+    const bool stored = commit || pos + 1 < cnt;  // the shift dirtied a line
     // Slot cnt-1 is now an ignored copy (I2 holds for the shrunk node if it
-    // held before: slot cnt copied the same last key). The
-    // count store is persisted too: a stale durable count would let a later
-    // change of slot cnt-2 revive that copy.
+    // held before: slot cnt copied the same last key). The count must be
+    // durable before a later operation changes slot cnt-2 (a stale durable
+    // count would let that revive the copy in slot cnt-1), i.e. by our last
+    // fence.
+    if (lazy_delete_count_) {
+      // Format 3: the count shares the last line's fence. A crash that kept
+      // the count but not the whole last line leaves the last record R in
+      // slot cnt-1, past the durable count, not yet moved: Pushed counts it
+      // (its left neighbour is the record or ignored copy before it, below
+      // R, and R is below high).
+      St(&n->count, cnt - 1);
+      if (!skip && stored) pm::Flush(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      pm::Persist(&n->count, 4);
+      return;
+    }
+    if (!skip && stored) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
     St(&n->count, cnt - 1);
     pm::Persist(&n->count, 4);
   }
@@ -1920,6 +1959,8 @@ class FastFair final : public FastFairBase {
   const ValueKind vk_;
   const bool locked_reads_;
   bool lag_ok_ = false;     // format version >= 2: counts may lag after a crash (Pushed)
+  bool sw_guard_ = false;   // format version 2: only in insert mode (sw even)
+  bool lazy_delete_count_ = false;  // format version >= 3: deletes do not fence the count alone
   bool read_only_ = false;  // opened read-only: no node is repaired, any may lag
   static constexpr int kLockChunkBits = 14;
   size_t lock_chunks_ = 0;

@@ -5,6 +5,7 @@
 // constant-time open.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <random>
 
@@ -343,11 +344,12 @@ TEST(FastFair, FlushCountsOfShifts) {
   // 20-22, lines 6-7) and count, under one fence.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 3u);
   EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Insert(U64(1002), U64(1)).ok()); }), 1u);
-  // Remove the last record: only count (the commit).
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1002)).ok()); }), 1u);
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
+  // Remove the last record (format 3): its key becomes an ignored copy,
+  // then count; two lines, one fence.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1002)).ok()); }), 2u);
+  EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
   // Insert at slot 0 with 20 records: the copies past the end are re-made
-  // (the removal above left a record there): 1 line (slots 20-21); count;
+  // (slot 21 still holds 1000): 1 line (slots 20-21); count;
   // the copy at slot 22 (line 7); then every line from slot 20 down to
   // slot 0, each once.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + 1 + line_of(20) - line_of(0) + 1);
@@ -356,7 +358,7 @@ TEST(FastFair, FlushCountsOfShifts) {
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), line_of(19) - line_of(0) + 1 + 1);
   // Insert at slot 0 again: now the copies past the end are in place; count
   // and the copy at slot 22, then the shift's lines. The node was in delete
-  // mode: its count is fenced before the shift (one more fence).
+  // mode; format 3 does not fence the count on its own even then.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + line_of(20) - line_of(0) + 1);
   // Insert at slot 0 in insert mode (21 records): the count is flushed with
   // the shift's last line and shares its fence: one fence per line of the
@@ -364,43 +366,63 @@ TEST(FastFair, FlushCountsOfShifts) {
   EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Insert(U64(3), U64(1)).ok()); }), line_of(21) - line_of(0) + 1);
   ASSERT_TRUE(idx->Remove(U64(3)).ok());
   ASSERT_TRUE(idx->Remove(U64(1)).ok());
-  // Remove in the middle (slot 10 of 20): lines of slots 10..18, then count.
+  // Remove in the middle (slot 10 of 20): lines of slots 10..18, then
+  // count, which shares the last line's fence (format 3).
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(120)).ok()); }), line_of(18) - line_of(10) + 1 + 1);
+  EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Remove(U64(122)).ok()); }), line_of(17) - line_of(10) + 1);
   // An update is one line.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Update(U64(100), U64(3)).ok()); }), 1u);
   ASSERT_TRUE(idx->Check().ok());
 }
 
-// Format version 1 pools (older builds: the count fenced before the shift,
-// no lagging count after a crash) are opened, keep working, and keep the
-// version 1 protocol: an insert-mode shift fences its count (one fence more
-// than in a version 2 pool); an unknown newer version is refused.
-TEST(FastFair, FormatVersion1PoolsKeepTheirProtocol) {
-  auto shift_fences = [](const std::string& path, uint32_t version) -> uint64_t {
+// Patches a u32 of a closed fastfair pool: `at(base, meta)` returns its
+// address (Meta is the root object: version at +8, the tree root at +64; a
+// node's count at +16).
+void PatchPool(const std::string& path, const std::function<uint32_t*(char*, char*)>& at, uint32_t value) {
+  std::unique_ptr<pm::Pool> pool;
+  ASSERT_TRUE(pm::Pool::Open(path, "fastfair", pm::PoolOptions{}, &pool).ok());
+  char* meta = pool->base() + *pool->root_slot();
+  pm::StorePersist(at(pool->base(), meta), value);
+}
+uint32_t* MetaVersion(char*, char* meta) { return reinterpret_cast<uint32_t*>(meta + 8); }
+uint32_t* RootCount(char* base, char* meta) {
+  return reinterpret_cast<uint32_t*>(base + *reinterpret_cast<uint64_t*>(meta + 64) + 16);
+}
+
+// Pools of older format versions (1: counts fenced on their own; 2: the
+// insert shift's count shares its last fence, the delete's does not) are
+// opened, keep working and keep their protocol; an unknown newer version is
+// refused.
+TEST(FastFair, OlderFormatVersionsKeepTheirProtocol) {
+  struct Fences {
+    uint64_t insert, remove;
+  };
+  auto measure = [](const std::string& path, uint32_t version) -> Fences {
     Options o = fftest::MakeOptions(path, KeyKind::kU64, ValueKind::kU64, 512);
     std::unique_ptr<Index> idx;
     EXPECT_TRUE(OpenIndex("fastfair", o, &idx).ok());
     for (uint64_t i = 0; i < 20; i++) EXPECT_TRUE(idx->Insert(U64(100 + 2 * i), U64(i)).ok());
     idx.reset();
-    {  // Meta::version is the u32 at offset 8 of the root object.
-      std::unique_ptr<pm::Pool> pool;
-      EXPECT_TRUE(pm::Pool::Open(path, "fastfair", pm::PoolOptions{}, &pool).ok());
-      uint32_t* ver = reinterpret_cast<uint32_t*>(pool->base() + *pool->root_slot() + 8);
-      EXPECT_EQ(*ver, 2u);
-      pm::StorePersist(ver, version);
-    }
+    PatchPool(path, MetaVersion, version);
     Status st = OpenIndex("fastfair", o, &idx);
-    if (version > 2) {
+    if (version > 3) {
       EXPECT_TRUE(st.IsCorrupt()) << st.ToString();
-      return 0;
+      return {0, 0};
     }
     EXPECT_TRUE(st.ok()) << st.ToString();
-    // Two inserts at slot 0 (the first repairs the node after the open):
-    // the second is measured, in insert mode, shifting slots 21..0.
+    auto fences = [&](auto&& op) {
+      pm::ResetThreadCounters();
+      op();
+      return pm::ThreadCounters().fences;
+    };
+    // Two inserts at the front (the first repairs the node after the open):
+    // the second is measured, in insert mode, shifting slots 21..1. Then two
+    // removes from the front: the second is measured, in delete mode.
     EXPECT_TRUE(idx->Insert(U64(1), U64(1)).ok());
-    pm::ResetThreadCounters();
-    EXPECT_TRUE(idx->Insert(U64(3), U64(1)).ok());
-    const uint64_t fences = pm::ThreadCounters().fences;
+    Fences f;
+    f.insert = fences([&] { EXPECT_TRUE(idx->Insert(U64(3), U64(1)).ok()); });
+    EXPECT_TRUE(idx->Remove(U64(1)).ok());
+    f.remove = fences([&] { EXPECT_TRUE(idx->Remove(U64(3)).ok()); });
     for (uint64_t i = 0; i < 20; i++) {
       std::string v;
       EXPECT_TRUE(idx->Find(U64(100 + 2 * i), &v).ok());
@@ -408,12 +430,71 @@ TEST(FastFair, FormatVersion1PoolsKeepTheirProtocol) {
     }
     EXPECT_TRUE(idx->Check().ok());
     EXPECT_TRUE(fftest::NoLeak(idx.get()));
-    return fences;
+    return f;
   };
-  fftest::PoolGuard g1("v1"), g2("v2"), g3("v3");
-  const uint64_t f1 = shift_fences(g1.path, 1), f2 = shift_fences(g2.path, 2);
-  EXPECT_EQ(f1, f2 + 1) << "version 1 fences the count before the shift, version 2 does not";
-  shift_fences(g3.path, 3);
+  fftest::PoolGuard g1("v1"), g2("v2"), g3("v3"), g4("v4");
+  const Fences f1 = measure(g1.path, 1), f2 = measure(g2.path, 2), f3 = measure(g3.path, 3);
+  EXPECT_EQ(f1.insert, f3.insert + 1) << "version 1 fences the insert's count on its own";
+  EXPECT_EQ(f2.insert, f3.insert);
+  EXPECT_EQ(f1.remove, f3.remove + 1) << "versions 1 and 2 fence the delete's count on its own";
+  EXPECT_EQ(f2.remove, f3.remove + 1);
+  measure(g4.path, 4);
+}
+
+// A crash that kept a shrunk or grown count but none of the records it goes
+// with (format 3: the count shares the shift's last fence), made by patching
+// the count of a closed one-leaf pool: the record past the durable count is
+// counted (Pushed) by readers of a read-only open and of a read-write open
+// before any repair, and by the first writer (counts_repaired), in insert
+// mode and in delete mode.
+TEST(FastFair, LaggingCountAfterCrashIsCounted) {
+  for (const bool delete_mode : {false, true}) {
+    SCOPED_TRACE(delete_mode ? "delete mode" : "insert mode");
+    fftest::PoolGuard g("lag");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
+    std::map<std::string, std::string> model;
+    {
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+      for (uint64_t i = 0; i < 20; i++) {
+        ASSERT_TRUE(idx->Insert(U64(100 + 2 * i), U64(i)).ok());
+        model[U64(100 + 2 * i)] = U64(i);
+      }
+      if (delete_mode) {  // the last record goes: sw odd, count 19
+        ASSERT_TRUE(idx->Remove(U64(138)).ok());
+        model.erase(U64(138));
+      }
+    }
+    // The durable count lags by one: the last record sits past it.
+    PatchPool(g.path, RootCount, uint32_t(model.size() - 1));
+    auto verify = [&](Index* idx) {
+      for (auto& [k, v] : model) {
+        std::string got;
+        EXPECT_TRUE(idx->Find(k, &got).ok());
+        EXPECT_EQ(got, v);
+      }
+      EXPECT_EQ(idx->Size(), model.size());
+      size_t n = 0;
+      EXPECT_TRUE(idx->Scan(U64(0), 100, [&](Slice, Slice) { return true; }, &n).ok());
+      EXPECT_EQ(n, model.size());
+      EXPECT_TRUE(idx->Check().ok());
+      EXPECT_TRUE(fftest::NoLeak(idx));
+    };
+    {
+      Options ro = o;
+      ro.read_only = true;
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fastfair", ro, &idx).ok());
+      verify(idx.get());
+    }
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    verify(idx.get());
+    ASSERT_TRUE(idx->Insert(U64(1), U64(7)).ok());
+    model[U64(1)] = U64(7);
+    EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->counts_repaired, 1u);
+    verify(idx.get());
+  }
 }
 
 TEST(FastFair, AverageLinesPerInsertAndDelete) {
