@@ -1292,7 +1292,18 @@ class FastFair final : public FastFairBase {
         // the count shows a trailing ignored copy. So no durable state has
         // a live-looking record past the count that is not the record a
         // shift is moving, whatever the mode (Pushed needs no sw test).
-        St(&e[pos].k, pos ? e[pos - 1].k : n->lk);
+        // First the I2 copy behind it (slot pos+1 holds the removed key,
+        // with the value it had when the copy was made): once slot pos
+        // holds its left key, that stale copy would sort above it and look
+        // like a record Pushed past the count (pmcheck found a removed key
+        // back with an old value). It must be durable no later than slot
+        // pos: the same line keeps the store order, another line is fenced.
+        const uint64_t left = pos ? e[pos - 1].k : n->lk;
+        if (pos + 1 < cap_ && e[pos + 1].k != left) {
+          St(&e[pos + 1].k, left);
+          if (pm::LineOf(&e[pos + 1]) != pm::LineOf(&e[pos])) pm::Persist(&e[pos + 1].k, 8);
+        }
+        St(&e[pos].k, left);
         St(&n->count, cnt - 1);
         pm::Flush(&e[pos].k, 8);
         pm::Persist(&n->count, 4);

@@ -344,15 +344,16 @@ TEST(FastFair, FlushCountsOfShifts) {
   // 20-22, lines 6-7) and count, under one fence.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1000), U64(1)).ok()); }), 3u);
   EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Insert(U64(1002), U64(1)).ok()); }), 1u);
-  // Remove the last record (format 3): its key becomes an ignored copy,
-  // then count; two lines, one fence.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1002)).ok()); }), 2u);
+  // Remove the last record (format 3): the copy behind it, then its key
+  // become ignored copies of the left key, then count. Slot 21: its copy
+  // at slot 22 is on the next line, persisted first (3 lines); slot 20:
+  // the copy shares its line (2 lines, one fence).
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1002)).ok()); }), 3u);
   EXPECT_EQ(fences([&] { ASSERT_TRUE(idx->Remove(U64(1000)).ok()); }), 1u);
-  // Insert at slot 0 with 20 records: the copies past the end are re-made
-  // (slot 21 still holds 1000): 1 line (slots 20-21); count;
-  // the copy at slot 22 (line 7); then every line from slot 20 down to
-  // slot 0, each once.
-  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + 1 + line_of(20) - line_of(0) + 1);
+  // Insert at slot 0 with 20 records: the copies past the end are in place;
+  // count; the copy at slot 22 (line 7); then every line from slot 20 down
+  // to slot 0, each once.
+  EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Insert(U64(1), U64(1)).ok()); }), 1 + 1 + line_of(20) - line_of(0) + 1);
   // Remove slot 0 of 21: the commit line and every line the shift stores to
   // (slots 0..19), each once, then count.
   EXPECT_EQ(lines([&] { ASSERT_TRUE(idx->Remove(U64(1)).ok()); }), line_of(19) - line_of(0) + 1 + 1);
