@@ -21,14 +21,17 @@
 // 3.3): grow `count` (the new slot is an ignored copy; its line is
 // persisted with the shift's last line: after a crash the durable count may
 // lag by the one record the shift moved past it, which Pushed recognises:
-// format version 2), then shift right one record at a time: "k[j] =
+// format versions 2 and 3), then shift right one record at a time: "k[j] =
 // k[j-1]" flips validity from slot j to its copy at j+1 with ONE 8-byte
 // store, then "v[j] = v[j-1]" fills the now-ignored
 // slot; at the insertion point v is written while the slot is ignored and
 // the final store of k is the commit. FAST delete (sec. 3.5) is the reverse:
 // "k[pos] = k[pos-1]" is the commit, then "v[j] = v[j+1]; k[j] = k[j+1]"
-// shifts left, then `count` shrinks (persisted). Deleting the last record
-// is the single store of `count`. A valid record's
+// shifts left, then `count` shrinks (format 3: under the shift's last
+// fence, the durable count may lag as for inserts). Deleting the last
+// record makes the copy behind it and its own key copies of its left key,
+// then shrinks `count` (format 3; formats 1-2: the count store alone). A
+// valid record's
 // v is never modified by a shift, so a reader that saw k, v, the left k and k
 // again consistent has a record that existed. A cache line is flushed (and
 // fenced) only when the shift is about to store into the next line, and the
