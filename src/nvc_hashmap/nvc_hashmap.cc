@@ -126,8 +126,12 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // 2: u64 values in the node's value word, remove marks next.
 // 3: 8-byte bucket-table slots (the dummy is its slot's next word), links to
 //    dummies carry the bucket number (kBucketLink), the list ends with kEnd.
-constexpr uint32_t kVersion = 3;
-// Thread slots: a thread binds one for its lifetime. 256 (format 3; was 64,
+// 4: the format-3 layout as it stands now: 256 thread slots and compact
+//    32-byte nodes for u64 keys and values. Earlier commits wrote three
+//    incompatible layouts (64 slots; compact nodes; 256 slots) all as
+//    version 3, so version 3 pools are refused rather than guessed at.
+constexpr uint32_t kVersion = 4;
+// Thread slots: a thread binds one for its lifetime. 256 (format 4; was 64,
 // and 96 live threads got Busy): scans (epoch advance, Size) stop at the
 // highest slot ever bound (slot_hwm_).
 constexpr int kMaxSlots = 256;
@@ -151,7 +155,8 @@ constexpr uint32_t kSlabFlag = 2;  // a regular node carved from an index-owned 
 // kSlabSize bytes holds a header (next slab, node class, the free bitmap
 // written at clean close) and fixed-size node slots of one class.
 // 32 KiB: the allocator's largest run class (larger requests take a whole
-// 256 KiB chunk, of which 64 bytes are lost); 509 slots of 64 bytes.
+// 256 KiB chunk, of which 64 bytes are lost); 1018 slots of 32 bytes
+// (compact nodes), 509 of 64, 254 of 128, 127 of 256.
 constexpr uint64_t kSlabSize = 32 * 1024;
 constexpr uint64_t kSlabHeader = 192;
 constexpr uint64_t kSlabMagic = 0x42414c5343564e01ull;
@@ -170,8 +175,10 @@ constexpr uint64_t kInitEvery = 16, kInitChunk = 16;
 enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 
 // A regular list node; key bytes follow the header, then (8-aligned) the
-// inline value record. Regular nodes are >= 64 bytes, hence 64-byte aligned:
-// the header is one cache line. Dummies are not Nodes: a dummy is the 8-byte
+// inline value record. Non-compact nodes are >= 64 bytes, hence 64-byte
+// aligned; compact nodes (CompactNode, u64 keys and values) are 32 bytes,
+// 32-byte aligned in a slab (64-byte blocks with node_alloc=allocator).
+// Either way the header never straddles a cache line. Dummies are not Nodes: a dummy is the 8-byte
 // word of its bucket-table slot (its next), its split-order key is
 // SoDummy(bucket), known from the link that names it.
 struct Node {
@@ -442,7 +449,9 @@ class NvcHashmap final : public Index {
   // Bytes of the value stored after the key: none for u64 values.
   size_t ValueRecSize(Slice v) const { return vk_ == ValueKind::kU64 ? 0 : 8 + v.size(); }
   // By 32-byte unit: two compact nodes sharing a line get different stripes.
-  std::atomic<uint64_t>& UpdStripe(const Node* n) { return upd_[(Off(n) >> 5) & (kUpdStripes - 1)].n; }
+  // Regular nodes are 64-byte aligned: by 64-byte unit, else they would use
+  // only the even stripes.
+  std::atomic<uint64_t>& UpdStripe(const Node* n) { return upd_[(Off(n) >> (compact_ ? 5 : 6)) & (kUpdStripes - 1)].n; }
 
   Fix fix() const { return PMINDEX_FAULT("nvc.erratum.no_fix") ? Fix::kNone : fix_; }
   bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
@@ -1029,8 +1038,8 @@ uint64_t NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* cu
 }
 
 // A regular node, allocated into this thread's pending slot, written and
-// persisted. Nodes take >= 64 bytes, so they are 64-byte aligned and their
-// header is one cache line (next, so and value persist together); compact
+// persisted. Non-compact nodes take >= 64 bytes, so they are 64-byte aligned
+// and their header is one cache line (next, so and value persist together); compact
 // nodes take a 32-byte slab slot (32-byte aligned: one line too), or a
 // 64-byte block with node_alloc=allocator. A u64 value lives in the value
 // word; a byte value in a record after the key.
@@ -1737,10 +1746,16 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
 
 Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   if (!root_) return Status::Corrupt("nvc_hashmap: the pool has no root object (creation interrupted?)");
+  // The root block must hold a whole Root (magic, segments, thread slots)
+  // before any field is read.
+  const uint64_t root_off = *pool_->root_slot();
+  if (!pool_->allocator().IsAllocated(root_off) || pool_->allocator().UsableSize(root_off) < sizeof(Root))
+    return Status::Corrupt("nvc_hashmap: the root block is smaller than the root object (" + std::to_string(sizeof(Root)) +
+                           " bytes): not an nvc_hashmap pool of this format");
   if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
   if (root_->version != kVersion)
     return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads version " +
-                           std::to_string(kVersion) + " only: 8-byte bucket slots since version 3; recreate the pool)");
+                           std::to_string(kVersion) + " only; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
   if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
   kk_ = KeyKind(root_->key_kind);
   vk_ = ValueKind(root_->value_kind);
@@ -1753,7 +1768,7 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   if (!slab_ && root_->slab_head) return Status::Corrupt("nvc_hashmap: slabs in a node_alloc=allocator pool");
   if (seg0_ == 0 || (seg0_ & (seg0_ - 1)) || seg0_ > (1ull << 30)) return Status::Corrupt("nvc_hashmap: bad segment size");
   log_seg0_ = 63 - __builtin_clzll(seg0_);
-  if (root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing bucket table (or a head block: not version 3)");
+  if (root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing bucket table (or a head block: an older format)");
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) segs_[s].store(base_ + root_->seg[s]);
   if (!IsPublished(*BucketSlot(0, false))) return Status::Corrupt("nvc_hashmap: the list head (bucket 0's slot) is not published");
@@ -2004,6 +2019,7 @@ void RegisterNvcHashmap(std::vector<IndexFactory>* r) {
 
 namespace nvc_hashmap_testing {
 uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::SoRegular(internal::HashKey(kind, key)); }
+int MaxThreadSlots() { return internal::kMaxSlots; }
 }  // namespace nvc_hashmap_testing
 
 }  // namespace pmindex

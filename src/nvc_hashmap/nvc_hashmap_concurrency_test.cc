@@ -1,6 +1,8 @@
 // NVC-Hashmap concurrency tests (label "concurrency", run under TSan in CI):
 // threads inserting, updating, removing and finding overlapping keys, in
-// every erratum mode and both key kinds. Disjoint keys: every result and the
+// every erratum mode, both key kinds, and u64 keys with u64 values (compact
+// 32-byte nodes, two to a cache line, inserted while the table grows from 2
+// buckets). Disjoint keys: every result and the
 // final state equal a model built from the per-thread histories. Shared keys:
 // every read returns a value some writer wrote for that key; exactly one
 // concurrent insert of a key wins. Afterwards: check(), no leak, reopen.
@@ -28,6 +30,7 @@ struct Case {
   KeyKind kk;
   std::string fix;
   std::string na = "allocator";  // node_alloc
+  ValueKind vk = ValueKind::kBytes;  // kU64 with u64 keys: compact nodes
 };
 
 class NvcConcurrency : public testing::TestWithParam<Case> {
@@ -36,7 +39,7 @@ class NvcConcurrency : public testing::TestWithParam<Case> {
     opts_.pool_path = pf_.path;
     opts_.pool_size = 64ull << 20;
     opts_.key_kind = GetParam().kk;
-    opts_.value_kind = ValueKind::kBytes;
+    opts_.value_kind = GetParam().vk;
     opts_.params = {{"erratum_fix", GetParam().fix}, {"initial_buckets", "2"}, {"node_alloc", GetParam().na}};
     ASSERT_TRUE(OpenIndex("nvc_hashmap", opts_, &idx_).ok());
   }
@@ -52,25 +55,40 @@ class NvcConcurrency : public testing::TestWithParam<Case> {
   std::unique_ptr<Index> idx_;
 };
 
-// Values written by writer t for key id, sequence s: "id/t/s/padding".
-std::string Val(uint64_t id, int t, uint64_t s) {
+// Values written by writer t for key id, sequence s: "id/t/s/padding"; u64
+// values: id << 40 | t << 32 | s (id < 2^24, t < 256, s < 2^32).
+std::string Val(ValueKind vk, uint64_t id, int t, uint64_t s) {
+  if (vk == ValueKind::kU64) {
+    const uint64_t x = id << 40 | uint64_t(t) << 32 | s;
+    return std::string(reinterpret_cast<const char*>(&x), 8);
+  }
   std::string v = std::to_string(id) + "/" + std::to_string(t) + "/" + std::to_string(s) + "/";
   v.append(s % 40, 'x');
   return v;
 }
-bool ParseVal(const std::string& v, uint64_t* id, int* t, uint64_t* s) {
+bool ParseVal(ValueKind vk, const std::string& v, uint64_t* id, int* t, uint64_t* s) {
+  if (vk == ValueKind::kU64) {
+    if (v.size() != 8) return false;
+    uint64_t x;
+    std::memcpy(&x, v.data(), 8);
+    *id = x >> 40;
+    *t = int((x >> 32) & 0xff);
+    *s = x & 0xffffffffu;
+    return true;
+  }
   unsigned long long a, c;
   int b;
   if (std::sscanf(v.c_str(), "%llu/%d/%llu/", &a, &b, &c) != 3) return false;
   *id = a;
   *t = b;
   *s = c;
-  return v == Val(a, b, c);
+  return v == Val(vk, a, b, c);
 }
 
 TEST_P(NvcConcurrency, DisjointKeysMatchPerThreadModels) {
   const int T = Threads(), kOps = OpsPerThread();
   const KeyKind kk = GetParam().kk;
+  const ValueKind vk = GetParam().vk;
   std::vector<std::unordered_map<std::string, std::string>> models(T);
   std::vector<std::string> errors(T);
   std::vector<std::thread> th;
@@ -81,7 +99,7 @@ TEST_P(NvcConcurrency, DisjointKeysMatchPerThreadModels) {
       std::string v;
       for (int i = 0; i < kOps && errors[t].empty(); i++) {
         const uint64_t id = (rng() % 800) * T + t;  // thread t owns ids == t mod T
-        const std::string k = MakeKey(kk, id), val = Val(id, t, i);
+        const std::string k = MakeKey(kk, id), val = Val(vk, id, t, i);
         const bool present = m.count(k) != 0;
         Status s;
         switch (rng() % 5) {
@@ -136,6 +154,7 @@ TEST_P(NvcConcurrency, DisjointKeysMatchPerThreadModels) {
 TEST_P(NvcConcurrency, SharedKeysReadOnlyWrittenValues) {
   const int T = Threads(), kOps = OpsPerThread();
   const KeyKind kk = GetParam().kk;
+  const ValueKind vk = GetParam().vk;
   const uint64_t kKeys = 64;
   std::vector<std::string> errors(T + 1);
   std::atomic<bool> stop{false};
@@ -150,15 +169,15 @@ TEST_P(NvcConcurrency, SharedKeysReadOnlyWrittenValues) {
         const std::string k = MakeKey(kk, id);
         Status s;
         switch (rng() % 5) {
-          case 0: s = idx_->Insert(k, Val(id, t, i)); if (!s.ok() && !s.IsAlreadyExists()) errors[t] = s.ToString(); break;
-          case 1: s = idx_->Update(k, Val(id, t, i)); if (!s.ok() && !s.IsNotFound()) errors[t] = s.ToString(); break;
-          case 2: s = idx_->Upsert(k, Val(id, t, i)); if (!s.ok()) errors[t] = s.ToString(); break;
+          case 0: s = idx_->Insert(k, Val(vk, id, t, i)); if (!s.ok() && !s.IsAlreadyExists()) errors[t] = s.ToString(); break;
+          case 1: s = idx_->Update(k, Val(vk, id, t, i)); if (!s.ok() && !s.IsNotFound()) errors[t] = s.ToString(); break;
+          case 2: s = idx_->Upsert(k, Val(vk, id, t, i)); if (!s.ok()) errors[t] = s.ToString(); break;
           case 3: s = idx_->Remove(k); if (!s.ok() && !s.IsNotFound()) errors[t] = s.ToString(); break;
           case 4: {
             s = idx_->Find(k, &v);
             uint64_t rid, rs;
             int rt;
-            if (s.ok() && (!ParseVal(v, &rid, &rt, &rs) || rid != id || rt < 0 || rt >= T || rs >= uint64_t(kOps)))
+            if (s.ok() && (!ParseVal(vk, v, &rid, &rt, &rs) || rid != id || rt < 0 || rt >= T || rs >= uint64_t(kOps)))
               errors[t] = "read a value nobody wrote: " + v;
             else if (!s.ok() && !s.IsNotFound())
               errors[t] = s.ToString();
@@ -176,7 +195,7 @@ TEST_P(NvcConcurrency, SharedKeysReadOnlyWrittenValues) {
       Status s = idx_->Find(MakeKey(kk, id), &v);
       uint64_t rid, rs;
       int rt;
-      if (s.ok() && (!ParseVal(v, &rid, &rt, &rs) || rid != id)) errors[T] = "reader saw " + v;
+      if (s.ok() && (!ParseVal(vk, v, &rid, &rt, &rs) || rid != id)) errors[T] = "reader saw " + v;
     }
   });
   for (int t = 0; t < T; t++) th[t].join();
@@ -198,6 +217,7 @@ TEST_P(NvcConcurrency, SharedKeysReadOnlyWrittenValues) {
 TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
   const int T = Threads();
   const KeyKind kk = GetParam().kk;
+  const ValueKind vk = GetParam().vk;
   const uint64_t kKeys = 3000;
   std::vector<std::vector<uint64_t>> won(T);
   std::vector<std::thread> th;
@@ -205,7 +225,7 @@ TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
     th.emplace_back([&, t] {
       for (uint64_t id = 0; id < kKeys; id++) {
         const uint64_t k = (t % 2) ? kKeys - 1 - id : id;
-        if (idx_->Insert(MakeKey(kk, k), Val(k, t, 0)).ok()) won[t].push_back(k);
+        if (idx_->Insert(MakeKey(kk, k), Val(vk, k, t, 0)).ok()) won[t].push_back(k);
       }
     });
   for (auto& x : th) x.join();
@@ -219,7 +239,7 @@ TEST_P(NvcConcurrency, ExactlyOneConcurrentInsertWins) {
   for (uint64_t k = 0; k < kKeys; k++) {
     ASSERT_NE(winner[k], -1) << "key " << k << " inserted by nobody";
     ASSERT_TRUE(idx_->Find(MakeKey(kk, k), &v).ok());
-    ASSERT_EQ(v, Val(k, winner[k], 0));
+    ASSERT_EQ(v, Val(vk, k, winner[k], 0));
   }
   EXPECT_EQ(idx_->Size(), kKeys);
   ASSERT_TRUE(idx_->Check().ok()) << idx_->Check().ToString();
@@ -394,9 +414,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, NvcConcurrency,
                          testing::Values(Case{KeyKind::kU64, "dirty_bit"}, Case{KeyKind::kBytes, "dirty_bit"},
                                          Case{KeyKind::kU64, "flush_on_read"}, Case{KeyKind::kU64, "none"},
                                          Case{KeyKind::kU64, "dirty_bit", "slab"}, Case{KeyKind::kBytes, "dirty_bit", "slab"},
-                                         Case{KeyKind::kU64, "flush_on_read", "slab"}),
+                                         Case{KeyKind::kU64, "flush_on_read", "slab"},
+                                         Case{KeyKind::kU64, "dirty_bit", "slab", ValueKind::kU64},
+                                         Case{KeyKind::kU64, "flush_on_read", "allocator", ValueKind::kU64}),
                          [](const testing::TestParamInfo<Case>& i) {
-                           return std::string(i.param.kk == KeyKind::kU64 ? "u64_" : "bytes_") + i.param.fix + "_" + i.param.na;
+                           return std::string(i.param.kk == KeyKind::kU64 ? "u64_" : "bytes_") + i.param.fix + "_" + i.param.na +
+                                  (i.param.vk == ValueKind::kU64 ? "_u64values" : "");
                          });
 
 }  // namespace
