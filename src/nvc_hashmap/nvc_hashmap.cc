@@ -296,6 +296,21 @@ inline uint64_t ParentBucket(uint64_t b) { return b & ~(1ull << (63 - __builtin_
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
+// A set of bucket numbers (Check, Recover: buckets whose dummy is reachable):
+// one bit per bucket, 2 MiB at 2^24 buckets (a hash set took hundreds of MB).
+// Bucket numbers are bounded by the bucket table (DummyAfter checks them).
+class BucketSet {
+ public:
+  void Insert(uint64_t b) {
+    if (b >= bits_.size()) bits_.resize(std::max<uint64_t>(b + 1, 2 * bits_.size()));
+    bits_[b] = true;
+  }
+  bool Contains(uint64_t b) const { return b < bits_.size() && bits_[b]; }
+
+ private:
+  std::vector<bool> bits_;
+};
+
 // ---------------------------------------------------------------------------
 // Thread -> slot binding. Each thread using an index owns one of its
 // kMaxSlots slots (DRAM epoch + persistent PSlot) until it exits.
@@ -1561,7 +1576,7 @@ Status NvcHashmap::Check() {
   if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
-  std::unordered_set<uint64_t> dummies;    // buckets whose dummy is reachable
+  BucketSet dummies;                       // buckets whose dummy is reachable
   std::unordered_set<uint64_t> live_slab;  // reachable slab nodes
   uint64_t count = 0;
   {
@@ -1588,7 +1603,7 @@ Status NvcHashmap::Check() {
       uint64_t* w = DummyAfter(b, prev_so, &err);
       if (!w) return bad(err);
       if (!IsPublished(LoadW(w))) return bad("linked dummy of bucket " + std::to_string(b) + " is not published");
-      dummies.insert(b);
+      dummies.Insert(b);
       pw = w;
       prev = nullptr;
       prev_so = SoDummy(b);
@@ -1637,7 +1652,7 @@ Status NvcHashmap::Check() {
       const uint64_t w = LoadW(reinterpret_cast<uint64_t*>(seg) + i);
       if (w == 0 || b == 0) continue;
       if (!IsPublished(w)) return bad("bucket " + std::to_string(b) + " is still being initialised");
-      if (!dummies.count(b)) return bad("bucket " + std::to_string(b) + " is published but its dummy is not in the list");
+      if (!dummies.Contains(b)) return bad("bucket " + std::to_string(b) + " is published but its dummy is not in the list");
     }
   }
   if (count != Size())
@@ -1811,7 +1826,7 @@ Status NvcHashmap::Recover() {
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
   std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
   uint64_t count = 0;
-  std::unordered_set<uint64_t> linked;  // buckets whose dummy is reachable
+  BucketSet linked;                     // buckets whose dummy is reachable
   uint64_t* pw = BucketSlot(0, false);  // the word we stand on (LoadRoot checked the head)
   const Node* prev = nullptr;           // the regular node we stand on (nullptr: a dummy)
   uint64_t prev_so = 0;
@@ -1831,7 +1846,7 @@ Status NvcHashmap::Recover() {
       std::string err;
       uint64_t* w = DummyAfter(b, prev_so, &err);
       if (!w) return bad(err);
-      linked.insert(b);
+      linked.Insert(b);
       pw = w;
       prev = nullptr;
       prev_so = SoDummy(b);
@@ -1887,7 +1902,7 @@ Status NvcHashmap::Recover() {
     for (uint64_t i = 0; i < SegSize(s); i++) {
       uint64_t* d = reinterpret_cast<uint64_t*>(seg) + i;
       const uint64_t b = FirstBucket(s) + i;
-      if (*d && b != 0 && !linked.count(b)) {
+      if (*d && b != 0 && !linked.Contains(b)) {
         pm::StoreAtomic(d, uint64_t(0));
         pm::Flush(d, kSlotBytes);
       }
