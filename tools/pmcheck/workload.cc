@@ -40,11 +40,17 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
     for (uint64_t i = 0; i < nkeys; ++i) {
       std::string k;
       if (kk_ == pmindex::KeyKind::kU64) {
-        uint64_t v = (uint64_t(t + 1) << 32) + i * 16 + 5;
+        // Thread 0 takes the smallest keys (0, 1, 2, ...): key 0 and keys
+        // next to it are where sentinels and "left neighbour" words of an
+        // index live (a FAST & FAIR crash bug hid behind keys >= 2^32).
+        uint64_t v = t == 0 ? i : (uint64_t(t) << 32) + i * 16 + 5;
         k.assign(reinterpret_cast<const char*>(&v), 8);
       } else {
+        // The first byte cycles through low and high values (below and
+        // above the bytes of typical headers and sentinels), not one letter.
+        static constexpr char kFirst[] = {'\x01', '0', 'A', 'k', '~'};
         char buf[64];
-        std::snprintf(buf, sizeof buf, "k%d:%06llu", t, static_cast<unsigned long long>(i));
+        std::snprintf(buf, sizeof buf, "%c%d:%06llu", kFirst[i % sizeof kFirst], t, static_cast<unsigned long long>(i));
         k = buf;
         for (uint64_t j = 0; j < (i * 7) % 23; ++j) k.push_back(char('a' + (i + j) % 26));
       }
