@@ -690,27 +690,37 @@ class FastFair final : public FastFairBase {
     return Ld(&e[j].k) == left;
   }
 
-  // ---- the durable count may lag by one (format version 2) ----------------
+  // ---- the durable count may lag by one (format versions 2 and 3) ---------
   // An insert shift stores the grown `count` first (readers of the live tree
   // see it before any record moves) but does not fence it before the shift:
   // its line is flushed with the shift's last line, under the shift's final
   // fence. So after a crash the durable count of the node being inserted
   // into may still be the old one while the shift already moved the last
   // record R from slot c-1 into slot c = count (past the durable count).
-  // Pushed() recognises exactly that slot: in insert mode (`sw` even; the
-  // switch to insert mode is made durable before any record moves, see
-  // InsertAt), slot c is otherwise an ignored copy of its left neighbour
-  // (invariant I2, below), or, in the windows of a split or merge, a record
-  // at or above `high`. So: c >= 1, c < cap, sw even, k[c] differs from
-  // k[c-1], sorts above it, and lies below `high` (if there is a sibling):
-  // slot c holds R, which counts. Its value is durable whenever it counts:
-  // v[c] = v[c-1] is stored before the store that makes slot c-1 ignored,
-  // in the same line or in a line flushed and fenced before it.
-  // Invariant I2 (writers, durable whenever `sw` is durably even): slots
-  // count and count+1 (those below cap) are ignored copies of the left key
-  // of slot count. An insert that grows count to c+1 therefore finds slot
-  // c+1 durably an ignored copy already: a crash that kept the new count
-  // but not the shift is harmless, and Pushed never looks past slot c.
+  // Format 3 does the same for a delete shift: its shrunk count shares the
+  // last line's fence, so the durable count may already exclude the last
+  // record R, in slot c = count, not yet moved left. Pushed() recognises
+  // exactly that slot: c >= 1, c < cap, k[c] differs from k[c-1], sorts
+  // above it, and lies below `high` (if there is a sibling). Otherwise slot
+  // c is an ignored copy of its left neighbour (invariant I2, below), a
+  // record of a split or merge window (at or above `high`), an append or a
+  // last-record removal in flight (either outcome is allowed), and a
+  // removal of the last record first turns the stale I2 copy behind it into
+  // a copy of the new left key (see DeleteAt). Its value is durable whenever
+  // it counts: v[c] = v[c-1] is stored before the store that makes slot c-1
+  // ignored, in the same line or in a line flushed and fenced before it; a
+  // delete never stores into slot count-1. Format 2 removed the last record
+  // by the count store alone, which leaves it live-looking past the count:
+  // there the rule also requires insert mode (`sw` even), and an insert
+  // switching from delete mode fences its count (sw_guard_).
+  // Invariant I2 (writers; format 2: durable whenever `sw` is durably
+  // even): slots count and count+1 (those below cap) are ignored copies of
+  // the left key of slot count (a format 2 removal of the last record
+  // leaves slot count+1 stale); everything that grows a count re-makes I2
+  // first (InsertAt: SetTail, persisted before the count store). An
+  // insert that grows count to c+1 therefore finds slot c+1 durably an
+  // ignored copy already: a crash that kept the new count but not the
+  // shift is harmless, and Pushed never looks past slot c.
   // Only nodes not repaired since the open (gen != gen_), or any node of a
   // read-only open, may lag; writers repair a node (Repair counts R) before
   // they change it, so the live tree never applies the rule.
@@ -1769,7 +1779,8 @@ class FastFair final : public FastFairBase {
   void Repair(Node* n, Pending* pend) {
     nodes_repaired_++;
     // First the record an interrupted insert shift moved past a durable
-    // count that had not caught up (format 2, see Pushed).
+    // count that had not caught up, or a delete shift left at the count
+    // (formats 2-3, see Pushed).
     if (lag_ok_ && Pushed(n, n->count)) {
       St(&n->count, n->count + 1);
       pm::Persist(&n->count, 4);
