@@ -10,13 +10,15 @@
 // records, whereas in time mode each index runs its phases for 2 s at its
 // own speed and ends with a different record count.
 // Then --rounds rounds; in each round every index runs the same --finds
-// finds and the same --scans scans of --scan-len records (start keys drawn
-// from the live keys), one index after the other, each timed. Slices are a
+// finds, the same --scans scans of --scan-len records (start keys drawn
+// from the live keys) and the same --round-inserts inserts of fresh keys,
+// one index after the other, each timed. Slices are a
 // few milliseconds, so load changes hit all indexes alike. Prints per index
 // the throughput over all rounds, the ratio of totals against the first
 // index and the median of the per-round ratios.
 // Usage: fptree_scanmix [--index a,b,...] [--records N] [--insert N]
 //   [--delete N] [--rounds N] [--finds N] [--scans N] [--scan-len N]
+//   [--round-inserts N]
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,7 +52,8 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> names = {"dram_btree", "fptree"};
-  uint64_t records = 1000000, inserts = 2400000, deletes = 3000000, rounds = 40, finds = 20000, scans = 1000, scan_len = 100;
+  uint64_t records = 1000000, inserts = 2400000, deletes = 3000000, rounds = 40, finds = 20000, scans = 1000, scan_len = 100,
+           round_inserts = 0;
   for (int i = 1; i < argc; i++) {
     auto num = [&](uint64_t* v) {
       if (i + 1 >= argc) return false;
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--finds")) ok = num(&finds);
     else if (!std::strcmp(argv[i], "--scans")) ok = num(&scans);
     else if (!std::strcmp(argv[i], "--scan-len")) ok = num(&scan_len);
+    else if (!std::strcmp(argv[i], "--round-inserts")) ok = num(&round_inserts);
     else if (!std::strcmp(argv[i], "--index") && i + 1 < argc) {
       names.clear();
       std::stringstream ss(argv[++i]);
@@ -74,7 +78,7 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(stderr,
                    "usage: %s [--index a,b,...] [--records N] [--insert N] [--delete N] [--rounds N] [--finds N] [--scans N] "
-                   "[--scan-len N]\n",
+                   "[--scan-len N] [--round-inserts N]\n",
                    argv[0]);
       return 2;
     }
@@ -118,15 +122,16 @@ int main(int argc, char** argv) {
   }
 
   // Interleaved rounds.
-  std::vector<double> ftime(names.size()), stime(names.size());
-  std::vector<std::vector<double>> fratio(names.size()), sratio(names.size());
+  std::vector<double> ftime(names.size()), stime(names.size()), itime(names.size());
+  std::vector<std::vector<double>> fratio(names.size()), sratio(names.size()), iratio(names.size());
+  uint64_t next_id = records + inserts;
   std::string out;
   uint64_t sink = 0, got = 0, found = 0;
   std::vector<uint64_t> fkeys(finds), skeys(scans);
   for (uint64_t r = 0; r < rounds; r++) {
     for (auto& k : fkeys) k = live[rng() % live.size()] * kMul;
     for (auto& k : skeys) k = live[rng() % live.size()] * kMul;
-    std::vector<double> ft(names.size()), sc(names.size());
+    std::vector<double> ft(names.size()), sc(names.size()), it(names.size());
     // Alternate the order between rounds so that neither index always runs
     // right after the other's cache footprint.
     for (size_t y = 0; y < names.size(); y++) {
@@ -143,25 +148,34 @@ int main(int argc, char** argv) {
         got += c;
       }
       double t2 = Now();
+      for (uint64_t i = 0; i < round_inserts; i++) idx[x]->Insert(U64Slice((next_id + i) * kMul), U64Slice(next_id + i));
+      double t3 = Now();
       ft[x] = t1 - t0;
       sc[x] = t2 - t1;
+      it[x] = t3 - t2;
       ftime[x] += ft[x];
       stime[x] += sc[x];
+      itime[x] += it[x];
     }
+    next_id += round_inserts;
     for (size_t x = 0; x < names.size(); x++) {
       fratio[x].push_back(ft[0] / ft[x]);
       sratio[x].push_back(sc[0] / sc[x]);
+      if (round_inserts) iratio[x].push_back(it[0] / it[x]);
     }
   }
   std::printf("%llu rounds of %llu finds and %llu scans of %llu per index, %zu live records (%llu finds found, %llu records scanned)\n",
               static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(finds), static_cast<unsigned long long>(scans),
               static_cast<unsigned long long>(scan_len), live.size(), static_cast<unsigned long long>(found),
               static_cast<unsigned long long>(got));
-  std::printf("%-14s %12s %9s %9s %12s %9s %9s\n", "index", "find Mops/s", "ratio", "median", "scan Kops/s", "ratio", "median");
+  std::printf("%-14s %12s %9s %9s %12s %9s %9s %12s %9s %9s\n", "index", "find Mops/s", "ratio", "median", "scan Kops/s", "ratio",
+              "median", "ins Mops/s", "ratio", "median");
   for (size_t x = 0; x < names.size(); x++) {
     double fops = double(finds) * double(rounds) / ftime[x], sops = double(scans) * double(rounds) / stime[x];
-    std::printf("%-14s %12.3f %9.3f %9.3f %12.1f %9.3f %9.3f\n", names[x].c_str(), fops / 1e6, ftime[0] / ftime[x],
-                Median(fratio[x]), sops / 1e3, stime[0] / stime[x], Median(sratio[x]));
+    double iops = itime[x] > 0 ? double(round_inserts) * double(rounds) / itime[x] : 0;
+    std::printf("%-14s %12.3f %9.3f %9.3f %12.1f %9.3f %9.3f %12.3f %9.3f %9.3f\n", names[x].c_str(), fops / 1e6,
+                ftime[0] / ftime[x], Median(fratio[x]), sops / 1e3, stime[0] / stime[x], Median(sratio[x]), iops / 1e6,
+                itime[x] > 0 ? itime[0] / itime[x] : 0.0, Median(iratio[x]));
   }
   if (sink == 1) std::printf(" ");
   for (size_t x = 0; x < names.size(); x++) {
