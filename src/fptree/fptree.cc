@@ -67,7 +67,10 @@
 // last scan that sorted the leaf with volatile stores (never flushed, never
 // written by writers); it is used only if it lists exactly the valid slots
 // with strictly ascending keys, which makes it correct whatever happened
-// since it was written (see LoadHint and docs/fptree.md).
+// since it was written (see LoadHint and docs/fptree.md). u64 scans also
+// prefetch the next leaves' header lines several leaves ahead from the
+// bottom inner node's children (Ahead; a prefetch only, the list is still
+// followed through the validated next pointers).
 #include "fptree/fptree.h"
 
 #include <immintrin.h>
