@@ -9,6 +9,10 @@
 #   4. a small key space (30 keys per thread), 1000 crash images, lint fatal,
 #      u64 and byte keys: deletes empty nodes, so leaf deletion / node
 #      merges and root collapses run (FPTree with 3-way inner nodes);
+#   4b. a tiny key space (3 keys per thread, keys 0, 1, 2 for u64), 1000
+#      crash images each kind: nodes of one or two records, emptied and
+#      refilled over and over (sentinel and "left neighbour" words next to
+#      the smallest keys: two FAST & FAIR crash bugs showed only here);
 #   5. 20 process kills.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
@@ -75,6 +79,10 @@ for idx in $indexes; do
   run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
   # shellcheck disable=SC2086
   run "$idx shrink" 0 --index "$idx" --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # shellcheck disable=SC2086
+  run "$idx tiny" 0 --index "$idx" --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # shellcheck disable=SC2086
+  run "$idx tiny bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
   run "$idx shrink bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
