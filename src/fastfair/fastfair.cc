@@ -735,10 +735,22 @@ class FastFair final : public FastFairBase {
     // committed by the count store alone.)
     if (c == 0 || c >= cap_ || (sw_guard_ && (Ld(&n->sw) & 1))) return false;
     Entry* e = n->ents();
-    const uint64_t k = Ld(&e[c].k), left = Ld(&e[c - 1].k);
-    if (k == left || (BK && (k == kBytesLk || k >= pool_->size()))) return false;
+    const uint64_t k = Ld(&e[c].k), left = Ld(&e[c - 1].k), lk = Ld(&n->lk);
+    // k == lk: an I2 copy of an empty node's lk (u64 lk may sort above the
+    // key of an append in flight: slot 0 written, slot 1 still lk).
+    if (k == left || k == lk || (BK && (k == kBytesLk || k >= pool_->size()))) return false;
     const SK key = KeyOf(k);
-    if (Cmp(left, key) >= 0) return false;
+    // c == 1 with slot 0 ignored (k[0] == lk): there is no left key, and lk
+    // is not a key (a u64 lk may sort anywhere, a byte-key lk is no block):
+    // never compare with it. Slot 0 is ignored at a durable count of 1 only
+    // while a shift is moving the one record R: an insert at slot 0 into a
+    // one-record node (R copied into slot 1, then k[0] = lk) or, format 3, a
+    // delete (or repair) of slot 0 of a two-record node (k[0] = lk, then
+    // R moved left; the count of 1 may be durable before). R is live in
+    // both. An append into an empty node stores slot 0 before slot 1 (one
+    // line), and the removal of a one-record node makes slot 1 lk before
+    // slot 0: slot 1 is then lk, refused above.
+    if (!(c == 1 && left == lk) && Cmp(left, key) >= 0) return false;
     const uint64_t h = Ld(&n->high);
     return !Ld(&n->sibling) || !h || Cmp(h, key) > 0;
   }
@@ -1042,9 +1054,11 @@ class FastFair final : public FastFairBase {
   bool FindInLocked(Node* n, const SK& key, uint32_t* pos) const {
     Entry* e = n->ents();
     const uint32_t cnt = CountOf(n);
-    if (n->gen == gen_) {
+    if (n->gen == gen_ && !read_only_) {
       // Repaired and write-locked (or read-locked: a repaired node is only
       // changed under its write lock): no ignored records, binary search.
+      // Not in a read-only open: there gen_ is Meta::gen, and a node
+      // repaired in the run that crashed can hold a half-done shift.
       uint32_t lo = 0, hi = cnt;
       while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
