@@ -222,19 +222,28 @@ std::atomic<uint64_t> g_epoch{1};
 // with a destructor in a shared library went through __tls_get_addr and a
 // TLS init guard on every guard: 1.7% of a pmbench insert+find profile).
 // The slot is released at thread exit by t_epoch_release, a separate
-// thread_local touched only when the slot is claimed.
+// thread_local touched only when the slot is claimed. Thread-exit order:
+// another thread_local's destructor may run an operation (an EpochGuard)
+// after t_epoch_release was destroyed; re-arming the dead object would
+// leak the slot for good (and 512 such leaks would make ClaimSlot spin
+// forever). So its destructor sets `exiting` (plain TLS, never destroyed),
+// and from then on the outermost guard releases the slot itself.
 struct ThreadEpoch {
   int idx;
   int depth;
+  bool exiting;
 };
-thread_local ThreadEpoch t_epoch __attribute__((tls_model("initial-exec"))) = {-1, 0};
+thread_local ThreadEpoch t_epoch __attribute__((tls_model("initial-exec"))) = {-1, 0, false};
+inline void ReleaseEpochSlot(ThreadEpoch& t) {
+  g_epoch_slots[t.idx].used.store(false, std::memory_order_release);
+  t.idx = -1;
+}
 struct EpochSlotRelease {
   bool armed = false;
   ~EpochSlotRelease() {
-    if (armed && t_epoch.idx >= 0) {
-      g_epoch_slots[t_epoch.idx].used.store(false, std::memory_order_release);
-      t_epoch.idx = -1;
-    }
+    t_epoch.exiting = true;
+    // (A guard still open on this thread releases the slot when it closes.)
+    if (armed && t_epoch.idx >= 0 && t_epoch.depth == 0) ReleaseEpochSlot(t_epoch);
   }
 };
 thread_local EpochSlotRelease t_epoch_release;
@@ -259,14 +268,19 @@ class EpochGuard {
   }
   ~EpochGuard() {
     ThreadEpoch& t = t_epoch;
-    if (--t.depth == 0) g_epoch_slots[t.idx].e.store(0, std::memory_order_release);
+    if (--t.depth == 0) {
+      g_epoch_slots[t.idx].e.store(0, std::memory_order_release);
+      if (__builtin_expect(t.exiting, 0)) ReleaseEpochSlot(t);  // t_epoch_release is gone
+    }
   }
   EpochGuard(const EpochGuard&) = delete;
   EpochGuard& operator=(const EpochGuard&) = delete;
 
  private:
   static void __attribute__((noinline)) ClaimSlot(ThreadEpoch& t) {
-    t_epoch_release.armed = true;  // constructs it: releases the slot at thread exit
+    // Constructs it: releases the slot at thread exit (unless it was
+    // destroyed already: then ~EpochGuard releases the slot).
+    if (!t.exiting) t_epoch_release.armed = true;
     while (t.idx < 0) {
       for (int i = 0; i < kEpochSlots && t.idx < 0; i++) {
         bool f = false;
@@ -723,7 +737,9 @@ class FastFair final : public FastFairBase {
   // shift is harmless, and Pushed never looks past slot c.
   // Only nodes not repaired since the open (gen != gen_), or any node of a
   // read-only open, may lag; writers repair a node (Repair counts R) before
-  // they change it, so the live tree never applies the rule.
+  // they change it. A lock-free reader that decided MayLag before the
+  // repair retries (the repair adds 2 to sw after its gen store), so the
+  // rule is never applied to a node a writer changed since the open.
   void SetProtocol(uint32_t version) {
     lag_ok_ = version >= 2;
     sw_guard_ = version == 2;
@@ -756,8 +772,9 @@ class FastFair final : public FastFairBase {
   }
   // The number of slots a reader considers (lock-free or locked).
   uint32_t CountOf(Node* n) const { return CountLF(n, MayLag(n)); }
-  // The same with MayLag(n) computed by the caller (it only turns false,
-  // when a writer repairs the node, and Pushed is false after the repair).
+  // The same with MayLag(n) computed by the caller after it loaded sw (it
+  // only turns false, when a writer repairs the node; the repair then
+  // changes sw, so the caller's sw validation fails and it retries).
   uint32_t CountLF(Node* n, bool lag) const {
     const uint32_t c = Ld(&n->count);
     if (__builtin_expect(lag, 0)) return c + Pushed(n, c);
@@ -1841,6 +1858,16 @@ class FastFair final : public FastFairBase {
     // Durable so that the line is clean when the op returns (losing it
     // would only cause an idempotent second repair).
     St(&n->gen, gen_);
+    // Then a new sw (the mode kept: +2), after gen: a lock-free reader
+    // loads sw, then gen (MayLag); one that saw the old gen (it applies
+    // Pushed) and finds sw unchanged at its validation saw none of the
+    // stores after the gen store, i.e. no write to the live node (St is a
+    // release store, the loads acquire). Without it such a reader could
+    // apply the lag rule to the live node and count an append in flight
+    // before its count store while a later reader (lag false) misses it:
+    // not linearizable (only right after an open; reviewer finding 4).
+    // The same line as gen.
+    St(&n->sw, n->sw + 2);
     pm::Persist(&n->gen, 8);
   }
 
