@@ -714,9 +714,10 @@ class FastFair final : public FastFairBase {
   // Format 3 does the same for a delete shift: its shrunk count shares the
   // last line's fence, so the durable count may already exclude the last
   // record R, in slot c = count, not yet moved left. Pushed() recognises
-  // exactly that slot: c >= 1, c < cap, k[c] differs from k[c-1], sorts
-  // above it, and lies below `high` (if there is a sibling). Otherwise slot
-  // c is an ignored copy of its left neighbour (invariant I2, below), a
+  // exactly that slot: c >= 1, c < cap, k[c] differs from k[c-1] and from
+  // lk, sorts above k[c-1] (unless c == 1 and slot 0 is ignored: no left
+  // key, see Pushed), and lies below `high` (if there is a sibling).
+  // Otherwise slot c is an ignored copy of its left neighbour (invariant I2, below), a
   // record of a split or merge window (at or above `high`), an append or a
   // last-record removal in flight (either outcome is allowed), and a
   // removal of the last record first turns the stale I2 copy behind it into
@@ -738,8 +739,8 @@ class FastFair final : public FastFairBase {
   // Only nodes not repaired since the open (gen != gen_), or any node of a
   // read-only open, may lag; writers repair a node (Repair counts R) before
   // they change it. A lock-free reader that decided MayLag before the
-  // repair retries (the repair adds 2 to sw after its gen store), so the
-  // rule is never applied to a node a writer changed since the open.
+  // repair retries (the repair adds 2 to sw after its gen store), so no
+  // reader keeps a result of the rule applied to a node a writer changed.
   void SetProtocol(uint32_t version) {
     lag_ok_ = version >= 2;
     sw_guard_ = version == 2;
