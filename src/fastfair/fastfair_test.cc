@@ -8,6 +8,8 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
@@ -553,6 +555,43 @@ TEST(FastFair, OpenIsConstantWork) {
   EXPECT_LE(stores[1], 4u);
   std::printf("index open: %.1f us at 1K records, %.1f us at %s records\n", secs[0] * 1e6, secs[1] * 1e6,
               long_run ? "1M" : "100K");
+}
+
+// An operation run by a thread_local's destructor after the epoch slot's
+// own thread_local releaser was destroyed (thread-exit order: destructors
+// run in the reverse order of construction, and the releaser is built at
+// the thread's first operation). Before the fix that guard re-armed the
+// destroyed releaser: the slot was never released, and once all 512 slots
+// leaked this way ClaimSlot spun forever (this test then hangs at thread
+// 513 instead of finishing).
+Index* g_exit_idx = nullptr;
+struct FindAtThreadExit {
+  bool armed = false;
+  ~FindAtThreadExit() {
+    if (!armed) return;
+    std::string v;
+    EXPECT_TRUE(g_exit_idx->Find(U64(1), &v).ok());
+  }
+};
+TEST(FastFair, OperationsInThreadExitReleaseTheirEpochSlot) {
+  fftest::PoolGuard g("tlsexit");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64), &idx).ok());
+  ASSERT_TRUE(idx->Insert(U64(1), U64(2)).ok());
+  g_exit_idx = idx.get();
+  for (int i = 0; i < 600; i++) {
+    std::thread t([&] {
+      thread_local FindAtThreadExit late;  // constructed before the releaser
+      late.armed = true;
+      std::string v;
+      EXPECT_TRUE(idx->Find(U64(1), &v).ok());
+    });
+    t.join();
+  }
+  // And the process's slots are still usable.
+  std::string v;
+  EXPECT_TRUE(idx->Find(U64(1), &v).ok());
+  g_exit_idx = nullptr;
 }
 
 }  // namespace
