@@ -121,6 +121,20 @@ enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
 const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
 
 inline void Pause() { _mm_pause(); }
+// Spin-wait backoff for the concurrent tree's retry loops (leaf locks,
+// inner-node versions, OLC restarts): a few pause spins, then yield, so a
+// lock holder that was preempted gets the CPU. Review finding: 96 threads on
+// 2 cores under TSan (conformance ManyThreadsOnDisjointKeys) convoyed for
+// minutes behind preempted holders while the waiters only paused. An
+// uncontended operation never waits, so it never yields.
+struct Backoff {
+  static constexpr int kSpins = 32;
+  int n = 0;
+  void Wait() {
+    if (++n > kSpins) std::this_thread::yield();
+    else Pause();
+  }
+};
 
 // ---------------------------------------------------------------------------
 // PM root object.
@@ -165,53 +179,90 @@ std::atomic<uint64_t> g_epoch{1};
 // a shared library (two calls per guarded operation, callgrind). The slot is
 // released at thread exit by a separate thread_local touched only when the
 // slot is taken.
+// Thread exit (review finding): thread_local destructors run in reverse
+// order of construction, so one constructed before the thread's first
+// FPTree operation may call the tree after ~EpochSlotReleaser ran. The
+// releaser's destructor sets `exiting`; from then on a guard takes a slot
+// for itself and gives it back when it ends (a slot taken then would
+// otherwise never be released, and after 256 such exits every thread would
+// wait for a slot forever).
 struct TlsEpoch {
   int idx = -1;
   int depth = 0;
+  bool exiting = false;
 };
 FPT_TLS TlsEpoch tl_epoch;
 struct EpochSlotReleaser {
   int idx = -1;
   ~EpochSlotReleaser() {
+    tl_epoch.exiting = true;
     if (idx < 0) return;
     tl_epoch.idx = -1;
     g_slots[idx].used.store(false, std::memory_order_release);
   }
 };
-EpochSlot* MySlot() {
-  if (tl_epoch.idx < 0) {
-    thread_local EpochSlotReleaser releaser;
-    for (;;) {
-      for (int i = 0; i < kEpochSlots; i++) {
-        bool f = false;
-        if (!g_slots[i].used.load(std::memory_order_relaxed) && g_slots[i].used.compare_exchange_strong(f, true)) {
-          tl_epoch.idx = i;
-          releaser.idx = i;
-          return &g_slots[i];
-        }
+// Takes a free slot. With `wait`, until one comes free (yielding); without,
+// gives up (nullptr) after a few passes: more than kEpochSlots threads use
+// trees at once, and the operation reports Busy instead of spinning.
+EpochSlot* TakeSlot(bool wait) {
+  for (int pass = 0;; pass++) {
+    for (int i = 0; i < kEpochSlots; i++) {
+      bool f = false;
+      if (!g_slots[i].used.load(std::memory_order_relaxed) && g_slots[i].used.compare_exchange_strong(f, true)) {
+        tl_epoch.idx = i;
+        return &g_slots[i];
       }
-      std::this_thread::yield();
     }
+    if (!wait && pass >= 16) return nullptr;
+    std::this_thread::yield();
   }
-  return &g_slots[tl_epoch.idx];
 }
+EpochSlot* MySlot(bool wait) {
+  if (tl_epoch.idx >= 0) return &g_slots[tl_epoch.idx];
+  if (tl_epoch.exiting) return TakeSlot(wait);  // released by the guard
+  thread_local EpochSlotReleaser releaser;
+  EpochSlot* s = TakeSlot(wait);
+  if (s) releaser.idx = tl_epoch.idx;
+  return s;
+}
+// An operation's epoch guard. ok() is false (the operation returns Busy)
+// only if no slot was free and `wait` was false.
 struct EpochGuard {
   EpochSlot* s = nullptr;
   bool active = false;
-  explicit EpochGuard(bool on) {
+  bool failed = false;
+  explicit EpochGuard(bool on, bool wait = false) {
     if (!on) return;
-    active = true;
     TlsEpoch& te = tl_epoch;
-    if (te.depth++ > 0) return;
-    s = te.idx >= 0 ? &g_slots[te.idx] : MySlot();
+    if (te.depth > 0) {
+      te.depth++;
+      active = true;
+      return;
+    }
+    s = te.idx >= 0 ? &g_slots[te.idx] : MySlot(wait);
+    if (!s) {
+      failed = true;
+      return;
+    }
+    te.depth = 1;
+    active = true;
     s->e.exchange(g_epoch.load(std::memory_order_acquire), std::memory_order_seq_cst);
   }
   ~EpochGuard() {
     if (!active) return;
-    if (--tl_epoch.depth == 0 && s) s->e.store(0, std::memory_order_release);
+    TlsEpoch& te = tl_epoch;
+    if (--te.depth == 0 && s) {
+      s->e.store(0, std::memory_order_release);
+      if (te.exiting) {  // taken after the releaser ran: give it back now
+        te.idx = -1;
+        s->used.store(false, std::memory_order_release);
+      }
+    }
   }
+  bool ok() const { return !failed; }
   EpochGuard(const EpochGuard&) = delete;
 };
+inline Status EpochBusy() { return Status::Busy("fptree: more than 256 threads are using trees at once"); }
 // Waits until every thread that was inside an epoch guard when this was
 // called has left it. Must be called outside any guard.
 void Synchronize() {
@@ -331,7 +382,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   FPTree(std::unique_ptr<pm::Pool> pool, const Options& o) : pool_(std::move(pool)), opts_(o) {
     base_ = pool_->base();
-    pool_size_ = pool_->size();
+    reserved_size_ = pool_->max_size();
   }
   ~FPTree() override { Close(); }
 
@@ -680,36 +731,31 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   // Traverses to the leaf covering k. Returns its offset and (concurrent) an
   // unlocked version read while the bottom parent was still valid.
-  // parent/idx/pv describe the bottom inner node.
+  // parent/idx describe the bottom inner node (ScanU64's lookahead).
   struct Path {
     Inner* parent = nullptr;
-    uint64_t pv = 0;
     uint32_t idx = 0;
-    Inner* left = nullptr;  // deepest node where we went right of child 0
-    uint32_t left_idx = 0;
   };
   uint64_t FindLeaf(const SKey& k, uint64_t* lver) { return FindLeafT<false>(k, lver, nullptr); }
   uint64_t FindLeaf(const SKey& k, uint64_t* lver, Path* path) { return FindLeafT<true>(k, lver, path); }
-  // kPath: fill *path (deletes, scans). A separate instantiation, so that
+  // kPath: fill *path (only ScanU64 uses it). A separate instantiation, so that
   // finds and writes do not track the path (callgrind: ~20 instructions).
   template <bool kPath>
   uint64_t FindLeafT(const SKey& k, uint64_t* lver, Path* path) {
+    Backoff bo;
+    bool first = true;
     for (;;) {
     restart:
+      if (kConc && !first) bo.Wait();
+      first = false;
       Inner* n = root_inner_.load(std::memory_order_acquire);
       uint64_t v = 0;
       if (!ReadLock(n, &v)) continue;
       if (kConc && n != root_inner_.load(std::memory_order_acquire)) continue;
-      Inner* left = nullptr;
-      uint32_t left_idx = 0;
       for (;;) {
         uint32_t i = UpperBound(n, k);
         uint64_t c = n->child()[i].load(std::memory_order_relaxed);
         if (!Validate(n, v)) goto restart;
-        if (kPath && i > 0) {
-          left = n;
-          left_idx = i - 1;
-        }
         if (n->bottom) {
           char* l = L(c);
           // The caller reads line 0 (bitmap, fingerprints) next; start that
@@ -726,10 +772,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           *lver = lv;
           if constexpr (kPath) {
             path->parent = n;
-            path->pv = v;
             path->idx = i;
-            path->left = left;
-            path->left_idx = left_idx;
           }
           return c;
         }
@@ -747,8 +790,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // into the bottom inner node covering sep, splitting full nodes on the way
   // down (OLC insert; only inner-node locks are taken here).
   void InsertSeparator(const SKey& sep, uint64_t kw, uint64_t right_leaf) {
+    Backoff bo;
+    bool first = true;
     for (;;) {
     restart:
+      if (kConc && !first) bo.Wait();
+      first = false;
       Inner* n = root_inner_.load(std::memory_order_acquire);
       uint64_t v = 0;
       if (!ReadLock(n, &v)) continue;
@@ -1150,12 +1197,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
     SKey k = MakeKey(key);
     EpochGuard g(kConc);
+    if (!g.ok()) return EpochBusy();
+    Backoff bo;
     for (;;) {
       uint64_t lv = 0;
       uint64_t loff = FindLeaf(k, &lv);
       char* l = L(loff);
       if (!LeafTryLock(l, lv)) {
-        Pause();
+        bo.Wait();
         continue;
       }
       uint64_t bm = Ld(Bm(l));
@@ -1204,6 +1253,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
     SKey k = MakeKey(key);
     EpochGuard g(kConc);
+    if (!g.ok()) return EpochBusy();
     for (;;) {
       uint64_t lv = 0;
       char* l = L(FindLeaf(k, &lv));
@@ -1240,12 +1290,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     Retired ret;
     {
       EpochGuard g(kConc);
+      if (!g.ok()) return EpochBusy();
+      Backoff bo;
       for (;;) {
         uint64_t lv = 0;
         uint64_t loff = FindLeaf(k, &lv);
         char* l = L(loff);
         if (!LeafTryLock(l, lv)) {
-          Pause();
+          bo.Wait();
           continue;
         }
         uint64_t bm = Ld(Bm(l));
@@ -1342,7 +1394,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     int pending = -1;
     Retired ret;
     {
-      EpochGuard g(kConc);
+      EpochGuard g(kConc, /*wait=*/true);
       uint64_t lv = 0;
       uint64_t loff = FindLeaf(d.k, &lv);
       char* l = L(loff);
@@ -1493,6 +1545,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     while (!r->bottom && r->count.load(std::memory_order_relaxed) == 0) {
       auto* c = reinterpret_cast<Inner*>(r->child()[0].load(std::memory_order_relaxed));
       bool locked = false;
+      Backoff bo;
       for (;;) {
         uint64_t cv = kConc ? c->version.load(std::memory_order_acquire) : 0;
         if (cv & 1) break;  // cannot happen: only r could have removed c
@@ -1500,7 +1553,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           locked = true;
           break;
         }
-        Pause();
+        bo.Wait();
       }
       if (!locked) break;
       root_inner_.store(c, std::memory_order_release);
@@ -1560,6 +1613,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
       bool end = false;
       {
         EpochGuard g(kConc);
+        if (!g.ok()) {
+          if (count) *count = done;
+          return EpochBusy();
+        }
         SKey k;
         if constexpr (kBytes) k.s = resume.ks;
         else k.u = resume.k;
@@ -1640,6 +1697,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
       bool end = false;
       {
         EpochGuard g(kConc);
+        if (!g.ok()) {
+          if (count) *count = done;
+          return EpochBusy();
+        }
         SKey k;
         k.u = resume;
         uint64_t lv = 0;
@@ -1698,8 +1759,15 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (count) *count = done;
     return Status::OK();
   }
+  // True if a whole leaf at `off` lies in the pool's current size (it grows
+  // in place while open, so the size at open is not a bound: review finding).
+  bool InPool(uint64_t off) const {
+    uint64_t size = pool_->size();  // acquire
+    return off && size >= lay_.bytes && off <= size - lay_.bytes;
+  }
+  bool InReserved(uint64_t off) const { return off && reserved_size_ >= lay_.bytes && off <= reserved_size_ - lay_.bytes; }
   void PrefetchLeaf(uint64_t off) const {
-    if (off && off + lay_.bytes <= pool_size_)
+    if (InReserved(off))
       for (uint32_t o = 0; o < lay_.bytes; o += 64) __builtin_prefetch(L(off) + o);
   }
   // Scan lookahead. The leaves a scan visits next are its bottom inner
@@ -1723,16 +1791,19 @@ class FPTree final : public Index, public FPTreeIntrospect {
     uint32_t last = uint32_t(std::min<size_t>(std::min<size_t>(leaves, kMaxAhead) + a->pos, cnt));
     for (; a->pf < last; a->pf++) {
       uint64_t off = a->parent->child()[a->pf + 1].load(std::memory_order_relaxed);
-      if (off && off + lay_.bytes <= pool_size_) {
+      if (InReserved(off)) {
         __builtin_prefetch(L(off));
         __builtin_prefetch(L(off) + lay_.trailer);
       }
     }
   }
   // The lines of leaf `off` that hold its valid slots (from its bitmap, whose
-  // line PrefetchAhead fetched earlier).
+  // line PrefetchAhead fetched earlier). This loads the bitmap: `off` must
+  // come from an acquire load of a next pointer (the split that published
+  // the leaf wrote its bitmap with plain stores before the release store of
+  // the next pointer), and lie in the pool's current size.
   void PrefetchRecords(uint64_t off) const {
-    if (!off || off + lay_.bytes > pool_size_) return;
+    if (!InPool(off)) return;
     char* l = L(off);
     uint64_t bm = Ld(Bm(l)) & lay_.full;
     const uint32_t per = 64 / lay_.key_stride;  // slots per line: 4 (fptree), 8 (ptree)
@@ -1828,10 +1899,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     *cnt_out = cnt;
     // The scan will go on to the next leaf (a random address, one dependent
     // miss after another otherwise): fetch it while this one is read, only
-    // the lines with records if its bitmap is on its way already (Ahead). A
-    // stale offset only wastes the prefetch.
+    // the lines with records if its bitmap is on its way already (Ahead).
+    // PrefetchRecords loads that bitmap, so the next pointer is read with
+    // acquire (pairs with SplitFinish's release store; with a relaxed load
+    // TSan reported the bitmap load racing with SplitCopy's plain stores:
+    // review finding). A stale offset only wastes the prefetch: the leaf it
+    // names is not freed while this scan's epoch guard is held.
     if (room > size_t(cnt)) {
-      if (next_header_fetched) PrefetchRecords(Ld(Next(l)));
+      if (next_header_fetched) PrefetchRecords(__atomic_load_n(Next(l), __ATOMIC_ACQUIRE));
       else PrefetchLeaf(Ld(Next(l)));
     }
     // Layout values in locals: the loops below store to `out`, which the
@@ -1951,7 +2026,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   uint64_t Size() override {
     if (closed_) return 0;
-    EpochGuard g(kConc);
+    EpochGuard g(kConc, /*wait=*/true);
     uint64_t n = 0;
     for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) n += __builtin_popcountll(Ld(Bm(L(x))));
     return n;
@@ -2343,7 +2418,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::vector<Deferred> deferred_;
   std::atomic<size_t> deferred_n_{0};
   std::atomic<uint64_t> dram_bytes_{0};
-  uint64_t pool_size_ = 0;  // for ScanU64's prefetch bound
+  // Bound of the scan's prefetch-only paths: the address space the pool
+  // reserves (pools grow in place up to it; a prefetch past the mapped part
+  // is harmless). Loads are bounded by the current size (InPool).
+  uint64_t reserved_size_ = 0;
   std::atomic<uint64_t> split_free_{~0ull}, del_free_{~0ull};
   std::vector<uint64_t> free_leaves_;
   std::map<uint64_t, uint32_t> group_used_;

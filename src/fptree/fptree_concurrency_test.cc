@@ -400,6 +400,113 @@ TEST_P(FPTreeConc, ZeroValuesAreFound) {
   EXPECT_EQ(errors.load(), 0);
 }
 
+// Review finding (TSan): a scan prefetching the records of the next leaf
+// loaded that leaf's bitmap through a relaxed load of the next pointer, so
+// the bitmap written by the split (plain stores, published by a release
+// store of the next pointer) was a data race. One writer inserting and
+// removing with 8-slot leaves (many splits and leaf deletions), two threads
+// scanning u64 keys; a bounded number of operations. Under TSan this fails
+// with the relaxed load.
+TEST(FPTreeConcMisc, ScansRacingSplitsU64) {
+  Watchdog wd("ScansRacingSplitsU64", 300);
+  std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-scansplit.pool";
+  Options o;
+  o.pool_path = path;
+  o.key_kind = KeyKind::kU64;
+  o.value_kind = ValueKind::kU64;
+  o.params = {{"leaf_size", "8"}};
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+  const uint64_t ops = Long() ? 400000 : 30000, space = 4000;
+  std::atomic<bool> done{false};
+  std::atomic<int> errors{0};
+  std::thread w([&] {
+    std::mt19937_64 rng(1);
+    for (uint64_t i = 0; i < ops; i++) {
+      uint64_t k = rng() % space;
+      if (rng() % 3) idx->Upsert(U64Slice(k), U64Slice(k * 2));
+      else idx->Remove(U64Slice(k));
+    }
+    done = true;
+  });
+  std::vector<std::thread> scanners;
+  for (int t = 0; t < 2; t++)
+    scanners.emplace_back([&, t] {
+      std::mt19937_64 rng(7 + t);
+      int rounds = 0;
+      while (!done || rounds < 10) {
+        rounds++;
+        uint64_t prev = 0;
+        bool have = false;
+        idx->Scan(U64Slice(rng() % space), 200, [&](Slice k, Slice v) {
+          uint64_t kk = SliceToU64(k);
+          if ((have && kk <= prev) || SliceToU64(v) != kk * 2) errors++;
+          prev = kk;
+          have = true;
+          return true;
+        });
+      }
+    });
+  w.join();
+  for (auto& t : scanners) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_TRUE(idx->Check().ok());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+// Review finding: thread_local destructors run in reverse order of
+// construction, so a thread_local constructed before the thread's first
+// tree operation can call the tree after the epoch slot's releaser ran. The
+// slot taken then must be given back: with 300 sequential threads (more
+// than the 256 slots) a leaked slot per exit makes the later threads wait
+// forever (the watchdog fails the test) or fail with Busy.
+// The destructor's operations do not allocate PM (an in-place update and a
+// find): the pm allocator's own thread cache is a thread_local with a
+// destructor, constructed after this one, so it is gone by then.
+struct ExitUser {
+  Index* idx = nullptr;
+  std::string key;
+  Status* out = nullptr;
+  ~ExitUser() {
+    if (!idx) return;
+    *out = idx->Update(key, U64Slice(7));
+    std::string v;
+    if (out->ok()) *out = idx->Find(key, &v);
+    if (out->ok() && SliceToU64(v) != 7) *out = Status::Corrupt("update from exit destructor lost");
+  }
+};
+thread_local ExitUser tl_exit_user;
+TEST(FPTreeConcMisc, OperationsFromThreadExitDestructors) {
+  Watchdog wd("OperationsFromThreadExitDestructors", 300);
+  std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-exit.pool";
+  Options o;
+  o.pool_path = path;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+  const int kThreads = 300;
+  std::vector<Status> st(kThreads);
+  for (int i = 0; i < kThreads; i++) {
+    std::thread t([&, i] {
+      tl_exit_user.idx = idx.get();  // constructed first: destroyed last
+      tl_exit_user.key = std::string(U64Slice(i));
+      tl_exit_user.out = &st[i];
+      if (!idx->Insert(U64Slice(i), U64Slice(i)).ok()) st[i] = Status::Corrupt("insert failed");
+    });
+    t.join();
+    ASSERT_TRUE(st[i].ok()) << "thread " << i << ": " << st[i].ToString();
+  }
+  std::string v;
+  for (int i = 0; i < kThreads; i++) {
+    ASSERT_TRUE(idx->Find(U64Slice(i), &v).ok()) << i;
+    EXPECT_EQ(SliceToU64(v), 7u) << i;
+  }
+  EXPECT_EQ(idx->Size(), uint64_t(kThreads));
+  EXPECT_TRUE(idx->Check().ok());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, FPTreeConc,
                          testing::Values(Cfg{false, false, "u64"}, Cfg{false, true, "u64_small"}, Cfg{true, false, "bytes"},
                                          Cfg{true, true, "bytes_small"}),
