@@ -1821,8 +1821,8 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // unused bytes of the leaf's trailer line (after the next pointer and the
   // lock word): up to 64 six-bit slot indices, entry j at bits [6j, 6j+6) of
   // the six little-endian words. It is a hint, not state: written with
-  // volatile stores (pm::StoreVolatile, never flushed, never logged), never
-  // touched by writers, not copied by splits, and trusted only if it lists
+  // volatile stores (pm::StoreVolatile: never flushed; pmcheck logs them,
+  // only its lint ignores them), never touched by writers, not copied by splits, and trusted only if it lists
   // exactly the valid slots (LoadHint) in strictly ascending key order (the
   // caller checks while it reads the keys, which an unsorted leaf needs
   // anyway: a record below the last one emitted could hide in any slot).
