@@ -508,6 +508,46 @@ TEST(FPTreeConcMisc, OperationsFromThreadExitDestructors) {
   pm::Pool::Remove(path);
 }
 
+// More threads using trees at once than there are epoch slots (256,
+// process-wide): an operation that finds no free slot returns Busy instead
+// of spinning forever (review finding), and the slots come back when the
+// threads exit. Each thread does one insert and then waits (keeping its
+// slot) until all have done theirs.
+TEST(FPTreeConcMisc, MoreLiveThreadsThanEpochSlotsGetBusy) {
+  Watchdog wd("MoreLiveThreadsThanEpochSlotsGetBusy", 300);
+  std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-busy.pool";
+  Options o;
+  o.pool_path = path;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+  const int kThreads = 300;
+  std::vector<Status> st(kThreads);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kThreads; i++)
+    ts.emplace_back([&, i] {
+      st[i] = idx->Insert(U64Slice(i), U64Slice(i));
+      finished++;
+      while (finished.load() < kThreads) std::this_thread::yield();
+    });
+  for (auto& t : ts) t.join();
+  int ok = 0, busy = 0;
+  for (int i = 0; i < kThreads; i++) {
+    if (st[i].ok()) ok++;
+    else if (st[i].IsBusy()) busy++;
+    else ADD_FAILURE() << i << ": " << st[i].ToString();
+  }
+  EXPECT_EQ(ok + busy, kThreads);
+  EXPECT_GE(busy, kThreads - 256);
+  EXPECT_LE(ok, 256);
+  EXPECT_EQ(idx->Size(), uint64_t(ok));
+  // The slots are free again.
+  std::thread([&] { EXPECT_TRUE(idx->Insert(U64Slice(100000), U64Slice(1)).ok()); }).join();
+  EXPECT_TRUE(idx->Check().ok());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, FPTreeConc,
                          testing::Values(Cfg{false, false, "u64"}, Cfg{false, true, "u64_small"}, Cfg{true, false, "bytes"},
                                          Cfg{true, true, "bytes_small"}),
