@@ -176,6 +176,12 @@ struct TlsCaches {
   ~TlsCaches();
 };
 thread_local TlsCaches tls_caches;
+// Set by ~TlsCaches. A thread_local constructed before tls_caches is
+// destroyed after it, and its destructor may still allocate or free (an
+// index operation run at thread exit). tls_caches must not be touched then:
+// such operations take an "orphan" cache, released when the operation ends.
+// Trivially destructible, so it stays readable until the thread is gone.
+thread_local bool tls_caches_gone = false;
 
 class PoolAllocator final : public Allocator {
  public:
@@ -199,7 +205,20 @@ class PoolAllocator final : public Allocator {
  private:
   Status AllocateImpl(uint64_t* dest, size_t size, bool zero);
   Status AllocLarge(ThreadCache* tc, uint64_t* dest, size_t size, bool zero);
-  Status GetCache(ThreadCache** out);
+  // This thread's cache for this pool. *orphan is set when the thread's
+  // cache table is already destroyed (thread exit): the caller must then
+  // release the cache with OrphanGuard when its operation ends.
+  Status GetCache(ThreadCache** out, bool* orphan);
+  Status NewCache(ThreadCache** out);  // registry mutex held
+  struct OrphanGuard {
+    PoolAllocator* a;
+    ThreadCache* tc;
+    ~OrphanGuard() {
+      if (!tc) return;
+      std::lock_guard<std::mutex> g(RegistryMu());
+      a->ReleaseCache(tc);
+    }
+  };
   bool TakeBlock(Run* r, uint32_t* idx);
   Status Refill(ThreadCache* tc, int cls, Run** out);
   bool TakePartialRun(ThreadCache* tc, int cls, Run** out);
@@ -270,6 +289,7 @@ TlsCaches::~TlsCaches() {
   all.clear();
   last = nullptr;
   last_id = 0;
+  tls_caches_gone = true;
 }
 
 PoolAllocator::PoolAllocator(Pool* pool, bool read_only)
@@ -326,7 +346,14 @@ Status PoolAllocator::Init(bool fresh) {
 
 // ---- thread caches ---------------------------------------------------------
 
-Status PoolAllocator::GetCache(ThreadCache** out) {
+Status PoolAllocator::GetCache(ThreadCache** out, bool* orphan) {
+  *orphan = false;
+  if (__builtin_expect(tls_caches_gone, 0)) {
+    std::lock_guard<std::mutex> rg(RegistryMu());
+    PMINDEX_RETURN_IF_ERROR(NewCache(out));
+    *orphan = true;
+    return Status::OK();
+  }
   TlsCaches& t = tls_caches;
   if (t.last_id == id_) {
     *out = t.last;
@@ -345,6 +372,16 @@ Status PoolAllocator::GetCache(ThreadCache** out) {
   t.all.erase(std::remove_if(t.all.begin(), t.all.end(),
                              [](const std::pair<uint64_t, ThreadCache*>& e) { return !Registry().count(e.first); }),
               t.all.end());
+  ThreadCache* raw;
+  PMINDEX_RETURN_IF_ERROR(NewCache(&raw));
+  t.all.emplace_back(id_, raw);
+  t.last_id = id_;
+  t.last = raw;
+  *out = raw;
+  return Status::OK();
+}
+
+Status PoolAllocator::NewCache(ThreadCache** out) {
   std::lock_guard<std::mutex> g(caches_mu_);
   uint32_t lane = 0;
   while (lane < layout::kLaneCount && lane_used_[lane]) lane++;
@@ -356,12 +393,8 @@ Status PoolAllocator::GetCache(ThreadCache** out) {
   tc->alloc = this;
   tc->lane_idx = lane;
   tc->lane = LaneAt(lane);
-  ThreadCache* raw = tc.get();
+  *out = tc.get();
   caches_.push_back(std::move(tc));
-  t.all.emplace_back(id_, raw);
-  t.last_id = id_;
-  t.last = raw;
-  *out = raw;
   return Status::OK();
 }
 
@@ -651,7 +684,9 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
                                    std::to_string(kMaxAllocation));
   if (!DestOk(dest)) return Status::InvalidArgument("allocation destination is not an aligned word inside the pool's heap");
   ThreadCache* tc;
-  PMINDEX_RETURN_IF_ERROR(GetCache(&tc));
+  bool orphan;
+  PMINDEX_RETURN_IF_ERROR(GetCache(&tc, &orphan));
+  OrphanGuard og{this, orphan ? tc : nullptr};
   if (size > kMaxRunBlock) return AllocLarge(tc, dest, size, zero);
 
   const int cls = ClassOf(size);
@@ -751,10 +786,12 @@ void PoolAllocator::Free(uint64_t* dest) {
     return;
   }
   ThreadCache* tc;
-  if (Status s = GetCache(&tc); !s.ok()) {
+  bool orphan;
+  if (Status s = GetCache(&tc, &orphan); !s.ok()) {
     std::fprintf(stderr, "pmindex: Allocator::Free: %s\n", s.ToString().c_str());
     return;
   }
+  OrphanGuard og{this, orphan ? tc : nullptr};
   const uint64_t chunk = (off - layout::kHeapOffset) / C;
   const uint64_t state = __atomic_load_n(State(chunk), __ATOMIC_ACQUIRE);
   Lane* L = tc->lane;

@@ -8,11 +8,13 @@
 #include <map>
 #include <random>
 #include <set>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "pm/layout.h"
 #include "test_util.h"
 
 namespace pmindex::pm {
@@ -143,6 +145,52 @@ TEST(AllocatorMT, ThreadExitAndCloseOrder) {
   ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
   EXPECT_EQ(p->allocator().BlocksInUse(), 42u);
   EXPECT_TRUE(p->allocator().Check().ok());
+}
+
+// A thread_local constructed before the allocator's thread cache table is
+// destroyed after it; its destructor may still allocate and free (an index
+// operation at thread exit). The allocator must then neither touch the
+// destroyed table (heap corruption: found by an FPTree test) nor leak the
+// lane it takes: more threads than lanes each allocate and free from such a
+// destructor.
+TEST(AllocatorMT, AllocateAndFreeFromThreadExitDestructors) {
+  PoolFile f("mtdtor");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
+  constexpr int kThreads = int(layout::kLaneCount) + 76;
+  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 2 * kThreads * 8).ok());
+  auto* slots = p->root<uint64_t>();
+  struct AtExit {
+    std::function<void()> fn;
+    ~AtExit() {
+      if (fn) fn();
+    }
+  };
+  std::atomic<int> failures{0};
+  Allocator& a = p->allocator();
+  for (int t = 0; t < kThreads; t++) {
+    std::thread([&, t] {
+      static thread_local AtExit at_exit;  // constructed before the allocator's cache table
+      at_exit.fn = [&, t] {
+        if (!a.Allocate(&slots[2 * t + 1], 100).ok()) failures++;
+        a.Free(&slots[2 * t]);
+      };
+      if (!a.Allocate(&slots[2 * t], 64).ok()) failures++;
+    }).join();
+  }
+  EXPECT_EQ(failures.load(), 0);
+  std::set<uint64_t> owned{*p->root_slot()};
+  for (int t = 0; t < kThreads; t++) {
+    EXPECT_EQ(slots[2 * t], 0u) << "thread " << t << ": the free at thread exit did not happen";
+    EXPECT_NE(slots[2 * t + 1], 0u) << "thread " << t << ": the allocation at thread exit did not happen";
+    owned.insert(slots[2 * t + 1]);
+  }
+  std::set<uint64_t> blocks;
+  a.ForEachAllocated([&](uint64_t off, size_t) { blocks.insert(off); });
+  EXPECT_EQ(blocks, owned);
+  EXPECT_TRUE(a.Check().ok());
+  // The same from a thread of this process still works (no lane left taken).
+  EXPECT_TRUE(a.Allocate(&slots[0], 64).ok());
 }
 
 }  // namespace
