@@ -1761,9 +1761,17 @@ class FPTree final : public Index, public FPTreeIntrospect {
   }
   // True if a whole leaf at `off` lies in the pool's current size (it grows
   // in place while open, so the size at open is not a bound: review finding).
+  // The pool only grows (file extended and mapped before the header's size
+  // is published), so a size seen once stays a valid bound: the hot path
+  // compares with the last size seen and reads the header (an out-of-line
+  // acquire load, once per leaf of every scan before) only for an offset
+  // beyond it.
   bool InPool(uint64_t off) const {
-    uint64_t size = pool_->size();  // acquire
-    return off && size >= lay_.bytes && off <= size - lay_.bytes;
+    auto fits = [&](uint64_t size) { return off && size >= lay_.bytes && off <= size - lay_.bytes; };
+    if (fits(known_size_.load(std::memory_order_relaxed))) return true;
+    const uint64_t size = pool_->size();  // acquire
+    known_size_.store(size, std::memory_order_relaxed);
+    return fits(size);
   }
   bool InReserved(uint64_t off) const { return off && reserved_size_ >= lay_.bytes && off <= reserved_size_ - lay_.bytes; }
   void PrefetchLeaf(uint64_t off) const {
@@ -2422,6 +2430,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // reserves (pools grow in place up to it; a prefetch past the mapped part
   // is harmless). Loads are bounded by the current size (InPool).
   uint64_t reserved_size_ = 0;
+  mutable std::atomic<uint64_t> known_size_{0};  // a pool size seen by InPool (only grows)
   std::atomic<uint64_t> split_free_{~0ull}, del_free_{~0ull};
   std::vector<uint64_t> free_leaves_;
   std::map<uint64_t, uint32_t> group_used_;

@@ -454,6 +454,17 @@ TEST(FPTreeMisc, ParamsPersistAcrossReopen) {
   pm::Pool::Remove(path);
 }
 
+// Options for the scan-hint tests' kinds: 0 = u64 keys and values
+// (ScanU64), 1 = byte keys and values, 2 = u64 keys with byte values (both
+// through ReadLeafRecs).
+Options HintKindOptions(const std::string& path, int kind) {
+  Options o;
+  o.pool_path = path;
+  o.key_kind = kind == 1 ? KeyKind::kBytes : KeyKind::kU64;
+  o.value_kind = kind == 0 ? ValueKind::kU64 : ValueKind::kBytes;
+  return o;
+}
+
 // Scans keep a sorted slot order per leaf (the scan-order hint in the
 // leaf's trailer line) and reuse it while it verifies. A slot reused by a
 // different key can leave the bitmap exactly as it was (delete 20 from slot
@@ -467,10 +478,7 @@ TEST(FPTreeMisc, ScanOrderHintNeverServesAStaleOrder) {
     for (int kind = 0; kind < 3; kind++) {
       SCOPED_TRACE(std::string(variant) + " kind " + std::to_string(kind));
       std::string path = PoolPath("scanhint");
-      Options o;
-      o.pool_path = path;
-      o.key_kind = kind == 1 ? KeyKind::kBytes : KeyKind::kU64;
-      o.value_kind = kind == 0 ? ValueKind::kU64 : ValueKind::kBytes;
+      Options o = HintKindOptions(path, kind);
       o.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
       std::unique_ptr<Index> idx;
       ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
@@ -560,10 +568,7 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
     for (int kind = 0; kind < 3; kind++) {
       SCOPED_TRACE(std::string(variant) + " kind " + std::to_string(kind));
       std::string path = PoolPath("hintwords");
-      Options o;
-      o.pool_path = path;
-      o.key_kind = kind == 1 ? KeyKind::kBytes : KeyKind::kU64;
-      o.value_kind = kind == 0 ? ValueKind::kU64 : ValueKind::kBytes;
+      Options o = HintKindOptions(path, kind);
       std::unique_ptr<Index> idx;
       ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
       auto key = [&](uint64_t k) {
