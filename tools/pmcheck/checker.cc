@@ -354,6 +354,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
       Status s = wl.Apply(idx.get(), op, &got);
       rec.EndOp(rr, s.code());
       std::string err = wl.CheckResult(op, s.code(), state[op.kid], got);
+      if (err.empty() && op.type == OpType::kScan && s.ok()) err = wl.CheckScan(op, got, state);
       if (!err.empty()) {
         std::lock_guard<std::mutex> g(mu);
         wrong.push_back({FailKind::kInvariant, "during the workload, op " + std::to_string(rr) + " on key " + KeyName(wl, op.kid) + ": " + err});

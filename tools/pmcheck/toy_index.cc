@@ -34,6 +34,7 @@
 //   pmcheck_toy.insert.unlogged_store    value written with memcpy, bypassing pm::
 //   pmcheck_toy.remove.redundant_flush   flushes the bitmap twice (perf lint)
 //   pmcheck_toy.recover.lose_data        recovery drops the node list (kill mode)
+//   pmcheck_toy.scan.skip_first          a scan leaves out its first record
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -168,6 +169,7 @@ class Toy final : public pmindex::Index {
       });
     }
     std::sort(all.begin(), all.end(), [](const Slot& a, const Slot& b) { return a.key < b.key; });
+    if (PMINDEX_FAULT("pmcheck_toy.scan.skip_first") && !all.empty()) all.erase(all.begin());
     size_t c = 0;
     for (const Slot& s : all) {
       if (c >= count) break;

@@ -20,6 +20,7 @@ const char* OpName(OpType t) {
     case OpType::kUpsert: return "upsert";
     case OpType::kRemove: return "remove";
     case OpType::kFind: return "find";
+    case OpType::kScan: return "scan";
   }
   return "?";
 }
@@ -68,7 +69,12 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
       op.tid = t;
       op.kid = uint32_t(t * nkeys + rng() % nkeys);
       unsigned r = unsigned(rng() % 100);
-      op.type = r < 38 ? OpType::kInsert : r < 55 ? OpType::kUpdate : r < 70 ? OpType::kUpsert : r < 88 ? OpType::kRemove : OpType::kFind;
+      op.type = r < 38   ? OpType::kInsert
+                : r < 55 ? OpType::kUpdate
+                : r < 70 ? OpType::kUpsert
+                : r < 88 ? OpType::kRemove
+                : r < 95 ? OpType::kFind
+                         : OpType::kScan;
       if (op.type != OpType::kFind && op.type != OpType::kRemove) op.version = ++ver[op.kid];
       ops_[t].push_back(op);
     }
@@ -132,9 +138,67 @@ Status Workload::Apply(pmindex::Index* index, const Op& op, std::string* got) co
     case OpType::kUpsert: return index->Upsert(k, Value(op.kid, op.version));
     case OpType::kRemove: return index->Remove(k);
     case OpType::kFind: return index->Find(k, got);
+    case OpType::kScan:
+      got->clear();
+      return index->Scan(
+          k, kScanCount,
+          [got](Slice key, Slice value) {
+            for (Slice part : {key, value}) {
+              const uint32_t n = uint32_t(part.size());
+              got->append(reinterpret_cast<const char*>(&n), 4);
+              got->append(part.data(), part.size());
+            }
+            return true;
+          },
+          nullptr);
     case OpType::kCreate: break;
   }
   return Status::InvalidArgument("bad op");
+}
+
+std::string Workload::CheckScan(const Op& op, const std::string& got, const std::vector<uint32_t>& state) const {
+  // Decode the records.
+  std::vector<std::pair<std::string, std::string>> recs;
+  for (size_t at = 0; at < got.size();) {
+    std::string parts[2];
+    for (std::string& part : parts) {
+      uint32_t n = 0;
+      std::memcpy(&n, got.data() + at, 4);
+      part.assign(got, at + 4, n);
+      at += 4 + n;
+    }
+    recs.emplace_back(std::move(parts[0]), std::move(parts[1]));
+  }
+  if (recs.size() > kScanCount) return "scan returned " + std::to_string(recs.size()) + " records, asked for " + std::to_string(kScanCount);
+  auto less = [this](const std::string& a, const std::string& b) {
+    if (kk_ == pmindex::KeyKind::kU64) return pmindex::SliceToU64(a) < pmindex::SliceToU64(b);
+    return a < b;
+  };
+  const std::string& start = keys_[op.kid];
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const std::string& k = recs[i].first;
+    if (less(k, start)) return "scan returned a key below its start";
+    if (i && !less(recs[i - 1].first, k)) return "scan returned keys out of order or twice";
+    const int64_t kid = KeyId(k);
+    if (kid < 0) return "scan returned a key no op wrote";
+    const int64_t v = Decode(uint32_t(kid), recs[i].second);
+    if (v < 0) return "scan returned a torn value for key #" + std::to_string(kid);
+    if (size_t(kid) / (keys_.size() / ops_.size()) != size_t(op.tid)) continue;  // another thread's key
+    if (uint32_t(v) != state[size_t(kid)])
+      return "scan returned version " + std::to_string(v) + " of key #" + std::to_string(kid) + ", expected " +
+             std::to_string(state[size_t(kid)]);
+  }
+  // None of this thread's present keys in [start, end of the scan) is missing:
+  // up to the last record returned, or everything if the scan ended early.
+  const size_t per = keys_.size() / ops_.size();
+  for (size_t kid = size_t(op.tid) * per; kid < size_t(op.tid + 1) * per; ++kid) {
+    if (!state[kid] || less(keys_[kid], start)) continue;
+    if (recs.size() == kScanCount && less(recs.back().first, keys_[kid])) continue;
+    bool seen = false;
+    for (auto& r : recs) seen |= r.first == keys_[kid];
+    if (!seen) return "scan missed key #" + std::to_string(kid) + " (version " + std::to_string(state[kid]) + ")";
+  }
+  return "";
 }
 
 uint32_t Workload::After(const Op& op, Status::Code result, uint32_t before) {
@@ -155,6 +219,9 @@ std::string Workload::CheckResult(const Op& op, Status::Code result, uint32_t be
     case OpType::kUpdate:
     case OpType::kRemove:
     case OpType::kFind: want = before ? Status::Code::kOk : Status::Code::kNotFound; break;
+    case OpType::kScan:
+      if (result == Status::Code::kUnsupported) return "";
+      break;
     default: break;
   }
   if (result != want)

@@ -20,7 +20,7 @@
 
 namespace pmcheck {
 
-enum class OpType : uint8_t { kCreate, kInsert, kUpdate, kUpsert, kRemove, kFind };
+enum class OpType : uint8_t { kCreate, kInsert, kUpdate, kUpsert, kRemove, kFind, kScan };
 const char* OpName(OpType t);
 
 struct Op {
@@ -49,8 +49,18 @@ class Workload {
   pmindex::KeyKind key_kind() const { return kk_; }
   pmindex::ValueKind value_kind() const { return vk_; }
 
-  // Runs op on index; *got receives the value a Find returned.
+  // Records per scan op (a scan starts at its op's key).
+  static constexpr size_t kScanCount = 12;
+
+  // Runs op on index; *got receives the value a Find returned, or a Scan's
+  // records (each `[u32 key len][key][u32 value len][value]`).
   pmindex::Status Apply(pmindex::Index* index, const Op& op, std::string* got) const;
+  // Empty if a scan by thread `tid` that returned `got` is consistent:
+  // ascending workload keys with values of their own key; the thread's own
+  // keys (no other thread writes them) exactly as `state` has them, none
+  // missing in the range the scan covered. Scans of indexes without order
+  // (Unsupported) are not checked.
+  std::string CheckScan(const Op& op, const std::string& got, const std::vector<uint32_t>& state) const;
   // The key's new state (version, 0 = absent) after op returned `result`.
   static uint32_t After(const Op& op, pmindex::Status::Code result, uint32_t before);
   // Empty if `result` is what a correct index returns from state `before`;
