@@ -22,6 +22,9 @@ struct DebugCounters {
   uint64_t root_collapses = 0;  // root dropped when left with one child
   uint64_t nodes_freed = 0;     // nodes freed after their epoch grace period
   uint64_t merges_skipped = 0;  // underfull nodes left alone: limbo full
+  uint64_t rebalances = 0;      // underfull nodes rebalanced with a sibling (a split, then a merge;
+                                // `merges` counts those merges too)
+  uint64_t rebalances_from_right = 0;  // ... of them with the right sibling giving records
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.

@@ -361,9 +361,63 @@ TEST_P(FastFairMergeCrash, MergesAndRootCollapseCrashAtEveryFence) {
   f = r.ApplyCrashing(MergeWorkload(r, 120, 2));
   EXPECT_EQ(f, "");
   d = internal::fastfair::GetDebugCounters(r.index());
-  std::printf("%llu crash images checked, %llu merges, %llu root collapses, %llu nodes freed\n",
-              (unsigned long long)r.crash_points(), (unsigned long long)d->merges,
+  EXPECT_GT(d->rebalances, 0u);
+  std::printf("%llu crash images checked, %llu merges (%llu of them in rebalances), %llu root collapses, %llu nodes freed\n",
+              (unsigned long long)r.crash_points(), (unsigned long long)d->merges, (unsigned long long)d->rebalances,
               (unsigned long long)d->root_collapses, (unsigned long long)d->nodes_freed);
+}
+
+// Rebalance (a split of the fuller sibling, then a merge of the pair left
+// small: docs/fastfair.md, Merges): runs of consecutive keys are removed
+// from a tree of 7-record leaves, so that one leaf falls below the merge
+// threshold while its neighbours are too full to merge with it; the first
+// run of every batch starts at key 0 (a leftmost child: its right sibling
+// gives). Crash at every fence, read-only then read-write opens, as above.
+// Loads 240 keys in shuffled order; returns removals of runs of 6
+// consecutive keys.
+std::vector<Op> RebalanceWorkload(CrashRun& r, KeyKind kk) {
+  std::vector<uint64_t> ids = Range(0, 240);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(7));
+  r.Apply(Inserts(r, ids));
+  // Ids in key order (byte keys sort by memcmp: "key-1" < "key-10").
+  std::vector<uint64_t> order = Range(0, 240);
+  if (kk == KeyKind::kBytes)
+    std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return r.Key(a) < r.Key(b); });
+  std::vector<Op> ops;
+  for (uint64_t start : {0, 60, 130, 200, 24, 96, 170})
+    for (uint64_t i = start; i < start + 6; i++) ops.push_back({Op::kRemove, r.Key(order[i]), ""});
+  return ops;
+}
+
+TEST_P(FastFairMergeCrash, RebalancesCrashAtEveryFence) {
+  CrashRun r(GetParam().kk, GetParam().vk, 256);  // 10 records per node
+  r.read_only_first_ = true;
+  r.Create();
+  std::vector<Op> ops = RebalanceWorkload(r, GetParam().kk);
+  ASSERT_GE(internal::fastfair::Height(r.index()), 3);
+  EXPECT_EQ(r.ApplyCrashing(ops), "");
+  auto* d = internal::fastfair::GetDebugCounters(r.index());
+  EXPECT_GT(d->rebalances, 0u);
+  EXPECT_GT(d->rebalances_from_right, 0u);
+  EXPECT_GT(d->rebalances, d->rebalances_from_right);
+  std::printf("%llu crash images checked, %llu rebalances (%llu from the right), %llu merges\n",
+              (unsigned long long)r.crash_points(), (unsigned long long)d->rebalances,
+              (unsigned long long)d->rebalances_from_right, (unsigned long long)d->merges);
+}
+
+// The rebalance's split goes through the split's protocol: with its fault
+// switch (link before the new node is durable) the workload above, which
+// only removes (the only splits are the rebalances'), fails.
+TEST(FastFairCrash, RebalanceSplitFaultIsCaught) {
+  CrashRun r(KeyKind::kU64, ValueKind::kU64, 256);
+  r.Create();
+  std::vector<Op> ops = RebalanceWorkload(r, KeyKind::kU64);
+  pm::EnableFault("fastfair.split.link_before_persist");
+  std::string f = r.ApplyCrashing(ops);
+  pm::DisableAllFaults();
+  EXPECT_NE(f, "") << "fastfair.split.link_before_persist was not caught in a rebalance";
+  EXPECT_GT(internal::fastfair::GetDebugCounters(r.index())->rebalances, 0u);
+  std::printf("fastfair.split.link_before_persist in a rebalance caught: %s\n", f.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Values, FastFairMergeCrash,
