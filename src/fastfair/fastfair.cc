@@ -951,32 +951,16 @@ class FastFair final : public FastFairBase {
       // Fast path: find the last key <= key, then validate only that record
       // (k, v, left k, k again). Anything unusual takes the careful path.
       int64_t cand = -1;
-      if constexpr (!BK) {
-        // u64 keys: count the keys <= key without a branch per key (the
-        // keys of [0, cnt) are non-decreasing, slot 0 aside while it is
-        // ignored: it is skipped then). Whatever a concurrent shift makes
-        // us read, the candidate is used only if ReadValid finds it a valid
-        // record with a key <= key, and any such record is a safe choice:
-        // its child holds keys >= its key, so at worst it lies left of the
-        // right child and the B-link move right fixes it. (The loop with
-        // an exit at the first larger key cost about 10 instructions and
-        // a mispredicted exit per key; callgrind of an insert: NavChild
-        // was 39% of its instructions.)
-        const uint32_t j0 = cnt && Ld(&e[0].k) == lk;
-        uint32_t le = 0;
-        for (uint32_t j = j0; j < cnt; j++) le += Ld(&e[j].k) <= key;
-        if (le) cand = int64_t(j0 + le) - 1;
-      } else {
-        for (uint32_t j = 0; j < cnt; j++) {
-          uint64_t k1 = Ld(&e[j].k);
-          if (k1 == lk || k1 == kBytesLk) {
-            if (j == 0) continue;
-            cand = -2;  // an ignored slot in the middle: careful path
-            break;
-          }
-          if (Cmp(k1, key) > 0) break;
-          cand = j;
+      uint32_t j = 0;
+      for (; j < cnt; j++) {
+        uint64_t k1 = Ld(&e[j].k);
+        if (k1 == lk || (BK && k1 == kBytesLk)) {
+          if (j == 0) continue;
+          cand = -2;  // an ignored slot in the middle: careful path
+          break;
         }
+        if (Cmp(k1, key) > 0) break;
+        cand = j;
       }
       uint64_t child = Ld(&n->leftmost);
       if (cand >= 0) {
