@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fastfair/fastfair.h"
+#include "bench_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
@@ -35,16 +36,10 @@ using namespace pmindex;
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using ffbench::Die;
+using ffbench::Now;
+using ffbench::Scramble;
 
-uint64_t Scramble(uint64_t i) {  // a bijection: distinct pseudo-random keys
-  i ^= i >> 31;
-  i *= 0x7fb5d329728ea185ull;
-  i ^= i >> 27;
-  i *= 0x81dadef4bc2dd44dull;
-  i ^= i >> 33;
-  return i;
-}
 std::string K(uint64_t i) {
   uint64_t k = Scramble(i);
   return std::string(reinterpret_cast<const char*>(&k), 8);
@@ -62,11 +57,6 @@ Options Opts(const std::string& path) {
   return o;
 }
 
-void Die(const Status& s, const char* what) {
-  if (s.ok()) return;
-  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-  std::exit(1);
-}
 
 void PmCost(uint64_t n) {
   std::string path = PoolPath("cost");
@@ -115,7 +105,7 @@ void PmCost(uint64_t n) {
   std::vector<bool> gone(n, false);
   for (size_t i = 0; i < del.size(); i++) gone[del[i]] = true;
   const auto* d0 = internal::fastfair::GetDebugCounters(idx.get());
-  const uint64_t merges0 = d0->merges;
+  const uint64_t merges0 = d0->merges, rebalances0 = d0->rebalances;
   pm::ResetThreadCounters();
   uint64_t removed = 0;
   for (uint64_t i : rest) {
@@ -126,9 +116,10 @@ void PmCost(uint64_t n) {
   pm::Counters rm3 = pm::ThreadCounters();
   const auto* d = internal::fastfair::GetDebugCounters(idx.get());
   std::printf("  %9s       delete to empty: lines/delete %.2f  fences/delete %.2f  frees/delete %.4f  (%llu deletes, %llu merges, "
-              "%llu root collapses, %llu nodes freed; blocks %llu -> %llu, height %d)\n",
+              "%llu of them in rebalances, %llu root collapses, %llu nodes freed; blocks %llu -> %llu, height %d)\n",
               "", double(rm3.lines_flushed) / removed, double(rm3.fences) / removed, double(rm3.frees) / removed,
-              (unsigned long long)removed, (unsigned long long)(d->merges - merges0), (unsigned long long)d->root_collapses,
+              (unsigned long long)removed, (unsigned long long)(d->merges - merges0),
+              (unsigned long long)(d->rebalances - rebalances0), (unsigned long long)d->root_collapses,
               (unsigned long long)d->nodes_freed, (unsigned long long)blocks_full,
               (unsigned long long)idx->pool()->allocator().BlocksInUse(), internal::fastfair::Height(idx.get()));
   idx.reset();

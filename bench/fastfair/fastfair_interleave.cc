@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 
@@ -32,22 +33,11 @@ using namespace pmindex;
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using ffbench::Die;
+using ffbench::Now;
+using ffbench::Scramble;
 
-uint64_t Scramble(uint64_t i) {  // a bijection: distinct pseudo-random keys
-  i ^= i >> 31;
-  i *= 0x7fb5d329728ea185ull;
-  i ^= i >> 27;
-  i *= 0x81dadef4bc2dd44dull;
-  i ^= i >> 33;
-  return i;
-}
 
-void Die(const Status& s, const char* what) {
-  if (s.ok()) return;
-  std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-  std::exit(1);
-}
 
 }  // namespace
 

@@ -51,7 +51,7 @@
 // published by ONE 8-byte store of Meta::root (failure-atomic root
 // replacement).
 //
-// FAIR merge (sec. 4.2), every key kind: a non-root node below cap/4 after a delete is merged with a sibling under
+// FAIR merge (sec. 4.2), every key kind: a non-root node below cap/3 after a delete is merged with a sibling under
 // the same parent if the result fits in 3/4 of a node (any fit if it is
 // empty), in the reverse order of the split: a persistent limbo slot takes
 // the right node r, its separator leaves the parent (the B-link state of a
@@ -65,8 +65,11 @@
 // key block (the separator) unreferenced; r->low keeps owning it and it is
 // freed with r (after the grace period: internal readers read separator
 // blocks lock-free, or at open). A root left with one child is replaced
-// by it (one 8-byte store). No borrowing (it would move a live node's high
-// fence). docs/fastfair.md, Merges.
+// by it (one 8-byte store). If neither sibling fits, the paper's borrow is
+// done as a split of the fuller sibling followed by a merge of the pair
+// left small (Rebalance: two failure-atomic steps the tree has anyway; an
+// in-place borrow would move two live fences at once). docs/fastfair.md,
+// Merges.
 //
 // Concurrency (sec. 5): writers lock nodes with DRAM reader-writer spinlocks,
 // one word per node (offset / node_size: no aliasing between nodes, the old
@@ -1566,13 +1569,13 @@ class FastFair final : public FastFairBase {
   }
 
   // ---- FAIR merge (sec. 4.2), reverse order of the split ------------------
-  // Trigger: a non-root node with fewer than cap/4 records (internal: keys)
+  // Trigger: a non-root node with fewer than cap/3 records (internal: keys)
   // after a delete. It is merged with its left (or, failing that, right)
   // sibling under the same parent if the result holds at most 3/4 of the
   // capacity (the whole capacity if the node is empty): a merged node is
-  // never on the edge of a split again (no split/merge thrashing). No
-  // borrowing: a node whose siblings are too full stays underfull until
-  // they shrink (docs/fastfair.md).
+  // never on the edge of a split again (no split/merge thrashing). If
+  // neither fits, it is rebalanced with one (Rebalance), if both halves end
+  // at or above the threshold (docs/fastfair.md).
   bool Underfull(Node* n) const { return n->count < merge_below_; }
 
   LimboSlot* Limbo() const { return reinterpret_cast<LimboSlot*>(base_ + meta_->limbo); }

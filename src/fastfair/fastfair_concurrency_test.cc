@@ -370,10 +370,11 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
   }
   EXPECT_EQ(idx_->Size(), expect_size);
   auto* d = internal::fastfair::GetDebugCounters(idx_.get());
-  std::printf("merges %llu, root collapses %llu, nodes freed %llu, merges skipped %llu, reads %llu\n",
-              (unsigned long long)d->merges, (unsigned long long)d->root_collapses, (unsigned long long)d->nodes_freed,
-              (unsigned long long)d->merges_skipped, (unsigned long long)reads.load());
+  std::printf("merges %llu (%llu in rebalances), root collapses %llu, nodes freed %llu, merges skipped %llu, reads %llu\n",
+              (unsigned long long)d->merges, (unsigned long long)d->rebalances, (unsigned long long)d->root_collapses,
+              (unsigned long long)d->nodes_freed, (unsigned long long)d->merges_skipped, (unsigned long long)reads.load());
   EXPECT_GT(d->merges, 0u) << "the test did not drive merges";
+  EXPECT_GT(d->rebalances, 0u) << "the test did not drive rebalances";
   EXPECT_GT(d->nodes_freed, 0u);
 }
 
