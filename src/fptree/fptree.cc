@@ -289,8 +289,11 @@ inline uint64_t Fmix(uint64_t k) {
   k ^= k >> 33;
   return k;
 }
-inline uint8_t FpU64(uint64_t k) { return uint8_t(Fmix(k) >> 56); }
-inline uint8_t FpBytes(Slice s) {
+// A key's 64-bit hash: the fingerprint is its top byte, the home line (see
+// FreeSlotFor) comes from bits 8..23.
+inline uint64_t HashU64(uint64_t k) { return Fmix(k); }
+inline uint8_t FpU64(uint64_t k) { return uint8_t(HashU64(k) >> 56); }
+inline uint64_t HashBytes(Slice s) {
   uint64_t h = 0xcbf29ce484222325ull ^ s.size();
   size_t i = 0;
   for (; i + 8 <= s.size(); i += 8) {
@@ -300,9 +303,9 @@ inline uint8_t FpBytes(Slice s) {
   }
   uint64_t w = 0;
   std::memcpy(&w, s.data() + i, s.size() - i);
-  h = Fmix(h ^ w ^ 0x9e3779b97f4a7c15ull);
-  return uint8_t(h >> 56);
+  return Fmix(h ^ w ^ 0x9e3779b97f4a7c15ull);
 }
+inline uint8_t FpBytes(Slice s) { return uint8_t(HashBytes(s) >> 56); }
 
 // Fingerprint match mask over the 56 bytes following the bitmap (bit i set
 // if fingerprint i equals fp). SIMD (AVX2 when compiled for it, else SSE2).
@@ -336,6 +339,7 @@ struct SKey {
   uint64_t u = 0;
   Slice s;
   uint8_t fp = 0;
+  uint16_t home = 0;  // hash bits 8..23 (HomeLine); 0 in keys not made by MakeKey
 };
 
 // DRAM copy of a byte key (inner-node separators). Immutable.
@@ -463,12 +467,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
       lay_.trailer = lay_.val_off + ((8 * m + 63) / 64) * 64;
     }
     lay_.bytes = lay_.trailer + 64;
+    lay_.home_lines = lay_.fp ? (m + 3) / 4 : 0;
     pointers_ = kBytes || vbytes_;
   }
 
   // ---- leaf accessors ------------------------------------------------------
   struct Layout {
     uint32_t m, key_off, key_stride, val_off, val_stride, trailer, bytes;
+    uint32_t home_lines;  // slot lines (4 slots each) of an fptree leaf; 0 for ptree
     uint64_t full;
     bool fp;
   };
@@ -551,10 +557,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     SKey sk;
     if constexpr (kBytes) {
       sk.s = k;
-      sk.fp = FpBytes(k);
+      uint64_t h = HashBytes(k);
+      sk.fp = uint8_t(h >> 56);
+      sk.home = uint16_t(h >> 8);
     } else {
       sk.u = SliceToU64(k);
-      sk.fp = FpU64(sk.u);
+      uint64_t h = HashU64(sk.u);
+      sk.fp = uint8_t(h >> 56);
+      sk.home = uint16_t(h >> 8);
     }
     return sk;
   }
@@ -573,6 +583,24 @@ class FPTree final : public Index, public FPTreeIntrospect {
       if (SlotKeyEq(l, i, k)) return i;
     }
     return -1;
+  }
+  // Home-line placement (not in the paper; a performance heuristic only).
+  // A key's home line is one of the leaf's slot lines, chosen by its hash.
+  // An insert takes a free slot in the home line if there is one, else the
+  // first free slot; an algorithm-8 update prefers the old slot's line. The
+  // descent prefetches the home line together with line 0, so when the key
+  // is at home (most keys: a line is full only when the leaf is nearly full)
+  // the slot line a find compares, or an insert writes, arrives in parallel
+  // with the fingerprints instead of one miss after them. Lookups never
+  // rely on it: FindSlot still probes every fingerprint, and a record may
+  // sit in any slot (pools written before, splits keep slot indices,
+  // recovery does not move records).
+  uint32_t HomeLine(const SKey& k) const { return (uint32_t(k.home) * lay_.home_lines) >> 16; }
+  char* HomeLineAddr(char* l, const SKey& k) const { return l + lay_.key_off + 64 * HomeLine(k); }
+  int FreeSlotFor(uint64_t bm, uint32_t line) const {
+    uint64_t freem = ~bm & lay_.full;
+    uint64_t in = freem & (0xFull << (4 * line));
+    return __builtin_ctzll(in ? in : freem);
   }
   // Inner-node key compare: stored word vs search key.
   static int CmpInner(uint64_t w, const SKey& k) {
@@ -728,6 +756,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
     uint64_t v = __atomic_load_n(Ver(l), __ATOMIC_RELAXED);
     pm::StoreVolatile(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
   }
+  // Unlock of a leaf locked by LeafTryLock(l, lv): only the lock holder
+  // writes the word, so it still holds lv | 1 and need not be loaded.
+  void LeafUnlockAt(char* l, uint64_t lv) {
+    if constexpr (!kConc) return;
+    pm::StoreVolatile(Ver(l), uint64_t((lv & ~3ull) + 4), __ATOMIC_RELEASE);
+  }
 
   // Traverses to the leaf covering k. Returns its offset and (concurrent) an
   // unlocked version read while the bottom parent was still valid.
@@ -761,6 +795,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
           // The caller reads line 0 (bitmap, fingerprints) next; start that
           // miss now instead of after the version word's (trailer line).
           if constexpr (kConc) __builtin_prefetch(l);
+          if (!kPath && lay_.home_lines > 1) __builtin_prefetch(HomeLineAddr(l, k));
           uint64_t lv = LeafVersion(l);
           if (kConc && (lv & 3)) {
             // Locked (or being deleted): wait for it without holding anything.
@@ -1159,8 +1194,9 @@ class FPTree final : public Index, public FPTreeIntrospect {
       return Status::OK();
     }
     uint64_t bm = Ld(Bm(l));
-    uint64_t freem = ~bm & lay_.full;
-    int s = __builtin_ctzll(freem);  // caller guarantees a free slot
+    // Caller guarantees a free slot. The old slot's line keeps the record in
+    // its home line if it was there (home-line placement; ptree: any line).
+    int s = lay_.fp ? FreeSlotFor(bm, uint32_t(old) / 4) : __builtin_ctzll(~bm & lay_.full);
     uint64_t* vw = Val(l, s);
     if (vbytes_) {
       PMINDEX_RETURN_IF_ERROR(WriteBlock(vw, value));
@@ -1235,15 +1271,15 @@ class FPTree final : public Index, public FPTreeIntrospect {
         if (c >= 0) target = L(noff);
         // Slots keep their index in the copy, so `slot` is valid in target.
         if (slot >= 0) st = UpdateIn(target, slot, value);
-        else st = InsertInto(target, __builtin_ctzll(~Ld(Bm(target)) & lay_.full), k, value);
+        else st = InsertInto(target, FreeSlotFor(Ld(Bm(target)), HomeLine(k)), k, value);
         InsertSeparator(sk, KeyWordForInner(sk), noff);
         LeafUnlock(L(noff));
         LeafUnlock(l);
         return st;
       }
       if (slot >= 0) st = UpdateIn(l, slot, value);
-      else st = InsertInto(l, __builtin_ctzll(~bm & lay_.full), k, value);
-      LeafUnlock(l);
+      else st = InsertInto(l, FreeSlotFor(bm, HomeLine(k)), k, value);
+      LeafUnlockAt(l, lv);
       return st;
     }
   }
@@ -1313,7 +1349,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
         if (kBytes) pool_->allocator().Free(Key(l, slot));
         if (vbytes_) pool_->allocator().Free(Val(l, slot));
         if (bm == 0) pending = DeleteEmptyLeaf(loff, k, &ret);
-        else LeafUnlock(l);
+        else LeafUnlockAt(l, lv);
         break;
       }
     }
