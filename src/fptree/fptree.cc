@@ -374,6 +374,7 @@ static_assert(sizeof(Inner) % 8 == 0);
 // Test/figure introspection (fptree.h: FPTreeShape).
 struct FPTreeIntrospect {
   virtual void Shape(uint64_t* inner_nodes, uint64_t* leaves) = 0;
+  virtual void HomeShare(uint64_t* at_home, uint64_t* records) = 0;
 };
 
 template <bool kConc, bool kBytes>
@@ -587,7 +588,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // Home-line placement (not in the paper; a performance heuristic only).
   // A key's home line is one of the leaf's slot lines, chosen by its hash.
   // An insert takes a free slot in the home line if there is one, else the
-  // first free slot; an algorithm-8 update prefers the old slot's line. The
+  // first free slot; so does an algorithm-8 update (update=flip). The
   // descent prefetches the home line together with line 0, so when the key
   // is at home (most keys: a line is full only when the leaf is nearly full)
   // the slot line a find compares, or an insert writes, arrives in parallel
@@ -1187,16 +1188,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return Status::OK();
   }
   // Alg. 8 (bitmap flip) or the in-place p-atomic value store.
-  Status UpdateIn(char* l, int old, Slice value) {
+  Status UpdateIn(char* l, int old, const SKey& k, Slice value) {
     if (inplace_) {
       pm::StoreAtomic(Val(l, old), SliceToU64(value));
       pm::Persist(Val(l, old), 8);
       return Status::OK();
     }
     uint64_t bm = Ld(Bm(l));
-    // Caller guarantees a free slot. The old slot's line keeps the record in
-    // its home line if it was there (home-line placement; ptree: any line).
-    int s = lay_.fp ? FreeSlotFor(bm, uint32_t(old) / 4) : __builtin_ctzll(~bm & lay_.full);
+    int s = FreeSlotFor(bm, HomeLine(k));  // caller guarantees a free slot
     uint64_t* vw = Val(l, s);
     if (vbytes_) {
       PMINDEX_RETURN_IF_ERROR(WriteBlock(vw, value));
@@ -1270,14 +1269,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
         int c = kBytes ? CompareKeys(KeyKind::kBytes, k.s, sep.ks) : (k.u < sep.k ? -1 : (k.u > sep.k ? 1 : 0));
         if (c >= 0) target = L(noff);
         // Slots keep their index in the copy, so `slot` is valid in target.
-        if (slot >= 0) st = UpdateIn(target, slot, value);
+        if (slot >= 0) st = UpdateIn(target, slot, k, value);
         else st = InsertInto(target, FreeSlotFor(Ld(Bm(target)), HomeLine(k)), k, value);
         InsertSeparator(sk, KeyWordForInner(sk), noff);
         LeafUnlock(L(noff));
         LeafUnlock(l);
         return st;
       }
-      if (slot >= 0) st = UpdateIn(l, slot, value);
+      if (slot >= 0) st = UpdateIn(l, slot, k, value);
       else st = InsertInto(l, FreeSlotFor(bm, HomeLine(k)), k, value);
       LeafUnlockAt(l, lv);
       return st;
@@ -2211,6 +2210,21 @@ class FPTree final : public Index, public FPTreeIntrospect {
     *leaves = 0;
     for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) ++*leaves;
   }
+  // Records whose slot is in their home line (home-line placement).
+  void HomeShare(uint64_t* at_home, uint64_t* records) override {
+    *at_home = *records = 0;
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) {
+      char* l = L(x);
+      for (uint64_t m = Ld(Bm(l)) & lay_.full; m; m &= m - 1) {
+        int i = __builtin_ctzll(m);
+        Rec r;
+        if (!ReadSlotKey(l, i, &r)) continue;
+        SKey k = MakeKey(kBytes ? Slice(r.ks) : U64Slice(r.k));
+        ++*records;
+        if (lay_.home_lines && uint32_t(i) / 4 == HomeLine(k)) ++*at_home;
+      }
+    }
+  }
 
   IndexStats Stats() override {
     IndexStats s;
@@ -2544,6 +2558,13 @@ bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves) {
   auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
   if (!t) return false;
   t->Shape(inner_nodes, leaves);
+  return true;
+}
+
+bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records) {
+  auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
+  if (!t) return false;
+  t->HomeShare(at_home, records);
   return true;
 }
 

@@ -16,6 +16,11 @@ namespace pmindex::internal {
 // against writers.
 bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves);
 
+// Home-line placement: records whose slot lies in the home line of their key
+// (fptree, fptree_single; always 0 for ptree), and all records. Not
+// thread-safe against writers.
+bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records);
+
 // Per-thread number of in-leaf key comparisons (fingerprint hits that were
 // compared against the search key, or every valid key for ptree) since the
 // thread started. Used to measure E[T] of paper section 4.2.
