@@ -25,16 +25,16 @@
 #include <string>
 #include <vector>
 
+#include "mix_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 
 using namespace pmindex;
 
+using benchutil::kMul;
+using benchutil::Now;
+
 namespace {
-
-constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;  // odd: a bijection on u64
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void Phase(const std::string& index, const char* phase, uint64_t ops, const std::function<void(uint64_t)>& fn) {
   CALLGRIND_ZERO_STATS;

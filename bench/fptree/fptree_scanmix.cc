@@ -35,23 +35,12 @@
 #include <string>
 #include <vector>
 
+#include "mix_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 
 using namespace pmindex;
-
-namespace {
-
-constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;  // odd: a bijection on u64
-
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-}  // namespace
+using namespace pmindex::benchutil;
 
 int main(int argc, char** argv) {
   std::vector<std::string> names = {"dram_btree", "fptree"};

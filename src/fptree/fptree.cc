@@ -62,6 +62,12 @@
 // with try-locks, so the scan/insert deadlock of a public FPTree cannot
 // happen (scans take no lock at all).
 //
+// Home-line placement (fptree, fptree_single; a heuristic, not state): an
+// insert or algorithm-8 update prefers a free slot in the slot line chosen
+// by the key's hash, and the descent prefetches that line with line 0, so a
+// find's key compare usually does not wait for the fingerprints first.
+// Lookups still probe every fingerprint; any slot may hold any record.
+//
 // Scans read each leaf in the order of its scan-order hint: six-bit slot
 // indices in the unused 48 bytes of the leaf's trailer line, stored by the
 // last scan that sorted the leaf with volatile stores (never flushed, never
