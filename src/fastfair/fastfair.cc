@@ -82,7 +82,9 @@
 // direction given by the node's switch counter `sw` (even: inserts, scan left
 // to right; odd: deletes, right to left) and retry if `sw` changed; splits
 // and merges add 2 to `sw`. Range scans emit a leaf only after a validated
-// snapshot (sw, and the sibling link read before and after the records). Readers move right when key >= high (read
+// snapshot (sw, and the sibling link read before and after the records),
+// and prefetch the leaves the parent lists after the first one (hints
+// only: never dereferenced). Readers move right when key >= high (read
 // high, sibling, high again), and a leaf reader that did not find its key
 // checks the fence again after the scan: the sw check alone does not cover
 // a split that completed, or was seen half done, after the first fence
