@@ -610,9 +610,11 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
 // Home-line placement (docs/fptree.md): most records of a randomly loaded
 // tree sit in the slot line the descent prefetches for their key, also
 // after algorithm-8 updates (update=flip moves every record to another
-// slot) and a reopen; ptree has no home lines. Fails if the insert's choice
-// of slot and the prefetched line disagree (e.g. different hash bits), or if
-// the flip update stops preferring the old slot's line. Placement is never
+// slot) and a reopen; ptree has no home lines. FPTreeHomeShare counts a
+// record as at home when its slot lies in the line the descent prefetches
+// (HomeLineAddr), so this fails if the insert's choice of slot and the
+// prefetched line disagree (e.g. different hash bits), or if the flip update
+// stops preferring the key's home line (first-free gives about 0.07). Placement is never
 // needed for correctness: the differential tests cover lookups.
 TEST(FPTreeMisc, HomeLinePlacement) {
   for (const char* variant : {"fptree", "fptree_single", "ptree"})

@@ -13,6 +13,8 @@
 #      crash images each kind: nodes of one or two records, emptied and
 #      refilled over and over (sentinel and "left neighbour" words next to
 #      the smallest keys: two FAST & FAIR crash bugs showed only here);
+#   4c. the FPTree variants with update=flip (algorithm 8 for u64 values), 1000
+#       crash images;
 #   5. 20 process kills.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
@@ -85,6 +87,13 @@ for idx in $indexes; do
   run "$idx tiny bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
   run "$idx shrink bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # Algorithm-8 updates (a new slot, then one bitmap store) with u64
+  # values: the default updates those in place.
+  case $idx in
+    fptree|fptree_single|ptree)
+      # shellcheck disable=SC2086
+      run "$idx flip" 0 --index "$idx" --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $p --param update=flip ;;
+  esac
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
 done
