@@ -14,7 +14,8 @@
 #      refilled over and over (sentinel and "left neighbour" words next to
 #      the smallest keys: two FAST & FAIR crash bugs showed only here);
 #   4c. the FPTree variants with update=flip (algorithm 8 for u64 values), 1000
-#       crash images;
+#       crash images; FAST & FAIR with 80 keys per thread over 1500 ops
+#       (rebalances), 3000 crash images, u64 and byte keys;
 #   5. 20 process kills.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
@@ -94,6 +95,15 @@ for idx in $indexes; do
       # shellcheck disable=SC2086
       run "$idx flip" 0 --index "$idx" --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $p --param update=flip ;;
   esac
+  # FAST & FAIR rebalances (a split of the fuller sibling, then a merge):
+  # 80 keys per thread in 256-byte nodes over 1500 ops empty and refill
+  # nodes next to fuller siblings (the "shrink" run above reaches none).
+  if [ "$idx" = fastfair ]; then
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx rebalance $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --keys 80 --ops $((1500 * scale)) --images $((3000 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    done
+  fi
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
 done
