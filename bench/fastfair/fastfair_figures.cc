@@ -36,9 +36,9 @@ using namespace pmindex;
 
 namespace {
 
-using ffbench::Die;
-using ffbench::Now;
-using ffbench::Scramble;
+using pmindex::benchutil::Die;
+using pmindex::benchutil::Now;
+using pmindex::benchutil::Scramble;
 
 std::string K(uint64_t i) {
   uint64_t k = Scramble(i);

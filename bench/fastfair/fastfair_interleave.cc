@@ -33,9 +33,9 @@ using namespace pmindex;
 
 namespace {
 
-using ffbench::Die;
-using ffbench::Now;
-using ffbench::Scramble;
+using pmindex::benchutil::Die;
+using pmindex::benchutil::Now;
+using pmindex::benchutil::Scramble;
 
 
 

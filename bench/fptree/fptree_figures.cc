@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "fptree/fptree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/persist.h"
@@ -37,16 +38,8 @@ using namespace pmindex;
 
 namespace {
 
-double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-uint64_t Scramble(uint64_t i) {  // a bijection on 64-bit: distinct keys
-  i ^= i >> 31;
-  i *= 0x7fb5d329728ea185ull;
-  i ^= i >> 27;
-  i *= 0x81dadef4bc2dd44dull;
-  i ^= i >> 33;
-  return i;
-}
+using benchutil::Now;
+using benchutil::Scramble;
 
 std::string PoolPath(const std::string& name) { return "/dev/shm/fptree-figures-" + name + "-" + std::to_string(getpid()) + ".pool"; }
 

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "mix_util.h"
+#include "bench_util.h"
 #include "pmindex/index.h"
 
 using namespace pmindex;

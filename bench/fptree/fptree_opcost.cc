@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "mix_util.h"
+#include "bench_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 
