@@ -598,8 +598,9 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // first free slot; so does an algorithm-8 update (update=flip). The
   // descent prefetches the home line (fptree: together with line 0), so
   // when the key is at home (about 61% of the records of a randomly loaded
-  // tree: a 4-slot line fills long before the leaf does) the slot line a find compares, or an insert writes, arrives in parallel
-  // with the fingerprints instead of one miss after them. Lookups never
+  // tree: a 4-slot line fills long before the leaf does) the slot line a
+  // find compares, or an insert writes, arrives in parallel with the
+  // fingerprints instead of one miss after them. Lookups never
   // rely on it: FindSlot still probes every fingerprint, and a record may
   // sit in any slot (pools written before, splits keep slot indices,
   // recovery does not move records).
