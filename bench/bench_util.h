@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "pmindex/status.h"
@@ -33,6 +34,16 @@ inline uint64_t Scramble(uint64_t i) {
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The value after command-line flag argv[*i] (advancing *i); exits with a
+// message if the flag is the last argument.
+inline std::string NextArg(int argc, char** argv, int* i) {
+  if (*i + 1 >= argc) {
+    std::fprintf(stderr, "%s needs a value\n", argv[*i]);
+    std::exit(2);
+  }
+  return argv[++*i];
 }
 
 inline void Die(const pmindex::Status& s, const char* what) {

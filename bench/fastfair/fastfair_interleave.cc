@@ -48,13 +48,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> params;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return pmindex::benchutil::NextArg(argc, argv, &i); };
     if (a == "--records") n = std::stoull(next());
     else if (a == "--ops") p = std::stoull(next());
     else if (a == "--chunk") chunk = std::stoull(next());

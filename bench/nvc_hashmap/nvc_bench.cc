@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
@@ -211,13 +212,7 @@ int main(int argc, char** argv) {
                                    "tbb",                             "dram_btree"};
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
+    auto next = [&] { return pmindex::benchutil::NextArg(argc, argv, &i); };
     if (a == "--n") n = std::strtoull(next().c_str(), nullptr, 10);
     else if (a == "--rounds") rounds = std::atoi(next().c_str());
     else if (a == "--threads") {

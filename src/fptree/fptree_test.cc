@@ -465,6 +465,14 @@ Options HintKindOptions(const std::string& path, int kind) {
   o.value_kind = kind == 0 ? ValueKind::kU64 : ValueKind::kBytes;
   return o;
 }
+// Key k of kind `kind` (HintKindOptions): the u64 itself, or fixed-width
+// decimal byte keys so that memcmp order is numeric order.
+std::string HintKey(int kind, uint64_t k) {
+  if (kind != 1) return std::string(U64Slice(k));
+  char b[24];
+  std::snprintf(b, sizeof b, "k%012llu", static_cast<unsigned long long>(k));
+  return std::string(b);
+}
 
 // Scans keep a sorted slot order per leaf (the scan-order hint in the
 // leaf's trailer line) and reuse it while it verifies. A slot reused by a
@@ -483,13 +491,7 @@ TEST(FPTreeMisc, ScanOrderHintNeverServesAStaleOrder) {
       o.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
       std::unique_ptr<Index> idx;
       ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
-      // Byte keys: fixed-width decimal, so that memcmp order is numeric order.
-      auto key = [&](uint64_t k) {
-        if (kind != 1) return std::string(U64Slice(k));
-        char b[24];
-        std::snprintf(b, sizeof b, "k%012llu", static_cast<unsigned long long>(k));
-        return std::string(b);
-      };
+      auto key = [&](uint64_t k) { return HintKey(kind, k); };
       auto unkey = [&](Slice k) { return kind != 1 ? SliceToU64(k) : std::stoull(std::string(k).substr(1)); };
       auto val = [&](uint64_t v) { return kind == 0 ? std::string(U64Slice(v)) : "v" + std::to_string(v); };
       auto unval = [&](Slice v) { return kind == 0 ? SliceToU64(v) : std::stoull(std::string(v).substr(1)); };
@@ -572,12 +574,7 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
       Options o = HintKindOptions(path, kind);
       std::unique_ptr<Index> idx;
       ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
-      auto key = [&](uint64_t k) {
-        if (kind != 1) return std::string(U64Slice(k));
-        char b[24];
-        std::snprintf(b, sizeof b, "k%012llu", static_cast<unsigned long long>(k));
-        return std::string(b);
-      };
+      auto key = [&](uint64_t k) { return HintKey(kind, k); };
       const uint64_t n = 20000;
       std::vector<uint64_t> ks(n);
       for (uint64_t i = 0; i < n; i++) ks[i] = i * 3 + 1;
