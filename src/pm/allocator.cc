@@ -242,6 +242,17 @@ class PoolAllocator final : public Allocator {
                         const std::function<void(uint64_t, size_t)>* fn) const;
 
   uint64_t* State(uint64_t chunk) const { return reinterpret_cast<uint64_t*>(base_ + layout::kHeapOffset + chunk * C); }
+  // Marks the `span` chunks of a large block free: the continuation chunks
+  // first, the head last (the order Free and the lane replay always used).
+  // Flushes without a fence: the caller fences.
+  void StoreSpanFree(uint64_t chunk, uint64_t span) const {
+    for (uint64_t i = 1; i < span; i++) {
+      StoreAtomic(State(chunk + i), kStateFree);
+      Flush(State(chunk + i), 8);
+    }
+    StoreAtomic(State(chunk), kStateFree);
+    Flush(State(chunk), 8);
+  }
   uint64_t ChunkOff(uint64_t chunk) const { return layout::kHeapOffset + chunk * C; }
   Lane* LaneAt(uint32_t i) const { return reinterpret_cast<Lane*>(base_ + layout::kLanesOffset + i * layout::kLaneSize); }
   ChunkSlot& Slot(uint64_t chunk) const { return segs_[chunk / kSegChunks][chunk % kSegChunks]; }
@@ -807,12 +818,7 @@ void PoolAllocator::Free(uint64_t* dest) {
     PublishPending(tc);
     StoreAtomic(dest, uint64_t(0));
     Flush(dest, 8);
-    for (uint64_t i = 1; i < span; i++) {
-      StoreAtomic(State(chunk + i), kStateFree);
-      Flush(State(chunk + i), 8);
-    }
-    StoreAtomic(State(chunk), kStateFree);
-    Flush(State(chunk), 8);
+    StoreSpanFree(chunk, span);
   } else {
     const ClassGeom& g = Classes().geom[StateArg(state)];
     usable = g.size;
@@ -982,12 +988,7 @@ Status PoolAllocator::ReplayLane(uint32_t i, bool alloc_pass) {
         StoreAtomic(dest, uint64_t(0));
         Flush(dest, 8);
       }
-      for (uint64_t k = 1; k < span; k++) {
-        StoreAtomic(State(chunk + k), kStateFree);
-        Flush(State(chunk + k), 8);
-      }
-      StoreAtomic(State(chunk), kStateFree);
-      Flush(State(chunk), 8);
+      StoreSpanFree(chunk, span);
     }
   } else {
     if (arg >= uint64_t(kNumClasses) || __atomic_load_n(State(chunk), __ATOMIC_ACQUIRE) != RunState(int(arg)))

@@ -238,6 +238,14 @@ Status Pool::MapAndValidate(bool creating) {
   return Status::OK();
 }
 
+void Pool::AbandonOpen() {
+  if (base_) munmap(base_, max_size_);
+  base_ = nullptr;
+  close(fd_);
+  fd_ = -1;
+  closed_ = true;
+}
+
 Status Pool::Create(const std::string& path, std::string_view type, const PoolOptions& opts, std::unique_ptr<Pool>* out) {
   if (path.empty()) return Status::InvalidArgument("empty pool path");
   if (type.empty() || type.size() > kPoolTypeNameMax || type.find('\0') != std::string_view::npos)
@@ -261,11 +269,7 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   p->fd_ = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (p->fd_ < 0) return Status::IOError(Errno("create " + tmp, errno));
   auto fail = [&](Status s) {
-    if (p->base_) munmap(p->base_, p->max_size_);
-    p->base_ = nullptr;
-    close(p->fd_);
-    p->fd_ = -1;
-    p->closed_ = true;
+    p->AbandonOpen();
     unlink(tmp.c_str());
     return s;
   };
@@ -336,11 +340,7 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
     return Status::IOError(Errno("open " + path, e));
   }
   auto fail = [&](Status s) {
-    if (p->base_) munmap(p->base_, p->max_size_);
-    p->base_ = nullptr;
-    close(p->fd_);
-    p->fd_ = -1;
-    p->closed_ = true;
+    p->AbandonOpen();
     return s;
   };
   if (flock(p->fd_, (opts.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {

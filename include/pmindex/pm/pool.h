@@ -127,6 +127,8 @@ class Pool {
   struct Header;
   Header* header() const { return reinterpret_cast<Header*>(base_); }
   Status MapAndValidate(bool creating);
+  // Undoes a failed Create/Open: unmaps, closes the file, marks the pool closed.
+  void AbandonOpen();
 
   std::string path_, type_;
   int fd_ = -1;
