@@ -19,6 +19,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "bench.h"
@@ -69,6 +70,12 @@ Status BenchOptions::Validate() const {
   if (sampling_ms < 1) return Status::InvalidArgument("--sampling_ms must be at least 1");
   if (!(latency_sampling >= 0 && latency_sampling <= 1)) return Status::InvalidArgument("--latency_sampling must be in [0, 1]");
   if (records > (uint64_t(1) << 40)) return Status::InvalidArgument("-n is limited to 2^40 records");
+  if (rounds < 0 || rounds > kMaxRounds)
+    return Status::InvalidArgument("--rounds must be in [1, " + std::to_string(kMaxRounds) + "]");
+  if (sequential && rounds > 1)
+    return Status::InvalidArgument("--rounds " + std::to_string(rounds) +
+                                   " needs the interleaved mode: with --sequential each index runs alone, there is nothing to alternate "
+                                   "(drop --rounds or --sequential)");
   return Status::OK();
 }
 
@@ -156,8 +163,6 @@ struct WorkerOut {
   uint64_t scanned = 0;
   std::vector<uint32_t> lat[kNumOpTypes];
   pmindex::pm::Counters pm;
-  Clock::time_point end;
-  bool exhausted = false;
 };
 
 LatencySummary Summarize(std::vector<uint32_t>& v) {
@@ -220,70 +225,134 @@ struct PhaseContext {
   int threads;
 };
 
-// Runs one phase. spec == nullptr: the load phase (each thread inserts the
-// loaded ids it owns).
-PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no, const std::string& label) {
+// One target's run of one phase, in one chunk per round (one chunk with
+// --rounds 1). Everything that must continue from one chunk to the next lives
+// here: each thread's operation stream (its generator; the live-key state is
+// the target's ThreadKeys), its latency-sampling generator, its position in
+// its quota (which also numbers the values written), the throughput window
+// left open at the end of a chunk, and the figures so far. The clock of a
+// phase is phase time, the sum of its chunks' times: windows are cut every
+// sampling_ms of phase time and may span a chunk boundary.
+class PhaseRun {
+ public:
+  // spec == nullptr: the load phase (each thread inserts the loaded ids it owns).
+  PhaseRun(const PhaseContext& c, const PhaseSpec* spec, int phase_no);
+  PhaseRun(const PhaseRun&) = delete;
+  PhaseRun& operator=(const PhaseRun&) = delete;
+  // Runs this target's share of round `round` (of `rounds`), where it is at
+  // `position` in the round's order.
+  void RunChunk(int round, int rounds, int position, const std::string& label);
+  // The phase's figures, once every round has run.
+  PhaseResult Finish();
+
+ private:
+  struct ThreadState {
+    ThreadState(uint64_t lat_seed, uint64_t q) : lat_rng(lat_seed), quota(q) {}
+    std::unique_ptr<OpStream> stream;  // null in the load phase
+    Rng lat_rng;
+    uint64_t quota;     // operations over the whole phase (UINT64_MAX: time mode)
+    uint64_t next = 0;  // operations done so far: the next one's number
+    bool exhausted = false;
+    WorkerOut out;  // summed over chunks
+  };
+
+  PhaseContext c_;
+  const PhaseSpec* spec_;
+  int phase_no_;
+  bool load_, time_mode_;
+  uint64_t total_quota_ = 0;
+  std::vector<RankGenerator> ranks_;  // prepared once, at the phase's start
+  std::vector<ThreadState> th_;
+  PhaseResult res_;
+  Clock::duration elapsed_{0};    // phase time of the chunks run so far
+  Clock::duration open_len_{0};   // phase time in the window still open
+  uint64_t open_ops_ = 0;         // operations in the window still open
+  uint64_t done_ = 0;             // operations of the chunks run so far
+  Clock::duration progress_at_ = std::chrono::seconds(1);  // next progress line, phase time
+};
+
+PhaseRun::PhaseRun(const PhaseContext& c, const PhaseSpec* spec, int phase_no)
+    : c_(c), spec_(spec), phase_no_(phase_no), load_(spec == nullptr), time_mode_(spec != nullptr && c.o->time_mode) {
   const BenchOptions& o = *c.o;
   const int T = c.threads;
-  PhaseResult res;
-  res.name = spec ? spec->name : "load";
-  if (spec) res.ratios = spec->ratios;
+  res_.name = spec ? spec->name : "load";
+  if (spec) res_.ratios = spec->ratios;
   else {
-    res.ratios = Ratios();
-    res.ratios.r[0] = 0;
-    res.ratios[OpType::kInsert] = 1;
+    res_.ratios = Ratios();
+    res_.ratios.r[0] = 0;
+    res_.ratios[OpType::kInsert] = 1;
   }
-  res.threads = T;
-
-  const bool load = spec == nullptr;
-  const bool time_mode = !load && o.time_mode;
-  std::vector<uint64_t> quota(T, 0);
-  uint64_t total_quota = 0;
+  res_.threads = T;
+  ranks_.reserve(size_t(T));
+  th_.reserve(size_t(T));
   for (int t = 0; t < T; t++) {
-    if (load) quota[t] = (*c.keys)[t].live.size();
-    else if (!time_mode) quota[t] = o.operations / T + (uint64_t(t) < o.operations % T ? 1 : 0);
-    else quota[t] = UINT64_MAX;
-    if (quota[t] != UINT64_MAX) total_quota += quota[t];
+    ThreadKeys& keys = (*c.keys)[t];
+    uint64_t q;
+    if (load_) q = keys.live.size();
+    else if (!time_mode_) q = o.operations / T + (uint64_t(t) < o.operations % T ? 1 : 0);
+    else q = UINT64_MAX;
+    if (q != UINT64_MAX) total_quota_ += q;
+    ranks_.emplace_back(o.distribution, o.skew);
+    ranks_.back().Prepare(keys.live.size());
+    th_.emplace_back(MixSeed(o.seed ^ 0x5EED1A7Eull, uint64_t(phase_no), uint64_t(t)), q);
   }
-  res.requested = time_mode ? 0 : total_quota;
+  // The streams point at ranks_ elements: made once ranks_ is complete.
+  for (int t = 0; t < T; t++)
+    if (!load_)
+      th_[t].stream = std::make_unique<OpStream>(&(*c.keys)[t], spec->ratios, &ranks_[t], MixSeed(o.seed, uint64_t(phase_no), uint64_t(t)));
+  res_.requested = time_mode_ ? 0 : total_quota_;
+}
 
-  std::vector<RankGenerator> ranks;
+void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& label) {
+  const BenchOptions& o = *c_.o;
+  const int T = c_.threads;
+  Chunk chunk;
+  chunk.round = round;
+  chunk.position = position;
+  // Each thread's end in this chunk: the next 1/rounds of its quota.
+  std::vector<uint64_t> stop_at(T);
+  bool any = false;
   for (int t = 0; t < T; t++) {
-    ranks.emplace_back(o.distribution, o.skew);
-    ranks.back().Prepare((*c.keys)[t].live.size());
+    const ThreadState& st = th_[t];
+    stop_at[t] = time_mode_ ? UINT64_MAX : ChunkBegin(st.quota, round + 1, rounds);
+    any |= !st.exhausted && stop_at[t] > st.next;
+  }
+  if (!any) {  // nothing left in this round (fewer operations than rounds)
+    res_.chunks.push_back(chunk);
+    return;
   }
 
   std::vector<WorkerSlot> slots(T);
-  std::vector<WorkerOut> outs(T);
+  std::vector<Clock::time_point> ends(T);
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
-  tree_api* tree = c.target->tree();
-  const size_t ks = c.codec->key_size(), vs = c.codec->value_size();
+  tree_api* tree = c_.target->tree();
+  const size_t ks = c_.codec->key_size(), vs = c_.codec->value_size();
+  const uint64_t version_base = uint64_t(phase_no_ + 1) << 40;
 
   auto worker = [&](int t) {
-    WorkerOut& out = outs[t];
-    ThreadKeys& keys = (*c.keys)[t];
-    OpStream stream(&keys, spec ? spec->ratios : res.ratios, &ranks[t], MixSeed(o.seed, uint64_t(phase_no), uint64_t(t)));
-    Rng lat_rng(MixSeed(o.seed ^ 0x5EED1A7Eull, uint64_t(phase_no), uint64_t(t)));
+    ThreadState& st = th_[t];
+    WorkerOut& out = st.out;
+    ThreadKeys& keys = (*c_.keys)[t];
     const double frac = o.latency_sampling;
     std::vector<char> key(ks), val(vs), val_out(vs + 8);
-    const uint64_t version_base = uint64_t(phase_no + 1) << 40;
     ready.fetch_add(1);
     while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
     const pmindex::pm::Counters pm0 = pmindex::pm::ThreadCounters();
-    const uint64_t q = quota[t];
-    for (uint64_t i = 0; i < q; i++) {
-      if (time_mode && stop.load(std::memory_order_relaxed)) break;
+    const uint64_t first = st.next, end = st.exhausted ? first : stop_at[t];
+    uint64_t i = first;
+    for (; i < end; i++) {
+      if (time_mode_ && stop.load(std::memory_order_relaxed)) break;
       Op op;
-      if (load) {
+      if (load_) {
         op.type = OpType::kInsert;
         op.id = keys.live[i];
-      } else if (!stream.Next(&op)) {
-        out.exhausted = true;
+      } else if (!st.stream->Next(&op)) {
+        st.exhausted = true;
         break;
       }
-      c.codec->EncodeKey(op.id, key.data());
-      const bool timed = frac > 0 && (frac >= 1 || lat_rng.NextDouble() < frac);
+      c_.codec->EncodeKey(op.id, key.data());
+      const bool timed = frac > 0 && (frac >= 1 || st.lat_rng.NextDouble() < frac);
       Clock::time_point t0;
       if (timed) t0 = Clock::now();
       bool ok = false;
@@ -292,11 +361,11 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
           ok = tree->find(key.data(), ks, val_out.data());
           break;
         case OpType::kInsert:
-          c.codec->EncodeValue(op.id, version_base + i, val.data());
+          c_.codec->EncodeValue(op.id, version_base + i, val.data());
           ok = tree->insert(key.data(), ks, val.data(), vs);
           break;
         case OpType::kUpdate:
-          c.codec->EncodeValue(op.id, version_base + i, val.data());
+          c_.codec->EncodeValue(op.id, version_base + i, val.data());
           ok = tree->update(key.data(), ks, val.data(), vs);
           break;
         case OpType::kRemove:
@@ -316,10 +385,11 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
       }
       out.completed[int(op.type)]++;
       out.succeeded[int(op.type)] += ok;
-      slots[t].done.store(i + 1, std::memory_order_relaxed);
+      slots[t].done.store(i + 1 - first, std::memory_order_relaxed);
     }
-    out.pm = pmindex::pm::ThreadCounters() - pm0;
-    out.end = Clock::now();
+    st.next = i;
+    out.pm += pmindex::pm::ThreadCounters() - pm0;
+    ends[t] = Clock::now();
     slots[t].finished.store(true, std::memory_order_release);
   };
 
@@ -327,14 +397,16 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
   for (int t = 0; t < T; t++) workers.emplace_back(worker, t);
   while (ready.load() < T) std::this_thread::yield();
 
-  // The statistics thread (this one): per-window throughput and progress.
+  // The statistics thread (this one): per-window throughput and progress,
+  // both on the phase clock (elapsed_ + time in this chunk).
   Progress progress(o.progress, label);
-  const auto window = std::chrono::milliseconds(o.sampling_ms);
+  const Clock::duration window = std::chrono::milliseconds(o.sampling_ms);
   const Clock::time_point start = Clock::now();
   go.store(true, std::memory_order_release);
-  Clock::time_point last_t = start, next_window = start + window, next_progress = start + std::chrono::seconds(1);
+  Clock::time_point last_t = start, next_window = start + (window - open_len_), next_progress = start + (progress_at_ - elapsed_);
   const Clock::time_point deadline =
-      time_mode ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds)) : Clock::time_point::max();
+      time_mode_ ? start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds / rounds))
+                 : Clock::time_point::max();
   uint64_t last_ops = 0;
   auto total_done = [&] {
     uint64_t s = 0;
@@ -346,21 +418,25 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
       if (!sl.finished.load(std::memory_order_acquire)) return false;
     return true;
   };
+  auto phase_seconds = [&](Clock::time_point t) { return std::chrono::duration<double>(elapsed_ + (t - start)).count(); };
   while (!all_finished()) {
     Clock::time_point wake = std::min({next_window, next_progress, deadline, Clock::now() + std::chrono::milliseconds(5)});
     std::this_thread::sleep_until(wake);
     Clock::time_point now = Clock::now();
     if (now >= next_window) {
       uint64_t d = total_done();
-      res.windows.push_back({Since(start, now), Since(last_t, now), d - last_ops});
+      res_.windows.push_back({phase_seconds(now), std::chrono::duration<double>(open_len_ + (now - last_t)).count(), open_ops_ + d - last_ops});
+      open_len_ = Clock::duration(0);
+      open_ops_ = 0;
       last_ops = d;
       last_t = now;
       next_window += window;
       if (next_window <= now) next_window = now + window;
     }
     if (now >= next_progress) {
-      double rate = res.windows.empty() ? 0 : double(res.windows.back().ops) / res.windows.back().seconds;
-      progress.Update(Since(start, now), total_done(), total_quota, rate);
+      double rate = res_.windows.empty() ? 0 : double(res_.windows.back().ops) / res_.windows.back().seconds;
+      progress.Update(phase_seconds(now), done_ + total_done(), total_quota_, rate);
+      progress_at_ += std::chrono::seconds(1);
       next_progress += std::chrono::seconds(1);
     }
     if (now >= deadline) stop.store(true, std::memory_order_relaxed);
@@ -368,10 +444,25 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
   for (auto& w : workers) w.join();
 
   Clock::time_point end = start;
-  for (auto& w : outs) end = std::max(end, w.end);
-  res.seconds = Since(start, end);
-  uint64_t d = total_done();
-  if (d > last_ops && end > last_t) res.windows.push_back({Since(start, end), Since(last_t, end), d - last_ops});
+  for (auto& e : ends) end = std::max(end, e);
+  const uint64_t d = total_done();
+  // The window still open carries over to the next chunk (or is closed by
+  // Finish as the phase's final, partial window).
+  if (end > last_t) open_len_ += end - last_t;
+  open_ops_ += d - last_ops;
+  elapsed_ += end - start;
+  done_ += d;
+  chunk.ops = d;
+  chunk.seconds = Since(start, end);
+  res_.chunks.push_back(chunk);
+}
+
+PhaseResult PhaseRun::Finish() {
+  const BenchOptions& o = *c_.o;
+  PhaseResult& res = res_;
+  res.seconds = std::chrono::duration<double>(elapsed_).count();
+  if (open_ops_ > 0 && open_len_ > Clock::duration(0))
+    res.windows.push_back({res.seconds, std::chrono::duration<double>(open_len_).count(), open_ops_});
 
   // Window statistics over windows of at least half the nominal length (the
   // final partial window is listed but not averaged when shorter).
@@ -382,7 +473,7 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
   res.full_windows = rates.size();
   if (rates.empty()) {
     // Shorter than one window: the phase is its own (only) window.
-    res.window_mean = res.seconds > 0 ? double(d) / res.seconds : 0;
+    res.window_mean = res.seconds > 0 ? double(done_) / res.seconds : 0;
   } else {
     double m = 0;
     for (double r : rates) m += r;
@@ -397,19 +488,19 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
   bool exhausted = false;
   for (int ty = 0; ty < kNumOpTypes; ty++) {
     std::vector<uint32_t> v;
-    for (auto& w : outs) v.insert(v.end(), w.lat[ty].begin(), w.lat[ty].end());
+    for (auto& st : th_) v.insert(v.end(), st.out.lat[ty].begin(), st.out.lat[ty].end());
     all.insert(all.end(), v.begin(), v.end());
     res.latency_by_type[ty] = Summarize(v);
   }
   res.latency = Summarize(all);
-  for (auto& w : outs) {
+  for (auto& st : th_) {
     for (int ty = 0; ty < kNumOpTypes; ty++) {
-      res.completed[ty] += w.completed[ty];
-      res.succeeded[ty] += w.succeeded[ty];
+      res.completed[ty] += st.out.completed[ty];
+      res.succeeded[ty] += st.out.succeeded[ty];
     }
-    res.scanned_records += w.scanned;
-    res.pm += w.pm;
-    exhausted |= w.exhausted;
+    res.scanned_records += st.out.scanned;
+    res.pm += st.out.pm;
+    exhausted |= st.exhausted;
   }
   if (exhausted)
     res.note = "a thread ran out of live keys (more removes than records it owned): the phase ended early for it";
@@ -417,11 +508,11 @@ PhaseResult RunPhase(const PhaseContext& c, const PhaseSpec* spec, int phase_no,
     std::string n = std::to_string(res.total_completed() - res.total_succeeded()) + " operations did not succeed";
     res.note = res.note.empty() ? n : res.note + "; " + n;
   }
-  if (Index* idx = c.target->index()) {
+  if (Index* idx = c_.target->index()) {
     res.stats = idx->Stats();
     res.has_stats = true;
   }
-  return res;
+  return std::move(res);
 }
 
 std::string SanitizeName(const std::string& s) {
@@ -477,6 +568,11 @@ struct TargetRun {
   tree_options_t topt;
   bool builtin = true, user_pool = false, uses_pool = false, open = false;
   int phase_no = 0;
+  // The step under way: its run (null if none), or its skipped result.
+  std::unique_ptr<PhaseRun> current;
+  bool current_load = false;
+  std::optional<PhaseResult> skipped;
+  std::string step;
 
   bool failed() const { return !r->error.empty(); }
 
@@ -575,11 +671,14 @@ struct TargetRun {
 
   PhaseContext Ctx() { return PhaseContext{o, codec.get(), target.get(), &keys, r->threads}; }
 
-  void Load() {
+  // A step (the load, or one run phase) in rounds: Begin*, then RunRound for
+  // every round, then EndStep.
+  void BeginLoad() {
     if (failed()) return;
     if (!o->skip_load) {
-      r->load = RunPhase(Ctx(), nullptr, phase_no, r->spec.name + " load");
-      r->loaded = true;
+      current.reset(new PhaseRun(Ctx(), nullptr, phase_no));
+      current_load = true;
+      step = "load";
     }
     phase_no++;
   }
@@ -611,27 +710,53 @@ struct TargetRun {
                          " sampled loaded records were found after reopening (not persistent?)";
   }
 
-  void Phase(const PhaseSpec& ph) {
+  void BeginPhase(const PhaseSpec& ph) {
     if (failed()) return;
-    PhaseResult pr;
     uint64_t live = 0;
     for (auto& k : keys) live += k.live.size();
+    step = ph.name;
     if (!r->ordered && ph.ratios[OpType::kScan] > 0) {
-      pr.name = ph.name;
-      pr.ratios = ph.ratios;
-      pr.skipped = true;
-      pr.note = "skipped: " + r->spec.name + " is unordered (no scans)";
+      skipped = PhaseResult();
+      skipped->name = ph.name;
+      skipped->ratios = ph.ratios;
+      skipped->skipped = true;
+      skipped->note = "skipped: " + r->spec.name + " is unordered (no scans)";
     } else if (!o->time_mode && double(o->operations) * ph.ratios[OpType::kRemove] > double(live) * 0.95) {
-      pr.name = ph.name;
-      pr.ratios = ph.ratios;
-      pr.skipped = true;
-      pr.note = "skipped: about " + std::to_string(uint64_t(double(o->operations) * ph.ratios[OpType::kRemove])) +
-                " removes but only " + std::to_string(live) + " live records (raise -n or lower -p)";
+      skipped = PhaseResult();
+      skipped->name = ph.name;
+      skipped->ratios = ph.ratios;
+      skipped->skipped = true;
+      skipped->note = "skipped: about " + std::to_string(uint64_t(double(o->operations) * ph.ratios[OpType::kRemove])) +
+                      " removes but only " + std::to_string(live) + " live records (raise -n or lower -p)";
     } else {
-      pr = RunPhase(Ctx(), &ph, phase_no, r->spec.name + " " + ph.name);
+      current.reset(new PhaseRun(Ctx(), &ph, phase_no));
+      current_load = false;
     }
     phase_no++;
-    r->phases.push_back(std::move(pr));
+  }
+
+  void RunRound(int round, int rounds, int position) {
+    if (!current) return;
+    // "fptree read" with one round, "read round 3/10 fptree" with several.
+    std::string label = rounds == 1 ? r->spec.name + " " + step
+                                    : step + " round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + " " + r->spec.name;
+    current->RunChunk(round, rounds, position, label);
+  }
+
+  void EndStep() {
+    if (current) {
+      PhaseResult pr = current->Finish();
+      current.reset();
+      if (current_load) {
+        r->load = std::move(pr);
+        r->loaded = true;
+      } else {
+        r->phases.push_back(std::move(pr));
+      }
+    } else if (skipped) {
+      r->phases.push_back(std::move(*skipped));
+    }
+    skipped.reset();
   }
 
   void Finish() {
@@ -687,6 +812,21 @@ void RemoveTemporaryPoolsOnSignals() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, RemoveTempPoolsAndReraise);
 }
 
+int EffectiveRounds(const BenchOptions& opts, size_t ntargets) {
+  if (opts.rounds > 0) return opts.rounds;
+  return ntargets > 1 && !opts.sequential ? kDefaultRounds : 1;
+}
+
+std::vector<size_t> RoundOrder(size_t ntargets, int round) {
+  std::vector<size_t> order(ntargets);
+  for (size_t k = 0; k < ntargets; k++) order[k] = (size_t(round) + k) % ntargets;
+  return order;
+}
+
+uint64_t ChunkBegin(uint64_t quota, int round, int rounds) {
+  return uint64_t((unsigned __int128)quota * unsigned(round) / unsigned(rounds));
+}
+
 Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& targets, std::vector<TargetResult>* results) {
   PMINDEX_RETURN_IF_ERROR(opts.Validate());
   pmindex::pm::SetPersistMode(opts.persist_mode, opts.write_latency_ns);
@@ -694,36 +834,37 @@ Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& tar
   results->resize(targets.size());
   std::vector<PhaseSpec> phases = opts.phases;
   if (phases.empty()) phases.push_back({"run", opts.ratios});
-  auto run_all_steps = [&](TargetRun& t) {
-    t.Load();
-    t.Recovery();
-    for (const auto& ph : phases) t.Phase(ph);
-    t.Finish();
+  const int rounds = EffectiveRounds(opts, targets.size());
+  // Runs every step on a group of targets: interleaved, every target is
+  // loaded, then every target runs phase 1, then phase 2, ... each step in
+  // `rounds` rounds with rotating order (see bench.h), so that a change in
+  // background load over time, and whatever running right after another
+  // index costs, hits all of them alike (the ratios are what matter).
+  auto run_group = [&](size_t first, size_t n) {
+    std::vector<TargetRun> runs(n);
+    for (size_t i = 0; i < n; i++) {
+      runs[i].o = &opts;
+      runs[i].r = &(*results)[first + i];
+      runs[i].Setup(targets[first + i], first + i, targets.size());
+    }
+    auto step = [&](auto begin) {
+      for (auto& t : runs) begin(t);
+      for (int r = 0; r < rounds; r++) {
+        const std::vector<size_t> order = RoundOrder(n, r);
+        for (size_t k = 0; k < n; k++) runs[order[k]].RunRound(r, rounds, int(k));
+      }
+      for (auto& t : runs) t.EndStep();
+    };
+    step([](TargetRun& t) { t.BeginLoad(); });
+    for (auto& t : runs) t.Recovery();  // a one-shot step: no rounds
+    for (const auto& ph : phases) step([&](TargetRun& t) { t.BeginPhase(ph); });
+    for (auto& t : runs) t.Finish();
   };
   if (opts.sequential || targets.size() == 1) {
-    for (size_t i = 0; i < targets.size(); i++) {
-      TargetRun t;
-      t.o = &opts;
-      t.r = &(*results)[i];
-      t.Setup(targets[i], i, targets.size());
-      run_all_steps(t);
-    }
-    return Status::OK();
+    for (size_t i = 0; i < targets.size(); i++) run_group(i, 1);
+  } else {
+    run_group(0, targets.size());
   }
-  // Interleaved: every target is loaded, then every target runs phase 1,
-  // then phase 2, ... so that a change in background load over time hits
-  // all of them alike (the ratios are what matter).
-  std::vector<TargetRun> runs(targets.size());
-  for (size_t i = 0; i < targets.size(); i++) {
-    runs[i].o = &opts;
-    runs[i].r = &(*results)[i];
-    runs[i].Setup(targets[i], i, targets.size());
-  }
-  for (auto& t : runs) t.Load();
-  for (auto& t : runs) t.Recovery();
-  for (const auto& ph : phases)
-    for (auto& t : runs) t.Phase(ph);
-  for (auto& t : runs) t.Finish();
   return Status::OK();
 }
 

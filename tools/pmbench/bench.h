@@ -7,6 +7,15 @@
 // counter every sampling_ms to get per-window throughput (and printing the
 // progress line). A fraction latency_sampling of operations is timed.
 // PM cost is each worker's pm::ThreadCounters() difference over the phase.
+//
+// Rounds (--rounds R, the default with several interleaved targets): every
+// step but recovery (load, each run phase) is split into R chunks; in round r
+// every target runs the next 1/R of its operations (time mode: of the
+// seconds), targets in the order RoundOrder(T, r), which starts with target
+// r mod T. The per-thread generators and live-key state continue across a
+// target's chunks, so the operations are exactly those of --rounds 1; a
+// phase's figures combine its chunks (times summed, windows measured in
+// phase time, latency samples merged, PM counters summed).
 #pragma once
 
 #include <cstdint>
@@ -59,6 +68,9 @@ struct BenchOptions {
   // phase 2, ...) on every target before the next step, so drifting
   // background load affects all alike. Sequential needs one pool at a time.
   bool sequential = false;
+  // --rounds: 0 picks the default (EffectiveRounds); > 1 is refused with
+  // sequential (a target that runs alone has nothing to alternate with).
+  int rounds = 0;
 
   Status Validate() const;
 };
@@ -78,6 +90,28 @@ struct Window {
   double end_seconds;  // since the phase started
   double seconds;      // window length
   uint64_t ops;
+};
+
+// The rounds a run uses: opts.rounds if set, else 10 when several targets run
+// interleaved, else 1.
+int EffectiveRounds(const BenchOptions& opts, size_t ntargets);
+inline constexpr int kDefaultRounds = 10;
+inline constexpr int kMaxRounds = 100000;
+// The order in which the targets run in round `round`: target (round + k) mod
+// ntargets at position k, so over ntargets consecutive rounds every target is
+// in every position once.
+std::vector<size_t> RoundOrder(size_t ntargets, int round);
+// A thread's operations in round `round` of `rounds`: the chunks of a quota q
+// are [q*r/R, q*(r+1)/R), so they add up to exactly q (some are empty when
+// q < R).
+uint64_t ChunkBegin(uint64_t quota, int round, int rounds);
+
+// One target's share of one round of a phase.
+struct Chunk {
+  int round = 0;
+  int position = 0;  // place in that round's order (0: ran first)
+  uint64_t ops = 0;  // operations completed in it
+  double seconds = 0;
 };
 
 struct PhaseResult {
@@ -102,6 +136,7 @@ struct PhaseResult {
   pmindex::pm::Counters pm;  // summed over workers
   bool has_stats = false;
   pmindex::IndexStats stats;  // after the phase (built-in indexes)
+  std::vector<Chunk> chunks;  // one per round, in round order
 };
 
 struct TargetResult {

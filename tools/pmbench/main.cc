@@ -1,7 +1,8 @@
 // main.cc: the pmbench command line (CLI11). PiBench's option names and
 // meanings (pibench-evaluation-vldb20.md section 4), plus --index/--input to
 // pick built-in indexes and PiBench plugins, --phases, --recovery, --json,
-// --persist_mode and --write_latency_ns. See docs/pmbench.md.
+// --persist_mode, --write_latency_ns, --sequential and --rounds. See
+// docs/pmbench.md.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -82,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no_progress", no_progress, "no progress line on stderr");
   app.add_flag("--sequential", o.sequential,
                "several indexes: run each completely before the next (default: each phase on every index in turn)");
+  auto* rounds_opt = app.add_option("--rounds", o.rounds,
+                                    "several indexes, interleaved: split the load and every phase into N rounds, the order of the "
+                                    "indexes rotating each round (default: 10 with several indexes, else 1; 1: one index's whole "
+                                    "phase after the other's)");
   app.add_flag("--list", list, "list built-in indexes and plugins, then exit");
   CLI11_PARSE(app, argc, argv);
 
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
     }
   }
   o.progress = !no_progress;
+  if (rounds_opt->count() > 0 && o.rounds < 1) return fail("--rounds must be at least 1 (got " + std::to_string(o.rounds) + ")");
   pmindex::Status s = o.Validate();
   if (!s.ok()) return fail(std::string(s.message()));
   std::vector<TargetSpec> targets;

@@ -87,6 +87,16 @@ static void SummarizePhase(std::ostringstream& os, const PhaseResult& p, int sam
   if (!p.note.empty()) os << "    note: " << p.note << "\n";
 }
 
+// How several targets shared the run ("" for one target run in one round,
+// as before rounds existed).
+static std::string RoundsText(const BenchOptions& o, size_t ntargets) {
+  const int rounds = EffectiveRounds(o, ntargets);
+  if (ntargets > 1 && o.sequential) return ", one index after the other (--sequential)";
+  if (ntargets < 2 && rounds == 1) return "";
+  return ", " + std::to_string(rounds) + (rounds == 1 ? " round" : " rounds") + " per step" +
+         (ntargets > 1 ? " (index order rotating each round)" : "");
+}
+
 std::string FormatSummary(const BenchOptions& o, const std::vector<TargetResult>& results) {
   std::ostringstream os;
   os << "pmbench: " << o.records << " records, " << (o.time_mode ? F("%.1f s", o.seconds) + " per phase" : std::to_string(o.operations) + " ops per phase")
@@ -95,7 +105,7 @@ std::string FormatSummary(const BenchOptions& o, const std::vector<TargetResult>
   if (o.distribution != Distribution::kUniform) os << " skew " << o.skew;
   os << ", seed " << o.seed << ", persist mode " << pmindex::pm::PersistModeName(o.persist_mode);
   if (o.write_latency_ns) os << " +" << o.write_latency_ns << " ns/line";
-  os << "\n";
+  os << RoundsText(o, results.size()) << "\n";
   for (const auto& r : results) {
     os << "\n== " << r.spec.name << " (" << r.kind << (r.spec.plugin.empty() ? "" : ": " + r.spec.plugin) << "), " << r.threads
        << " thread(s)";
@@ -147,6 +157,7 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
   std::ostringstream os;
   const auto rows = RowNames(results);
   const TargetResult& base = results[0];
+  os << "\nsame-run comparison" << RoundsText(o, results.size()) << "\n";
   auto table = [&](const std::string& title, auto value, bool higher_better, const char* better = nullptr) {
     os << "\n" << title << " (ratio against " << base.spec.name << "; " << (better ? better : higher_better ? ">1 is faster" : "<1 is faster")
        << ")\n";
@@ -190,7 +201,6 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
   if (any_pm)
     table("PM lines flushed per op", [](const PhaseResult& p) { return PerOp(p.pm.lines_flushed, p); }, false,
           "<1 is fewer; no ratio where it flushes nothing");
-  (void)o;
   return os.str();
 }
 
@@ -250,6 +260,11 @@ static json PhaseJson(const PhaseResult& p, int sampling_ms) {
                       {"recovery_seconds", p.stats.recovery_seconds}};
   else
     j["stats"] = nullptr;
+  // The target's share of each round: where it ran in the round's order.
+  json chunks = json::array();
+  for (const auto& c : p.chunks)
+    chunks.push_back(json{{"round", c.round}, {"position", c.position}, {"ops", c.ops}, {"seconds", c.seconds}});
+  j["chunks"] = chunks;
   return j;
 }
 
@@ -286,6 +301,7 @@ std::string ToJson(const BenchOptions& o, const Environment& env, const std::vec
   opt["persist_mode"] = pmindex::pm::PersistModeName(o.persist_mode);
   opt["write_latency_ns"] = o.write_latency_ns;
   opt["sequential"] = o.sequential;
+  opt["rounds"] = EffectiveRounds(o, results.size());
   json ph = json::array();
   for (const auto& p : o.phases) ph.push_back(json{{"name", p.name}, {"ratios", RatiosJson(p.ratios)}});
   opt["phases"] = ph;
