@@ -1,0 +1,347 @@
+// rounds_test.cc: pmbench's rounds (--rounds, tools/pmbench/bench.h): the
+// schedule (the target order rotates by one each round, so every target is
+// in every position equally often), the chunks of a quota adding up to
+// exactly the quota (remainders, more rounds than operations), the operation
+// stream of every target being exactly the one of --rounds 1 (per-type
+// completed and succeeded counts, scanned records and record counts of every
+// phase, with a different seed shown to change them), the option checks
+// (--rounds 0, --rounds > 1 with --sequential), the JSON and summary
+// reporting the rounds, and time mode in rounds (every target runs in every
+// round; the phase's windows account for all its operations; the progress
+// line names the round). No timing assertions.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+#include "pmindex/index.h"
+#include "testing/process.h"
+
+namespace pmbench {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(Rounds, OrderRotatesByOneEachRound) {
+  for (size_t n : {1u, 2u, 3u, 5u}) {
+    std::vector<std::vector<int>> at(n, std::vector<int>(n, 0));  // at[target][position]
+    for (int r = 0; r < 4 * int(n); r++) {
+      std::vector<size_t> order = RoundOrder(n, r);
+      ASSERT_EQ(order.size(), n);
+      EXPECT_EQ(order[0], size_t(r) % n) << "round " << r << " starts with target r mod T";
+      std::vector<size_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t k = 0; k < n; k++) EXPECT_EQ(sorted[k], k) << "a permutation";
+      for (size_t k = 0; k < n; k++) {
+        if (r > 0) {
+          EXPECT_EQ(order[k], (RoundOrder(n, r - 1)[k] + 1) % n) << "rotated by one";
+        }
+        at[order[k]][k]++;
+      }
+    }
+    for (size_t t = 0; t < n; t++)
+      for (size_t k = 0; k < n; k++) EXPECT_EQ(at[t][k], 4) << "target " << t << " position " << k;
+  }
+}
+
+TEST(Rounds, ChunksAddUpToTheQuota) {
+  for (uint64_t q : {uint64_t(0), uint64_t(1), uint64_t(5), uint64_t(7), uint64_t(1003), uint64_t(1000003), UINT64_MAX / 3, UINT64_MAX}) {
+    for (int rounds : {1, 2, 7, 10, 13, 1000}) {
+      SCOPED_TRACE(std::to_string(q) + " ops in " + std::to_string(rounds) + " rounds");
+      EXPECT_EQ(ChunkBegin(q, 0, rounds), 0u);
+      EXPECT_EQ(ChunkBegin(q, rounds, rounds), q);  // the chunks add up exactly
+      const uint64_t lo = q / uint64_t(rounds);
+      uint64_t empty = 0;
+      for (int r = 0; r < rounds; r++) {
+        const uint64_t a = ChunkBegin(q, r, rounds), b = ChunkBegin(q, r + 1, rounds);
+        ASSERT_LE(a, b);
+        EXPECT_TRUE(b - a == lo || b - a == lo + 1) << "round " << r << ": " << b - a;  // as even as can be
+        empty += a == b;
+      }
+      if (q < uint64_t(rounds)) {
+        EXPECT_EQ(empty, uint64_t(rounds) - q);  // more rounds than operations
+      }
+    }
+  }
+}
+
+TEST(Rounds, DefaultsAndOptionChecks) {
+  BenchOptions o;
+  EXPECT_EQ(EffectiveRounds(o, 1), 1);
+  EXPECT_EQ(EffectiveRounds(o, 2), kDefaultRounds);
+  EXPECT_EQ(kDefaultRounds, 10);
+  o.sequential = true;
+  EXPECT_EQ(EffectiveRounds(o, 3), 1);
+  EXPECT_TRUE(o.Validate().ok());
+  o.rounds = 1;
+  EXPECT_TRUE(o.Validate().ok());
+  o.rounds = 2;
+  EXPECT_TRUE(o.Validate().IsInvalidArgument());
+  std::vector<TargetResult> results;
+  EXPECT_TRUE(RunBenchmark(o, {{"dram_btree", ""}, {"dram_btree", ""}}, &results).IsInvalidArgument());
+  o.sequential = false;
+  EXPECT_TRUE(o.Validate().ok());
+  EXPECT_EQ(EffectiveRounds(o, 1), 2);
+  EXPECT_EQ(EffectiveRounds(o, 3), 2);
+  o.rounds = -1;
+  EXPECT_TRUE(o.Validate().IsInvalidArgument());
+  o.rounds = kMaxRounds + 1;
+  EXPECT_TRUE(o.Validate().IsInvalidArgument());
+}
+
+// The second deterministic target: fptree if this build has it.
+std::string SecondTarget() { return pmindex::FindIndexInfo("fptree", nullptr) ? "fptree" : "dram_btree"; }
+
+BenchOptions StreamOptions(int rounds, uint64_t seed) {
+  BenchOptions o;
+  o.records = 6000;
+  o.operations = 5003;  // not a multiple of the rounds or the threads
+  o.threads = 2;
+  o.distribution = Distribution::kSelfSimilar;
+  o.skew = 0.2;
+  o.seed = seed;
+  o.progress = false;
+  o.rounds = rounds;
+  o.ratios.r[0] = 0.4;
+  o.ratios[OpType::kInsert] = 0.2;
+  o.ratios[OpType::kUpdate] = 0.2;
+  o.ratios[OpType::kRemove] = 0.1;
+  o.ratios[OpType::kScan] = 0.1;
+  for (const char* name : {"read", "insert", "update", "delete", "scan", "custom"}) {
+    PhaseSpec ps;
+    EXPECT_TRUE(PhaseByName(name, o.ratios, &ps).ok());
+    o.phases.push_back(ps);
+  }
+  return o;
+}
+
+std::vector<TargetResult> RunTwo(const BenchOptions& o) {
+  std::vector<TargetResult> results;
+  Status s = RunBenchmark(o, {{"dram_btree", ""}, {SecondTarget(), ""}}, &results);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  for (const auto& r : results) EXPECT_EQ(r.error, "") << r.spec.name;
+  return results;
+}
+
+// Everything in a phase's result that depends on which operations ran (and
+// only on that: records scanned count too unless other threads write while
+// the scans run, which makes what a scan sees depend on timing).
+std::vector<uint64_t> StreamFigures(const PhaseResult& p) {
+  std::vector<uint64_t> v(p.completed, p.completed + kNumOpTypes);
+  v.insert(v.end(), p.succeeded, p.succeeded + kNumOpTypes);
+  const bool writes = p.ratios[OpType::kInsert] > 0 || p.ratios[OpType::kUpdate] > 0 || p.ratios[OpType::kRemove] > 0;
+  if (p.threads == 1 || !writes) v.push_back(p.scanned_records);
+  v.push_back(p.requested);
+  v.push_back(p.has_stats ? p.stats.records : 0);
+  return v;
+}
+
+TEST(Rounds, SameOperationStreamAsOneRound) {
+  const std::vector<TargetResult> one = RunTwo(StreamOptions(1, 77)), seven = RunTwo(StreamOptions(7, 77));
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(seven.size(), 2u);
+  for (size_t t = 0; t < 2; t++) {
+    SCOPED_TRACE(one[t].spec.name);
+    ASSERT_TRUE(one[t].loaded && seven[t].loaded);
+    EXPECT_EQ(StreamFigures(one[t].load), StreamFigures(seven[t].load));
+    ASSERT_EQ(one[t].phases.size(), 6u);
+    ASSERT_EQ(seven[t].phases.size(), 6u);
+    for (size_t i = 0; i < 6; i++) {
+      const PhaseResult &a = one[t].phases[i], &b = seven[t].phases[i];
+      SCOPED_TRACE(a.name);
+      EXPECT_FALSE(b.skipped);
+      EXPECT_EQ(b.total_completed(), 5003u);
+      EXPECT_EQ(StreamFigures(a), StreamFigures(b));
+      for (int ty = 0; ty < kNumOpTypes; ty++) EXPECT_EQ(b.succeeded[ty], b.completed[ty]) << OpName(OpType(ty));
+      // One chunk per round, at the scheduled position, adding up.
+      ASSERT_EQ(a.chunks.size(), 1u);
+      EXPECT_EQ(a.chunks[0].position, int(t));  // --rounds 1: the order given
+      ASSERT_EQ(b.chunks.size(), 7u);
+      uint64_t sum = 0;
+      double secs = 0;
+      for (int r = 0; r < 7; r++) {
+        EXPECT_EQ(b.chunks[r].round, r);
+        EXPECT_EQ(RoundOrder(2, r)[b.chunks[r].position], t) << "round " << r;
+        EXPECT_GT(b.chunks[r].ops, 0u);
+        sum += b.chunks[r].ops;
+        secs += b.chunks[r].seconds;
+      }
+      EXPECT_EQ(sum, b.total_completed());
+      EXPECT_NEAR(secs, b.seconds, 1e-6);  // seconds = sum of the chunk times
+      // The windows account for every operation, on the phase clock.
+      uint64_t wops = 0;
+      double last_end = 0;
+      for (const auto& w : b.windows) {
+        wops += w.ops;
+        EXPECT_GE(w.end_seconds, last_end);
+        last_end = w.end_seconds;
+      }
+      EXPECT_EQ(wops, b.total_completed());
+      EXPECT_LE(last_end, b.seconds + 1e-9);
+    }
+  }
+  // The figures compared above do depend on the stream: another seed changes
+  // the op mix of the custom phase and where the scans start.
+  const std::vector<TargetResult> other = RunTwo(StreamOptions(7, 78));
+  ASSERT_EQ(other.size(), 2u);
+  ASSERT_EQ(other[1].phases.size(), 6u);
+  EXPECT_NE(StreamFigures(other[1].phases[5]), StreamFigures(seven[1].phases[5]));
+  EXPECT_NE(other[1].phases[4].scanned_records, seven[1].phases[4].scanned_records);
+}
+
+TEST(Rounds, RemaindersAndMoreRoundsThanOperations) {
+  BenchOptions o;
+  o.records = 13;
+  o.operations = 5;
+  o.threads = 2;
+  o.progress = false;
+  o.rounds = 7;
+  for (const char* name : {"read", "insert", "mixed"}) {
+    PhaseSpec ps;
+    ASSERT_TRUE(PhaseByName(name, o.ratios, &ps).ok());
+    o.phases.push_back(ps);
+  }
+  std::vector<TargetResult> results;
+  ASSERT_TRUE(RunBenchmark(o, {{"dram_btree", ""}, {SecondTarget(), ""}}, &results).ok());
+  for (const auto& r : results) {
+    SCOPED_TRACE(r.spec.name);
+    EXPECT_EQ(r.error, "");
+    EXPECT_EQ(r.load.total_completed(), 13u);
+    EXPECT_EQ(r.load.total_succeeded(), 13u);
+    ASSERT_EQ(r.load.chunks.size(), 7u);
+    ASSERT_EQ(r.phases.size(), 3u);
+    for (const auto& p : r.phases) {
+      SCOPED_TRACE(p.name);
+      EXPECT_EQ(p.total_completed(), 5u);
+      EXPECT_EQ(p.total_succeeded(), 5u);
+      ASSERT_EQ(p.chunks.size(), 7u);  // every round is recorded, empty ones too
+      uint64_t sum = 0, empty = 0;
+      for (const auto& c : p.chunks) {
+        sum += c.ops;
+        empty += c.ops == 0;
+      }
+      EXPECT_EQ(sum, 5u);
+      EXPECT_GE(empty, 2u);  // 7 rounds, 5 operations
+    }
+    EXPECT_EQ(r.phases.back().stats.records, 13u + 5u + r.phases.back().completed[int(OpType::kInsert)] -
+                                                 r.phases.back().completed[int(OpType::kRemove)]);
+  }
+}
+
+// --- the binary -------------------------------------------------------------
+
+struct PmRun {
+  int rc = -1;
+  std::string out;
+};
+
+PmRun Pmbench(const std::string& args, bool merge_stderr = false) {
+  pmindex::testutil::CommandResult c =
+      pmindex::testutil::RunCommand(std::string(PMBENCH_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
+  return PmRun{c.code, std::move(c.out)};
+}
+
+std::string TmpJson(const char* tag) { return "/dev/shm/pmbench-roundstest-" + std::string(tag) + "-" + std::to_string(getpid()) + ".json"; }
+
+json LoadJson(const std::string& path) {
+  std::ifstream in(path);
+  json j = json::parse(in);  // throws (fails the test) if it does not parse
+  std::filesystem::remove(path);
+  return j;
+}
+
+TEST(RoundsBinary, BadRoundsAreRejected) {
+  PmRun r = Pmbench("--index dram_btree," + SecondTarget() + " -n 100 -p 100 --rounds 0", true);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--rounds must be at least 1"), std::string::npos) << r.out;
+  r = Pmbench("--index dram_btree," + SecondTarget() + " -n 100 -p 100 --rounds 3 --sequential", true);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.out.find("--sequential"), std::string::npos) << r.out;
+  r = Pmbench("--index dram_btree," + SecondTarget() + " -n 100 -p 100 --rounds 1 --sequential --no_progress", true);
+  EXPECT_EQ(r.rc, 0) << r.out;
+}
+
+TEST(RoundsBinary, ReportedInJsonAndSummary) {
+  const std::string path = TmpJson("report");
+  // Default: 10 rounds with several targets.
+  PmRun r = Pmbench("--index dram_btree," + SecondTarget() + " -n 3000 -p 2000 --phases read,scan --json " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json j = LoadJson(path);
+  EXPECT_EQ(j.at("options").at("rounds"), 10);
+  EXPECT_EQ(j.at("options").at("sequential"), false);
+  EXPECT_NE(r.out.find("10 rounds per step (index order rotating each round)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("same-run comparison, 10 rounds"), std::string::npos) << r.out;
+  for (size_t t = 0; t < 2; t++) {
+    const json& res = j.at("results").at(t);
+    for (const json& p : {res.at("load"), res.at("phases").at(0), res.at("phases").at(1)}) {
+      ASSERT_EQ(p.at("chunks").size(), 10u) << p.at("name");
+      uint64_t sum = 0;
+      for (size_t k = 0; k < 10; k++) {
+        const json& c = p.at("chunks").at(k);
+        EXPECT_EQ(c.at("round"), k);
+        EXPECT_EQ(c.at("position"), (t + 2 - k % 2) % 2) << "round " << k;  // round k starts with target k mod 2
+        sum += c.at("ops").get<uint64_t>();
+      }
+      EXPECT_EQ(sum, p.at("completed_total").get<uint64_t>());
+      EXPECT_EQ(p.at("completed_total"), p.at("succeeded_total"));
+    }
+  }
+  // One target: one round, and the header says nothing new.
+  r = Pmbench("--index dram_btree -n 1000 -p 1000 --json " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  j = LoadJson(path);
+  EXPECT_EQ(j.at("options").at("rounds"), 1);
+  EXPECT_EQ(r.out.find("round"), std::string::npos) << r.out;
+  EXPECT_EQ(j.at("results").at(0).at("phases").at(0).at("chunks").size(), 1u);
+  // --rounds 1 with several targets: one chunk each, in the order given.
+  r = Pmbench("--index dram_btree," + SecondTarget() + " -n 1000 -p 1000 --rounds 1 --json " + path);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  j = LoadJson(path);
+  EXPECT_EQ(j.at("options").at("rounds"), 1);
+  for (size_t t = 0; t < 2; t++) {
+    const json& c = j.at("results").at(t).at("phases").at(0).at("chunks");
+    ASSERT_EQ(c.size(), 1u);
+    EXPECT_EQ(c.at(0).at("position"), t);
+  }
+}
+
+TEST(RoundsBinary, TimeModeRunsEveryTargetInEveryRound) {
+  const std::string path = TmpJson("time");
+  // 2.1 s per phase in 3 rounds: progress lines (once a second of phase
+  // time) fall in rounds 2 and 3.
+  PmRun r = Pmbench("--index dram_btree," + SecondTarget() +
+                        " -n 2000 --mode time --seconds 2.1 --rounds 3 --sampling_ms 50 --phases mixed --json " + path,
+                    true);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json j = LoadJson(path);
+  EXPECT_EQ(j.at("options").at("rounds"), 3);
+  EXPECT_NE(r.out.find("mixed round 2/3 dram_btree"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mixed round 3/3 " + SecondTarget()), std::string::npos) << r.out;
+  for (size_t t = 0; t < 2; t++) {
+    for (const json& p : j.at("results").at(t).at("phases")) {
+      SCOPED_TRACE(p.at("name").get<std::string>() + " " + std::to_string(t));
+      EXPECT_GT(p.at("completed_total").get<uint64_t>(), 0u);
+      EXPECT_EQ(p.at("completed_total"), p.at("succeeded_total"));
+      ASSERT_EQ(p.at("chunks").size(), 3u);
+      uint64_t sum = 0;
+      for (size_t k = 0; k < 3; k++) {
+        EXPECT_GT(p.at("chunks").at(k).at("ops").get<uint64_t>(), 0u) << "round " << k;
+        sum += p.at("chunks").at(k).at("ops").get<uint64_t>();
+      }
+      EXPECT_EQ(sum, p.at("completed_total").get<uint64_t>());
+      uint64_t wops = 0;
+      for (const json& w : p.at("windows").at("list")) wops += w.at("ops").get<uint64_t>();
+      EXPECT_EQ(wops, p.at("completed_total").get<uint64_t>());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pmbench
