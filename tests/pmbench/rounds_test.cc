@@ -305,6 +305,7 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
   ASSERT_EQ(r.rc, 0) << r.out;
   j = LoadJson(path);
   EXPECT_EQ(j.at("options").at("rounds"), 1);
+  EXPECT_NE(r.out.find("1 round per step (each index's whole step in the order given)"), std::string::npos) << r.out;
   for (size_t t = 0; t < 2; t++) {
     const json& c = j.at("results").at(t).at("phases").at(0).at("chunks");
     ASSERT_EQ(c.size(), 1u);

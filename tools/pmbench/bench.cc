@@ -257,7 +257,6 @@ class PhaseRun {
   };
 
   PhaseContext c_;
-  const PhaseSpec* spec_;
   int phase_no_;
   bool load_, time_mode_;
   uint64_t total_quota_ = 0;
@@ -272,7 +271,7 @@ class PhaseRun {
 };
 
 PhaseRun::PhaseRun(const PhaseContext& c, const PhaseSpec* spec, int phase_no)
-    : c_(c), spec_(spec), phase_no_(phase_no), load_(spec == nullptr), time_mode_(spec != nullptr && c.o->time_mode) {
+    : c_(c), phase_no_(phase_no), load_(spec == nullptr), time_mode_(spec != nullptr && c.o->time_mode) {
   const BenchOptions& o = *c.o;
   const int T = c.threads;
   res_.name = spec ? spec->name : "load";
@@ -715,19 +714,18 @@ struct TargetRun {
     uint64_t live = 0;
     for (auto& k : keys) live += k.live.size();
     step = ph.name;
+    auto skip = [&](const std::string& why) {
+      skipped = PhaseResult();
+      skipped->name = ph.name;
+      skipped->ratios = ph.ratios;
+      skipped->skipped = true;
+      skipped->note = "skipped: " + why;
+    };
     if (!r->ordered && ph.ratios[OpType::kScan] > 0) {
-      skipped = PhaseResult();
-      skipped->name = ph.name;
-      skipped->ratios = ph.ratios;
-      skipped->skipped = true;
-      skipped->note = "skipped: " + r->spec.name + " is unordered (no scans)";
+      skip(r->spec.name + " is unordered (no scans)");
     } else if (!o->time_mode && double(o->operations) * ph.ratios[OpType::kRemove] > double(live) * 0.95) {
-      skipped = PhaseResult();
-      skipped->name = ph.name;
-      skipped->ratios = ph.ratios;
-      skipped->skipped = true;
-      skipped->note = "skipped: about " + std::to_string(uint64_t(double(o->operations) * ph.ratios[OpType::kRemove])) +
-                      " removes but only " + std::to_string(live) + " live records (raise -n or lower -p)";
+      skip("about " + std::to_string(uint64_t(double(o->operations) * ph.ratios[OpType::kRemove])) + " removes but only " +
+           std::to_string(live) + " live records (raise -n or lower -p)");
     } else {
       current.reset(new PhaseRun(Ctx(), &ph, phase_no));
       current_load = false;

@@ -92,9 +92,9 @@ static void SummarizePhase(std::ostringstream& os, const PhaseResult& p, int sam
 static std::string RoundsText(const BenchOptions& o, size_t ntargets) {
   const int rounds = EffectiveRounds(o, ntargets);
   if (ntargets > 1 && o.sequential) return ", one index after the other (--sequential)";
+  if (ntargets > 1 && rounds == 1) return ", 1 round per step (each index's whole step in the order given)";
   if (ntargets < 2 && rounds == 1) return "";
-  return ", " + std::to_string(rounds) + (rounds == 1 ? " round" : " rounds") + " per step" +
-         (ntargets > 1 ? " (index order rotating each round)" : "");
+  return ", " + std::to_string(rounds) + " rounds per step" + (ntargets > 1 ? " (index order rotating each round)" : "");
 }
 
 std::string FormatSummary(const BenchOptions& o, const std::vector<TargetResult>& results) {
