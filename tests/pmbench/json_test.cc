@@ -14,37 +14,25 @@
 #include <string>
 
 #include "bench.h"
-#include "testing/process.h"
+#include "pmbench_test_util.h"
 
 namespace {
 
 using json = nlohmann::json;
 
-struct PmRun {
-  int rc = -1;
-  std::string out;
-};
+using pmbench::testutil::LoadJsonAndRemove;
+using pmbench::testutil::PmRun;
 
-PmRun Pmbench(const std::string& args, bool merge_stderr = false) {
-  pmindex::testutil::CommandResult c =
-      pmindex::testutil::RunCommand(std::string(PMBENCH_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
-  return PmRun{c.code, std::move(c.out)};
-}
+PmRun Pmbench(const std::string& args, bool merge_stderr = false) { return pmbench::testutil::RunPmbench(PMBENCH_BIN, args, merge_stderr); }
 
-std::string TmpJson(const char* tag) { return "/dev/shm/pmbench-jsontest-" + std::string(tag) + "-" + std::to_string(getpid()) + ".json"; }
-
-json Load(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);  // throws (fails the test) if it does not parse
-}
+std::string TmpJson(const char* tag) { return pmbench::testutil::TmpJsonPath("jsontest", tag); }
 
 TEST(PmbenchJson, SingleIndexMatchesSummary) {
   const std::string path = TmpJson("single");
   PmRun r = Pmbench("--index dram_btree -n 3000 -p 2000 -t 2 --phases read,insert,update,delete,scan,mixed --distribution SELFSIMILAR "
                   "--skew 0.2 --seed 99 --latency_sampling 1 --sampling_ms 5 --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = Load(path);
-  std::filesystem::remove(path);
+  json j = LoadJsonAndRemove(path);
 
   // Every option, as given.
   const json& o = j.at("options");
@@ -111,8 +99,7 @@ TEST(PmbenchJson, SeveralTargetsGiveAComparison) {
   const std::string plugin = std::string(PMBENCH_PLUGIN_DIR) + "/libpibench_dram_btree.so";
   PmRun r = Pmbench("--index dram_btree --input " + plugin + " -n 2000 -p 1000 --phases read,mixed --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = Load(path);
-  std::filesystem::remove(path);
+  json j = LoadJsonAndRemove(path);
   ASSERT_EQ(j.at("results").size(), 2u);
   EXPECT_EQ(j.at("results").at(1).at("kind"), "plugin");
   EXPECT_EQ(j.at("results").at(1).at("plugin"), plugin);
@@ -127,8 +114,7 @@ TEST(PmbenchJson, SeveralTargetsGiveAComparison) {
   // --sequential runs the same operations, one target after the other.
   r = Pmbench("--index dram_btree --input " + plugin + " -n 2000 -p 1000 --phases read,mixed --sequential --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json k = Load(path);
-  std::filesystem::remove(path);
+  json k = LoadJsonAndRemove(path);
   EXPECT_EQ(k.at("options").at("sequential"), true);
   for (size_t t = 0; t < 2; t++)
     for (size_t i = 0; i < 2; i++)
@@ -140,8 +126,7 @@ TEST(PmbenchJson, ThirdPartyPluginThroughTheAbi) {
   PmRun r = Pmbench("--input " + std::string(PMBENCH_THIRD_PARTY_PLUGIN) +
                     " -n 3000 -p 2000 -t 2 -k 16 -v 24 -f ab --phases read,insert,update,delete,scan,mixed --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = Load(path);
-  std::filesystem::remove(path);
+  json j = LoadJsonAndRemove(path);
   const json& t = j.at("results").at(0);
   EXPECT_EQ(t.at("kind"), "plugin");
   EXPECT_EQ(t.at("threads"), 2);
@@ -160,8 +145,7 @@ TEST(PmbenchJson, TimeModeAndRecovery) {
   const std::string path = TmpJson("time");
   PmRun r = Pmbench("--index dram_btree -n 1000 --mode time --seconds 0.3 --sampling_ms 50 -r 0.5 -u 0.5 --recovery --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = Load(path);
-  std::filesystem::remove(path);
+  json j = LoadJsonAndRemove(path);
   const json& p = j.at("results").at(0).at("phases").at(0);
   EXPECT_EQ(p.at("name"), "run");
   EXPECT_GE(p.at("seconds").get<double>(), 0.3);

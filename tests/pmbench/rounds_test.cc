@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "bench.h"
+#include "pmbench_test_util.h"
 #include "pmindex/index.h"
-#include "testing/process.h"
 
 namespace pmbench {
 namespace {
@@ -114,11 +114,7 @@ BenchOptions StreamOptions(int rounds, uint64_t seed) {
   o.ratios[OpType::kUpdate] = 0.2;
   o.ratios[OpType::kRemove] = 0.1;
   o.ratios[OpType::kScan] = 0.1;
-  for (const char* name : {"read", "insert", "update", "delete", "scan", "custom"}) {
-    PhaseSpec ps;
-    EXPECT_TRUE(PhaseByName(name, o.ratios, &ps).ok());
-    o.phases.push_back(ps);
-  }
+  testutil::AddPhases(&o, {"read", "insert", "update", "delete", "scan", "custom"});
   return o;
 }
 
@@ -203,11 +199,7 @@ TEST(Rounds, RemaindersAndMoreRoundsThanOperations) {
   o.threads = 2;
   o.progress = false;
   o.rounds = 7;
-  for (const char* name : {"read", "insert", "mixed"}) {
-    PhaseSpec ps;
-    ASSERT_TRUE(PhaseByName(name, o.ratios, &ps).ok());
-    o.phases.push_back(ps);
-  }
+  testutil::AddPhases(&o, {"read", "insert", "mixed"});
   std::vector<TargetResult> results;
   ASSERT_TRUE(RunBenchmark(o, {{"dram_btree", ""}, {SecondTarget(), ""}}, &results).ok());
   for (const auto& r : results) {
@@ -237,25 +229,12 @@ TEST(Rounds, RemaindersAndMoreRoundsThanOperations) {
 
 // --- the binary -------------------------------------------------------------
 
-struct PmRun {
-  int rc = -1;
-  std::string out;
-};
+using testutil::LoadJsonAndRemove;
+using testutil::PmRun;
 
-PmRun Pmbench(const std::string& args, bool merge_stderr = false) {
-  pmindex::testutil::CommandResult c =
-      pmindex::testutil::RunCommand(std::string(PMBENCH_BIN) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
-  return PmRun{c.code, std::move(c.out)};
-}
+PmRun Pmbench(const std::string& args, bool merge_stderr = false) { return testutil::RunPmbench(PMBENCH_BIN, args, merge_stderr); }
 
-std::string TmpJson(const char* tag) { return "/dev/shm/pmbench-roundstest-" + std::string(tag) + "-" + std::to_string(getpid()) + ".json"; }
-
-json LoadJson(const std::string& path) {
-  std::ifstream in(path);
-  json j = json::parse(in);  // throws (fails the test) if it does not parse
-  std::filesystem::remove(path);
-  return j;
-}
+std::string TmpJson(const char* tag) { return testutil::TmpJsonPath("roundstest", tag); }
 
 TEST(RoundsBinary, BadRoundsAreRejected) {
   PmRun r = Pmbench("--index dram_btree," + SecondTarget() + " -n 100 -p 100 --rounds 0", true);
@@ -273,7 +252,7 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
   // Default: 10 rounds with several targets.
   PmRun r = Pmbench("--index dram_btree," + SecondTarget() + " -n 3000 -p 2000 --phases read,scan --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = LoadJson(path);
+  json j = LoadJsonAndRemove(path);
   EXPECT_EQ(j.at("options").at("rounds"), 10);
   EXPECT_EQ(j.at("options").at("sequential"), false);
   EXPECT_NE(r.out.find("10 rounds per step (index order rotating each round)"), std::string::npos) << r.out;
@@ -296,14 +275,14 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
   // One target: one round, and the header says nothing new.
   r = Pmbench("--index dram_btree -n 1000 -p 1000 --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  j = LoadJson(path);
+  j = LoadJsonAndRemove(path);
   EXPECT_EQ(j.at("options").at("rounds"), 1);
   EXPECT_EQ(r.out.find("round"), std::string::npos) << r.out;
   EXPECT_EQ(j.at("results").at(0).at("phases").at(0).at("chunks").size(), 1u);
   // --rounds 1 with several targets: one chunk each, in the order given.
   r = Pmbench("--index dram_btree," + SecondTarget() + " -n 1000 -p 1000 --rounds 1 --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
-  j = LoadJson(path);
+  j = LoadJsonAndRemove(path);
   EXPECT_EQ(j.at("options").at("rounds"), 1);
   EXPECT_NE(r.out.find("1 round per step (each index's whole step in the order given)"), std::string::npos) << r.out;
   for (size_t t = 0; t < 2; t++) {
@@ -321,7 +300,7 @@ TEST(RoundsBinary, TimeModeRunsEveryTargetInEveryRound) {
                         " -n 2000 --mode time --seconds 2.1 --rounds 3 --sampling_ms 50 --phases mixed --json " + path,
                     true);
   ASSERT_EQ(r.rc, 0) << r.out;
-  json j = LoadJson(path);
+  json j = LoadJsonAndRemove(path);
   EXPECT_EQ(j.at("options").at("rounds"), 3);
   EXPECT_NE(r.out.find("mixed round 2/3 dram_btree"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mixed round 3/3 " + SecondTarget()), std::string::npos) << r.out;

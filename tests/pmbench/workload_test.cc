@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "bench.h"
+#include "pmbench_test_util.h"
 #include "workload.h"
 
 namespace pmbench {
@@ -219,11 +220,7 @@ TEST(Driver, TwoThreadsEveryOperationSucceeds) {
   o.progress = false;
   o.sampling_ms = 10;
   o.latency_sampling = 0.5;
-  for (const char* name : {"read", "insert", "update", "delete", "scan", "mixed"}) {
-    PhaseSpec ps;
-    ASSERT_TRUE(PhaseByName(name, o.ratios, &ps).ok());
-    o.phases.push_back(ps);
-  }
+  testutil::AddPhases(&o, {"read", "insert", "update", "delete", "scan", "mixed"});
   std::vector<TargetSpec> targets{{"dram_btree", ""}};
   std::vector<TargetResult> results;
   ASSERT_TRUE(RunBenchmark(o, targets, &results).ok());
