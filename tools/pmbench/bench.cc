@@ -15,10 +15,12 @@
 #include <chrono>
 #include <cctype>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -325,6 +327,10 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& 
   std::vector<Clock::time_point> ends(T);
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
+  // Wakes the statistics thread when a worker finishes, so that the next
+  // chunk (of any target) starts at once rather than up to 5 ms later.
+  std::mutex finish_mu;
+  std::condition_variable finish_cv;
   tree_api* tree = c_.target->tree();
   const size_t ks = c_.codec->key_size(), vs = c_.codec->value_size();
   const uint64_t version_base = uint64_t(phase_no_ + 1) << 40;
@@ -390,6 +396,8 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& 
     out.pm += pmindex::pm::ThreadCounters() - pm0;
     ends[t] = Clock::now();
     slots[t].finished.store(true, std::memory_order_release);
+    { std::lock_guard<std::mutex> lock(finish_mu); }  // the waiter is waiting or will see `finished`
+    finish_cv.notify_one();
   };
 
   std::vector<std::thread> workers;
@@ -420,7 +428,10 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& 
   auto phase_seconds = [&](Clock::time_point t) { return std::chrono::duration<double>(elapsed_ + (t - start)).count(); };
   while (!all_finished()) {
     Clock::time_point wake = std::min({next_window, next_progress, deadline, Clock::now() + std::chrono::milliseconds(5)});
-    std::this_thread::sleep_until(wake);
+    {
+      std::unique_lock<std::mutex> lock(finish_mu);
+      finish_cv.wait_until(lock, wake, all_finished);
+    }
     Clock::time_point now = Clock::now();
     if (now >= next_window) {
       uint64_t d = total_done();
