@@ -227,6 +227,39 @@ TEST(Rounds, RemaindersAndMoreRoundsThanOperations) {
   }
 }
 
+// Time mode, removes outnumbering inserts: each thread runs out of live keys
+// (after about 1500 operations, far less than the time allows); in rounds,
+// the phase still ends there for each thread, with the note, and with the
+// counts of one round (a thread out of keys runs nothing in later rounds).
+TEST(Rounds, ThreadsOutOfKeysStop) {
+  auto run = [](int rounds) {
+    BenchOptions o;
+    o.records = 300;
+    o.threads = 2;
+    o.progress = false;
+    o.time_mode = true;
+    o.seconds = 1;
+    o.rounds = rounds;
+    o.ratios.r[0] = 0;
+    o.ratios[OpType::kInsert] = 0.45;
+    o.ratios[OpType::kRemove] = 0.55;
+    return RunTwo(o);
+  };
+  const std::vector<TargetResult> one = run(1), five = run(5);
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(five.size(), 2u);
+  for (size_t t = 0; t < 2; t++) {
+    SCOPED_TRACE(one[t].spec.name);
+    ASSERT_EQ(one[t].phases.size(), 1u);
+    ASSERT_EQ(five[t].phases.size(), 1u);
+    const PhaseResult &a = one[t].phases[0], &b = five[t].phases[0];
+    EXPECT_NE(b.note.find("ran out of live keys"), std::string::npos) << b.note;
+    EXPECT_EQ(StreamFigures(a), StreamFigures(b));
+    EXPECT_EQ(b.stats.records, 0u);  // every key removed, then nothing more
+    ASSERT_EQ(b.chunks.size(), 5u);
+  }
+}
+
 // --- the binary -------------------------------------------------------------
 
 using testutil::LoadJsonAndRemove;
