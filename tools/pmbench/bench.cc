@@ -318,7 +318,7 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& 
     stop_at[t] = time_mode_ ? UINT64_MAX : ChunkBegin(st.quota, round + 1, rounds);
     any |= !st.exhausted && stop_at[t] > st.next;
   }
-  if (!any) {  // nothing left in this round (fewer operations than rounds)
+  if (!any) {  // nothing to do in this round (fewer operations than rounds, or every thread out of keys)
     res_.chunks.push_back(chunk);
     return;
   }
