@@ -4,11 +4,12 @@
 // exactly the quota (remainders, more rounds than operations), the operation
 // stream of every target being exactly the one of --rounds 1 (per-type
 // completed and succeeded counts, scanned records and record counts of every
-// phase, with a different seed shown to change them), the option checks
-// (--rounds 0, --rounds > 1 with --sequential), the JSON and summary
-// reporting the rounds, and time mode in rounds (every target runs in every
-// round; the phase's windows account for all its operations; the progress
-// line names the round). No timing assertions.
+// phase, with a different seed shown to change them), threads out of keys in
+// time mode, the option checks (--rounds 0, --rounds > 1 with --sequential),
+// the JSON and summary reporting the rounds and the median of the per-round
+// ratios, and time mode in rounds (every target runs in every round; the
+// phase's windows account for all its operations; the progress line names
+// the round). No timing assertions.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -305,6 +306,14 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
       EXPECT_EQ(p.at("completed_total"), p.at("succeeded_total"));
     }
   }
+  // The median of the per-round ratios: 1 for the baseline, a ratio for the
+  // other, in the JSON and as a table.
+  EXPECT_NE(r.out.find("median of the per-round ratios"), std::string::npos) << r.out;
+  for (const json& row : j.at("comparison").at("rows")) {
+    SCOPED_TRACE(row.at("phase").get<std::string>());
+    EXPECT_DOUBLE_EQ(row.at("values").at("dram_btree").at("round_ratio_median").get<double>(), 1.0);
+    EXPECT_GT(row.at("values").at(SecondTarget()).at("round_ratio_median").get<double>(), 0.0);
+  }
   // One target: one round, and the header says nothing new.
   r = Pmbench("--index dram_btree -n 1000 -p 1000 --json " + path);
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -318,6 +327,11 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
   j = LoadJsonAndRemove(path);
   EXPECT_EQ(j.at("options").at("rounds"), 1);
   EXPECT_NE(r.out.find("1 round per step (each index's whole step in the order given)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("median of the per-round ratios"), std::string::npos) << r.out;
+  for (const json& row : j.at("comparison").at("rows")) {  // one round: the median is the ratio
+    const json& v = row.at("values").at(SecondTarget());
+    EXPECT_NEAR(v.at("round_ratio_median").get<double>(), v.at("ratio").get<double>(), 1e-9 * v.at("ratio").get<double>());
+  }
   for (size_t t = 0; t < 2; t++) {
     const json& c = j.at("results").at(t).at("phases").at(0).at("chunks");
     ASSERT_EQ(c.size(), 1u);

@@ -2,6 +2,7 @@
 // output. Every figure in the summary is printed from the same PhaseResult
 // fields that go into the JSON, with the same FormatRate/FormatNs, so the two
 // always agree (tests/pmbench checks it). No PM access here.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -152,15 +153,33 @@ static const PhaseResult* FindPhase(const TargetResult& r, const std::string& na
   return nullptr;
 }
 
+// The median over rounds of p's throughput in a round divided by the
+// baseline's in the same round (rounds where either did nothing are left
+// out; NAN if none is left). A round's two chunks ran close together in
+// time, so each ratio is little affected by load drifting over the run, and
+// the median ignores the odd round hit by a burst.
+static double MedianRoundRatio(const PhaseResult& p, const PhaseResult& base) {
+  std::vector<double> r;
+  for (const Chunk& c : p.chunks)
+    for (const Chunk& b : base.chunks)
+      if (b.round == c.round && c.ops && c.seconds > 0 && b.ops && b.seconds > 0)
+        r.push_back((double(c.ops) / c.seconds) / (double(b.ops) / b.seconds));
+  if (r.empty()) return NAN;
+  std::sort(r.begin(), r.end());
+  const size_t n = r.size();
+  return n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+}
+
 std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResult>& results) {
   if (results.size() < 2) return "";
   std::ostringstream os;
   const auto rows = RowNames(results);
   const TargetResult& base = results[0];
   os << "\nsame-run comparison" << RoundsText(o, results.size()) << "\n";
-  auto table = [&](const std::string& title, auto value, bool higher_better, const char* better = nullptr) {
-    os << "\n" << title << " (ratio against " << base.spec.name << "; " << (better ? better : higher_better ? ">1 is faster" : "<1 is faster")
-       << ")\n";
+  // A grid of phases x targets; cell(p, bp) formats target phase p given
+  // the baseline's (bp, null if the baseline has none).
+  auto grid = [&](const std::string& title, auto cell) {
+    os << "\n" << title << "\n";
     std::vector<std::vector<std::string>> cells;
     std::vector<std::string> head{"phase"};
     for (const auto& r : results)  // flag targets run with fewer threads (single-threaded indexes)
@@ -171,15 +190,7 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
       const PhaseResult* bp = FindPhase(base, row);
       for (const auto& r : results) {
         const PhaseResult* p = FindPhase(r, row);
-        double v = p ? value(*p) : NAN;
-        double bv = bp ? value(*bp) : NAN;
-        if (!p || std::isnan(v)) {
-          line.push_back("-");
-          continue;
-        }
-        std::string s = F("%.3f", v);
-        if (!std::isnan(bv) && bv > 0) s += F(" (%.2fx)", v / bv);
-        line.push_back(s);
+        line.push_back(p ? cell(*p, bp) : "-");
       }
       cells.push_back(line);
     }
@@ -193,6 +204,17 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
       os << "\n";
     }
   };
+  auto table = [&](const std::string& title, auto value, bool higher_better, const char* better = nullptr) {
+    grid(title + " (ratio against " + base.spec.name + "; " + (better ? better : higher_better ? ">1 is faster" : "<1 is faster") + ")",
+         [&](const PhaseResult& p, const PhaseResult* bp) -> std::string {
+           double v = value(p);
+           double bv = bp ? value(*bp) : NAN;
+           if (std::isnan(v)) return "-";
+           std::string s = F("%.3f", v);
+           if (!std::isnan(bv) && bv > 0) s += F(" (%.2fx)", v / bv);
+           return s;
+         });
+  };
   table("throughput, Mops/s", [](const PhaseResult& p) { return p.throughput() / 1e6; }, true);
   table("p99 latency, us", [](const PhaseResult& p) { return p.latency.samples ? p.latency.p99_ns / 1e3 : NAN; }, false);
   bool any_pm = false;
@@ -201,6 +223,13 @@ std::string FormatComparison(const BenchOptions& o, const std::vector<TargetResu
   if (any_pm)
     table("PM lines flushed per op", [](const PhaseResult& p) { return PerOp(p.pm.lines_flushed, p); }, false,
           "<1 is fewer; no ratio where it flushes nothing");
+  if (EffectiveRounds(o, results.size()) > 1)
+    grid("throughput ratio against " + base.spec.name +
+             ", median of the per-round ratios (each pairs chunks run in the same round; >1 is faster)",
+         [&](const PhaseResult& p, const PhaseResult* bp) {
+           const double m = bp ? MedianRoundRatio(p, *bp) : NAN;
+           return std::isnan(m) ? std::string("-") : F("%.3f", m);
+         });
   return os.str();
 }
 
@@ -355,8 +384,10 @@ std::string ToJson(const BenchOptions& o, const Environment& env, const std::vec
         }
         double v = p->throughput();
         double bv = bp ? bp->throughput() : 0;
+        const double m = bp ? MedianRoundRatio(*p, *bp) : NAN;
         vals[r.spec.name] = json{{"ops_per_sec", v}, {"ratio", bv > 0 ? json(v / bv) : json(nullptr)},
-                                 {"p99_ns", p->latency.samples ? json(p->latency.p99_ns) : json(nullptr)}};
+                                 {"p99_ns", p->latency.samples ? json(p->latency.p99_ns) : json(nullptr)},
+                                 {"round_ratio_median", std::isnan(m) ? json(nullptr) : json(m)}};
       }
       rows.push_back(json{{"phase", row}, {"values", vals}});
     }
