@@ -91,6 +91,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/epoch.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -173,118 +174,12 @@ struct alignas(64) Root {
 };
 
 // ---------------------------------------------------------------------------
-// Epoch-based reclamation for deleted leaves (process-wide).
-struct alignas(64) EpochSlot {
-  std::atomic<uint64_t> e{0};
-  std::atomic<bool> used{false};
-};
-constexpr int kEpochSlots = 256;
-EpochSlot g_slots[kEpochSlots];
-std::atomic<uint64_t> g_epoch{1};
-// The per-thread state is trivial (no destructor): a thread_local with a
-// destructor gets a TLS init guard that is reached through __tls_get_addr in
-// a shared library (two calls per guarded operation, callgrind). The slot is
-// released at thread exit by a separate thread_local touched only when the
-// slot is taken.
-// Thread exit (review finding): thread_local destructors run in reverse
-// order of construction, so one constructed before the thread's first
-// FPTree operation may call the tree after ~EpochSlotReleaser ran. The
-// releaser's destructor sets `exiting`; from then on a guard takes a slot
-// for itself and gives it back when it ends (a slot taken then would
-// otherwise never be released, and after 256 such exits every thread would
-// wait for a slot forever).
-struct TlsEpoch {
-  int idx = -1;
-  int depth = 0;
-  bool exiting = false;
-};
-FPT_TLS TlsEpoch tl_epoch;
-struct EpochSlotReleaser {
-  int idx = -1;
-  ~EpochSlotReleaser() {
-    tl_epoch.exiting = true;
-    if (idx < 0) return;
-    tl_epoch.idx = -1;
-    g_slots[idx].used.store(false, std::memory_order_release);
-  }
-};
-// Takes a free slot. With `wait`, until one comes free (yielding); without,
-// gives up (nullptr) after a few passes: more than kEpochSlots threads use
-// trees at once, and the operation reports Busy instead of spinning.
-EpochSlot* TakeSlot(bool wait) {
-  for (int pass = 0;; pass++) {
-    for (int i = 0; i < kEpochSlots; i++) {
-      bool f = false;
-      if (!g_slots[i].used.load(std::memory_order_relaxed) && g_slots[i].used.compare_exchange_strong(f, true)) {
-        tl_epoch.idx = i;
-        return &g_slots[i];
-      }
-    }
-    if (!wait && pass >= 16) return nullptr;
-    std::this_thread::yield();
-  }
-}
-EpochSlot* MySlot(bool wait) {
-  if (tl_epoch.idx >= 0) return &g_slots[tl_epoch.idx];
-  if (tl_epoch.exiting) return TakeSlot(wait);  // released by the guard
-  thread_local EpochSlotReleaser releaser;
-  EpochSlot* s = TakeSlot(wait);
-  if (s) releaser.idx = tl_epoch.idx;
-  return s;
-}
-// An operation's epoch guard. ok() is false (the operation returns Busy)
-// only if no slot was free and `wait` was false.
-struct EpochGuard {
-  EpochSlot* s = nullptr;
-  bool active = false;
-  bool failed = false;
-  explicit EpochGuard(bool on, bool wait = false) {
-    if (!on) return;
-    TlsEpoch& te = tl_epoch;
-    if (te.depth > 0) {
-      te.depth++;
-      active = true;
-      return;
-    }
-    s = te.idx >= 0 ? &g_slots[te.idx] : MySlot(wait);
-    if (!s) {
-      failed = true;
-      return;
-    }
-    te.depth = 1;
-    active = true;
-    s->e.exchange(g_epoch.load(std::memory_order_acquire), std::memory_order_seq_cst);
-  }
-  ~EpochGuard() {
-    if (!active) return;
-    TlsEpoch& te = tl_epoch;
-    if (--te.depth == 0 && s) {
-      s->e.store(0, std::memory_order_release);
-      if (te.exiting) {  // taken after the releaser ran: give it back now
-        te.idx = -1;
-        s->used.store(false, std::memory_order_release);
-      }
-    }
-  }
-  bool ok() const { return !failed; }
-  EpochGuard(const EpochGuard&) = delete;
-};
-inline Status EpochBusy() { return Status::Busy("fptree: more than 256 threads are using trees at once"); }
-// Waits until every thread that was inside an epoch guard when this was
-// called has left it. Must be called outside any guard.
-void Synchronize() {
-  uint64_t e = g_epoch.fetch_add(1, std::memory_order_seq_cst) + 1;
-  for (int i = 0; i < kEpochSlots; i++) {
-    if (!g_slots[i].used.load(std::memory_order_acquire)) continue;
-    int spins = 0;
-    for (;;) {
-      uint64_t x = g_slots[i].e.load(std::memory_order_acquire);
-      if (x == 0 || x >= e) break;
-      if (++spins > 64) std::this_thread::yield();
-      else Pause();
-    }
-  }
-}
+// Epoch-based reclamation (core/epoch.h), one manager per tree: finds, scans
+// and writers run inside a guard; a leaf deletion waits for the grace period
+// (EpochManager::Synchronize, outside any guard) before it frees the unlinked
+// leaf (FinishDeleteLog), the removed inner nodes and their separators. DRAM
+// bookkeeping only: no PM store, persist order or format depends on it.
+using EpochGuard = EpochManager::Guard;
 
 // ---------------------------------------------------------------------------
 // Hashes for fingerprints.
@@ -1239,8 +1134,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
     PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
     SKey k = MakeKey(key);
-    EpochGuard g(kConc);
-    if (!g.ok()) return EpochBusy();
+    EpochGuard g(epoch_, kConc);
     Backoff bo;
     for (;;) {
       uint64_t lv = 0;
@@ -1295,8 +1189,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (closed_) return Status::InvalidArgument("index closed");
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
     SKey k = MakeKey(key);
-    EpochGuard g(kConc);
-    if (!g.ok()) return EpochBusy();
+    EpochGuard g(epoch_, kConc);
     for (;;) {
       uint64_t lv = 0;
       char* l = L(FindLeaf(k, &lv));
@@ -1332,8 +1225,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     int pending = -1;
     Retired ret;
     {
-      EpochGuard g(kConc);
-      if (!g.ok()) return EpochBusy();
+      EpochGuard g(epoch_, kConc);
       Backoff bo;
       for (;;) {
         uint64_t lv = 0;
@@ -1386,7 +1278,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (pending < 0) return;
     // Grace period before the unlinked leaf's memory and the removed inner
     // nodes may be reused.
-    if (kConc) Synchronize();
+    if (kConc) epoch_.Synchronize();
     FinishDeleteLog(&root_->del[pending]);
     ReleaseLog(&del_free_, pending);
     for (Inner* n : ret->nodes) FreeInner(n);
@@ -1437,7 +1329,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     int pending = -1;
     Retired ret;
     {
-      EpochGuard g(kConc, /*wait=*/true);
+      EpochGuard g(epoch_, kConc);
       uint64_t lv = 0;
       uint64_t loff = FindLeaf(d.k, &lv);
       char* l = L(loff);
@@ -1655,11 +1547,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       out.clear();
       bool end = false;
       {
-        EpochGuard g(kConc);
-        if (!g.ok()) {
-          if (count) *count = done;
-          return EpochBusy();
-        }
+        EpochGuard g(epoch_, kConc);
         SKey k;
         if constexpr (kBytes) k.s = resume.ks;
         else k.u = resume.k;
@@ -1739,11 +1627,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       size_t nout = 0;
       bool end = false;
       {
-        EpochGuard g(kConc);
-        if (!g.ok()) {
-          if (count) *count = done;
-          return EpochBusy();
-        }
+        EpochGuard g(epoch_, kConc);
         SKey k;
         k.u = resume;
         uint64_t lv = 0;
@@ -2077,7 +1961,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   uint64_t Size() override {
     if (closed_) return 0;
-    EpochGuard g(kConc, /*wait=*/true);
+    EpochGuard g(epoch_, kConc);
     uint64_t n = 0;
     for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) n += __builtin_popcountll(Ld(Bm(L(x))));
     return n;
@@ -2488,6 +2372,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::vector<Deferred> deferred_;
   std::atomic<size_t> deferred_n_{0};
   std::atomic<uint64_t> dram_bytes_{0};
+  EpochManager epoch_;  // fptree: guards of finds, scans and writers; leaf deletions wait for it
   // Bound of the scan's prefetch-only paths: the address space the pool
   // reserves (pools grow in place up to it; a prefetch past the mapped part
   // is harmless). Loads are bounded by the current size (InPool).

@@ -123,9 +123,8 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
   }
 
   // Opens a saved durable image; "" if it recovers correctly. (Images are
-  // saved at the fence and checked once the remove has returned: the
-  // epoch-based reclamation is process-wide, so a remove in the recovered
-  // tree must not run inside the epoch of the remove under test.)
+  // saved at the fence and checked once the remove has returned, outside
+  // the observer callback of the remove under test.)
   std::string Verify(const std::string& img) {
     Options o = opts_;
     o.pool_path = img;
