@@ -27,7 +27,8 @@
 // Invariants: the list is strictly sorted by (split-order key, key); dummies
 // are never removed and sit in their own bucket's slot; a slot is published
 // only after its dummy's link is durable; a node is freed only after it was unlinked,
-// the unlink was persisted, and two epochs passed (no reader can hold it).
+// the unlink was persisted, and its epoch grace period passed (core/epoch.h:
+// no reader can hold it).
 // Buckets are initialised on demand by inserts and eagerly, in batches, by a
 // cursor over the new half after each doubling (MaybeGrow/InitBatch).
 //
@@ -57,7 +58,7 @@
 //           is linearized just before the mark and never observed.
 //   remove: CAS node.next |= kMark|kDirty (linearization point) -> persist
 //           -> clear kDirty -> CAS pred.next to the successor (unlink) ->
-//           persist; the node is retired and freed two epochs later.
+//           persist; the node is retired and freed after its grace period.
 //   find:   read node.value, then node.next (marked: absent), so a late
 //           update's value is never returned.
 //   bucket batch: write up to 16 dummies, persist (one fence) -> CAS each
@@ -97,6 +98,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/epoch.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -132,8 +134,8 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 //    version 3, so version 3 pools are refused rather than guessed at.
 constexpr uint32_t kVersion = 4;
 // Thread slots: a thread binds one for its lifetime. 256 (format 4; was 64,
-// and 96 live threads got Busy): scans (epoch advance, Size) stop at the
-// highest slot ever bound (slot_hwm_).
+// and 96 live threads got Busy): the epoch manager is bounded to it, and
+// scans (epoch, Size) stop at the highest slot ever bound (SlotCount()).
 constexpr int kMaxSlots = 256;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
@@ -312,49 +314,23 @@ class BucketSet {
 };
 
 // ---------------------------------------------------------------------------
-// Thread -> slot binding. Each thread using an index owns one of its
-// kMaxSlots slots (DRAM epoch + persistent PSlot) until it exits.
-std::mutex g_reg_mu;
+// Thread -> slot binding: the index's epoch manager (core/epoch.h, bounded to
+// kMaxSlots) binds each thread using the index to one slot number until the
+// thread exits (an operation run during thread exit, after the binding was
+// released, takes a slot for its own duration). The slot number indexes the
+// DRAM SlotState and the persistent PSlot.
 class NvcHashmap;
-std::unordered_map<uint64_t, NvcHashmap*>& Registry_() {
-  static auto* m = new std::unordered_map<uint64_t, NvcHashmap*>();
-  return *m;
-}
-std::atomic<uint64_t> g_next_id{1};
-
-struct TlEntry {
-  uint64_t id;
-  int slot;
-};
-struct TlCache {
-  std::vector<TlEntry> v;
-  ~TlCache();
-};
-thread_local TlCache tl_cache;
-// The last (index id, slot) this thread used: the common case of one index.
-// cache_gone: tl_cache was destroyed (thread exit); an operation run later by
-// another thread_local's destructor takes a slot for its own duration only.
-// (Trivially destructible, so it stays usable after tl_cache's destructor.)
-struct TlLast {
-  uint64_t id = 0;
-  int slot = -1;
-  bool cache_gone = false;
-};
-thread_local TlLast tl_last;
 
 struct Retired {
   uint64_t off;
-  uint64_t epoch;
-  bool node;                   // a node (frees its value record too) or a value record
+  bool node;  // a node (frees its value record too) or a value record
 };
 
 struct alignas(64) SlotState {
-  std::atomic<uint64_t> epoch{0};  // 0: quiescent, else (global epoch << 1) | 1
   std::atomic<int64_t> delta{0};   // records inserted - removed through this slot
-  std::atomic<bool> owned{false};
   uint64_t ops = 0;  // owner thread only
   std::mutex limbo_mu;
-  std::vector<Retired> limbo;
+  RetireList<Retired> limbo;  // retired by this slot's operations, freed after their grace period
   // Free slab node slots (volatile; node_alloc=slab). Used only by the thread
   // owning the slot (and by Close/recovery, single-threaded).
   std::vector<uint64_t> free_nodes[kNumClasses];
@@ -383,16 +359,10 @@ enum class PutMode { kInsert, kUpdate, kUpsert };
 class NvcHashmap final : public Index {
  public:
   NvcHashmap(std::unique_ptr<pm::Pool> pool, Fix fix, uint64_t lf, bool slab)
-      : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), id_(g_next_id.fetch_add(1)), slab_(slab) {
+      : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), slab_(slab) {
     root_ = pool_->root<Root>();
-    std::lock_guard<std::mutex> g(g_reg_mu);
-    Registry_()[id_] = this;
   }
-  ~NvcHashmap() override {
-    Close();
-    std::lock_guard<std::mutex> g(g_reg_mu);
-    Registry_().erase(id_);
-  }
+  ~NvcHashmap() override { Close(); }
 
   static Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out);
   static Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out);
@@ -412,8 +382,8 @@ class NvcHashmap final : public Index {
   }
   uint64_t Size() override {
     int64_t n = int64_t(base_count_);
-    const int hwm = slot_hwm_.load(std::memory_order_acquire);
-    for (int i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
+    const uint32_t hwm = epoch_.SlotCount();
+    for (uint32_t i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
     return n < 0 ? 0 : uint64_t(n);
   }
   Status Check() override;
@@ -422,31 +392,26 @@ class NvcHashmap final : public Index {
   pm::Pool* pool() override { return pool_.get(); }
   Status Close() override;
 
-  void ReleaseSlot(int s) { slots_[s].owned.store(false, std::memory_order_release); }
-
  private:
   struct Ctx {
     int slot;
     SlotState* st;
     PSlot* ps;
   };
+  // An operation: this thread's slot, inside an epoch guard. !ok(): all
+  // kMaxSlots slots are bound to other threads (the operation returns Busy).
   class Op {
    public:
-    explicit Op(NvcHashmap* h) : h_(h), slot_(h->AcquireSlot(&transient_)) {
-      if (slot_ >= 0) h_->Enter(slot_);
+    explicit Op(NvcHashmap* h) : h_(h), g_(h->epoch_) {}
+    bool ok() const { return g_.ok(); }
+    Ctx ctx() const {
+      const int s = int(g_.slot());
+      return Ctx{s, &h_->slots_[s], &h_->root_->slots[s]};
     }
-    ~Op() {
-      if (slot_ < 0) return;
-      h_->Exit(slot_);
-      if (transient_) h_->ReleaseSlot(slot_);
-    }
-    bool ok() const { return slot_ >= 0; }
-    Ctx ctx() const { return Ctx{slot_, &h_->slots_[slot_], &h_->root_->slots[slot_]}; }
 
    private:
     NvcHashmap* h_;
-    bool transient_ = false;
-    int slot_;
+    EpochManager::Guard g_;
   };
 
   // The regular node an untagged link names (raw & kBucketLink == 0).
@@ -471,17 +436,6 @@ class NvcHashmap final : public Index {
   Fix fix() const { return PMINDEX_FAULT("nvc.erratum.no_fix") ? Fix::kNone : fix_; }
   bool dirty_mode() const { return fix_ == Fix::kDirtyBit; }
 
-  int AcquireSlot(bool* transient);
-  // Before the slot's first epoch entry. A scan that misses the raise sees the
-  // slot as quiescent, as if it had looked just before the entry (EBR's usual
-  // case: the entry re-reads the global epoch).
-  void RaiseHwm(int i) {
-    int h = slot_hwm_.load(std::memory_order_seq_cst);
-    while (h < i + 1 && !slot_hwm_.compare_exchange_weak(h, i + 1, std::memory_order_seq_cst)) {
-    }
-  }
-  void Enter(int s);
-  void Exit(int s) { slots_[s].epoch.store(0, std::memory_order_release); }
 
   Status Validate(Slice key, Slice value) const {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
@@ -579,7 +533,6 @@ class NvcHashmap final : public Index {
 
   // Reclamation.
   void Retire(const Ctx& c, uint64_t off, bool node);
-  void TryAdvance();
   void Reclaim(int slot, bool all);
   // True if it freed through the allocator (which then needs a fence).
   bool FreeRetired(SlotState* st, PSlot* ps, const Retired& r);
@@ -628,7 +581,6 @@ class NvcHashmap final : public Index {
   Root* root_ = nullptr;
   Fix fix_;
   uint64_t lf_;
-  uint64_t id_;
   KeyKind kk_ = KeyKind::kU64;
   ValueKind vk_ = ValueKind::kU64;
   size_t max_key_ = kMaxKeySize, max_value_ = kMaxValueSize;
@@ -644,9 +596,8 @@ class NvcHashmap final : public Index {
   alignas(64) std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
-  std::atomic<uint64_t> global_epoch_{1};
+  EpochManager epoch_{kMaxSlots};  // binds threads to slots; guards every operation
   SlotState slots_[kMaxSlots];
-  std::atomic<int> slot_hwm_{0};  // 1 + the highest slot index ever bound
   // dirty_bit mode: in-flight in-place value updates per stripe of nodes
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader
@@ -663,61 +614,6 @@ class NvcHashmap final : public Index {
   std::map<uint64_t, int> slab_cls_;  // slab offset -> class (volatile index of the slab list)
   std::vector<uint64_t> gfree_[kNumClasses];  // shared free slots
 };
-
-TlCache::~TlCache() {
-  std::lock_guard<std::mutex> g(g_reg_mu);
-  for (const auto& e : v) {
-    auto it = Registry_().find(e.id);
-    if (it != Registry_().end()) it->second->ReleaseSlot(e.slot);
-  }
-  v.clear();
-  // The slots are released: tl_last must not hand one out again, and v must
-  // not be used any more.
-  tl_last = TlLast{0, -1, true};
-}
-
-int NvcHashmap::AcquireSlot(bool* transient) {
-  if (tl_last.id == id_) return tl_last.slot;  // ids are never reused
-  if (tl_last.cache_gone) {
-    for (int i = 0; i < kMaxSlots; i++) {
-      bool f = false;
-      if (slots_[i].owned.compare_exchange_strong(f, true)) {
-        *transient = true;  // released when the operation ends
-        RaiseHwm(i);
-        return i;
-      }
-    }
-    return -1;
-  }
-  for (const auto& e : tl_cache.v)
-    if (e.id == id_) {
-      tl_last = {id_, e.slot};
-      return e.slot;
-    }
-  std::lock_guard<std::mutex> g(g_reg_mu);
-  auto& v = tl_cache.v;
-  v.erase(std::remove_if(v.begin(), v.end(), [](const TlEntry& e) { return Registry_().count(e.id) == 0; }), v.end());
-  for (int i = 0; i < kMaxSlots; i++) {
-    bool f = false;
-    if (slots_[i].owned.compare_exchange_strong(f, true)) {
-      v.push_back({id_, i});
-      tl_last = {id_, i};
-      RaiseHwm(i);
-      return i;
-    }
-  }
-  return -1;
-}
-
-void NvcHashmap::Enter(int s) {
-  uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
-  for (;;) {
-    slots_[s].epoch.store((e << 1) | 1, std::memory_order_seq_cst);
-    uint64_t e2 = global_epoch_.load(std::memory_order_seq_cst);
-    if (e2 == e) return;
-    e = e2;
-  }
-}
 
 // ---------------------------------------------------------------------------
 // Erratum fixes.
@@ -1340,27 +1236,20 @@ Status NvcHashmap::Remove(Slice key) {
 }
 
 // ---------------------------------------------------------------------------
-// Epoch-based reclamation. A node retired in epoch e is freed once the global
-// epoch reached e + 2: every operation active when it was unlinked has ended.
+// Epoch-based reclamation (core/epoch.h). A node or value record is retired
+// by the operation that unlinked (replaced) it, after that was persisted,
+// into its slot's list; every kRetireBatch retirements the slot's owner
+// stamps the new ones with one epoch advance and frees those whose grace
+// period passed (every operation that was active when they were stamped has
+// ended). DRAM bookkeeping: the frees themselves are as before.
 
 void NvcHashmap::Retire(const Ctx& c, uint64_t off, bool node) {
   {
     std::lock_guard<std::mutex> g(c.st->limbo_mu);
-    c.st->limbo.push_back({off, global_epoch_.load(std::memory_order_seq_cst), node});
+    c.st->limbo.Add({off, node});
     if (c.st->limbo.size() % kRetireBatch != 0) return;
   }
-  TryAdvance();
   Reclaim(c.slot, false);
-}
-
-void NvcHashmap::TryAdvance() {
-  uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
-  const int hwm = slot_hwm_.load(std::memory_order_seq_cst);
-  for (int i = 0; i < hwm; i++) {
-    uint64_t l = slots_[i].epoch.load(std::memory_order_seq_cst);
-    if ((l & 1) && (l >> 1) != e) return;
-  }
-  global_epoch_.compare_exchange_strong(e, e + 1, std::memory_order_seq_cst);
 }
 
 bool NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
@@ -1503,22 +1392,16 @@ void NvcHashmap::Reclaim(int slot, bool all) {
   SlotState& st = slots_[slot];
   PSlot* ps = &root_->slots[slot];
   std::lock_guard<std::mutex> g(st.limbo_mu);
-  const uint64_t e = global_epoch_.load(std::memory_order_seq_cst);
-  auto ready = [&](const Retired& r) { return all || r.epoch + 2 <= e; };
-  if (std::none_of(st.limbo.begin(), st.limbo.end(), ready)) return;
-  size_t keep = 0;
   bool freed = false;
-  for (size_t i = 0; i < st.limbo.size(); i++) {
-    if (ready(st.limbo[i])) freed |= FreeRetired(&st, ps, st.limbo[i]);
-    else st.limbo[keep++] = st.limbo[i];
-  }
-  st.limbo.resize(keep);
+  auto free_one = [&](const Retired& r) { freed |= FreeRetired(&st, ps, r); };
+  if (all) st.limbo.ReclaimAll(free_one);
+  else st.limbo.Reclaim(epoch_, free_one);
   // Free leaves its lane clear to the caller's next fence; returning slab
   // slots to the DRAM free lists stores nothing to PM (no fence needed).
   if (freed) pm::Fence();
 }
 
-// On PoolFull: push the epoch forward and free what this thread retired.
+// On PoolFull: free what this thread retired whose grace period passed.
 bool NvcHashmap::ReclaimForSpace(const Ctx& c) {
   size_t before;
   {
@@ -1526,10 +1409,7 @@ bool NvcHashmap::ReclaimForSpace(const Ctx& c) {
     before = c.st->limbo.size();
   }
   if (before == 0) return false;
-  for (int i = 0; i < 3; i++) {
-    TryAdvance();
-    Reclaim(c.slot, false);
-  }
+  for (int i = 0; i < 3; i++) Reclaim(c.slot, false);
   std::lock_guard<std::mutex> g(c.st->limbo_mu);
   return c.st->limbo.size() < before;
 }
@@ -1560,14 +1440,14 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   }
   for (auto& st : slots_) {
     std::lock_guard<std::mutex> g(st.limbo_mu);
-    for (const auto& r : st.limbo) {
+    st.limbo.ForEach([&](const Retired& r) {
       if (!r.node || !IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) fn(r.off);
       if (r.node) {
         const Node* n = reinterpret_cast<const Node*>(base_ + r.off);
         const uint64_t v = LoadW(&n->value);
         if (HasRecord(n, v)) fn(v);
       }
-    }
+    });
   }
   return Status::OK();
 }
@@ -1679,8 +1559,11 @@ Status NvcHashmap::Check() {
       for (auto& fl : st.free_nodes)
         for (uint64_t o : fl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
       std::lock_guard<std::mutex> g(st.limbo_mu);
-      for (const auto& r : st.limbo)
-        if (r.node && IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) PMINDEX_RETURN_IF_ERROR(add(r.off, "retired"));
+      Status rs;
+      st.limbo.ForEach([&](const Retired& r) {
+        if (rs.ok() && r.node && IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) rs = add(r.off, "retired");
+      });
+      PMINDEX_RETURN_IF_ERROR(rs);
     }
     if (seen.size() != total)
       return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(seen.size()) +
@@ -1701,7 +1584,7 @@ IndexStats NvcHashmap::Stats() {
   s.dram_bytes = sizeof(*this);
   for (auto& st : slots_) {
     std::lock_guard<std::mutex> g(st.limbo_mu);
-    s.dram_bytes += st.limbo.capacity() * sizeof(Retired);
+    s.dram_bytes += st.limbo.dram_bytes();
   }
   s.recovery_seconds = recovery_seconds_;
   return s;
