@@ -119,6 +119,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/epoch.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -218,101 +219,12 @@ constexpr uint32_t kMergeBelowDiv = 3;
 // share a word (they do not overlap, so their offsets / node_size differ).
 constexpr uint32_t kWriter = 1u << 31;
 
-// Epoch-based reclamation (process-wide). Every public operation of a tree
-// that may merge runs inside an epoch guard; a node retired at epoch t is
-// freed once no thread announces an epoch <= t (it may still hold the node).
-constexpr int kEpochSlots = 512;
-struct alignas(64) EpochSlot {
-  std::atomic<uint64_t> e{0};
-  std::atomic<bool> used{false};
-};
-EpochSlot g_epoch_slots[kEpochSlots];
-std::atomic<uint64_t> g_epoch{1};
-// The thread's slot and guard depth: plain data in initial-exec TLS, so that
-// every operation reaches it with one %fs-relative access (a thread_local
-// with a destructor in a shared library went through __tls_get_addr and a
-// TLS init guard on every guard: 1.7% of a pmbench insert+find profile).
-// The slot is released at thread exit by t_epoch_release, a separate
-// thread_local touched only when the slot is claimed. Thread-exit order:
-// another thread_local's destructor may run an operation (an EpochGuard)
-// after t_epoch_release was destroyed; re-arming the dead object would
-// leak the slot for good (and 512 such leaks would make ClaimSlot spin
-// forever). So its destructor sets `exiting` (plain TLS, never destroyed),
-// and from then on the outermost guard releases the slot itself.
-struct ThreadEpoch {
-  int idx;
-  int depth;
-  bool exiting;
-};
-thread_local ThreadEpoch t_epoch __attribute__((tls_model("initial-exec"))) = {-1, 0, false};
-inline void ReleaseEpochSlot(ThreadEpoch& t) {
-  g_epoch_slots[t.idx].used.store(false, std::memory_order_release);
-  t.idx = -1;
-}
-struct EpochSlotRelease {
-  bool armed = false;
-  ~EpochSlotRelease() {
-    t_epoch.exiting = true;
-    // (A guard still open on this thread releases the slot when it closes.)
-    if (armed && t_epoch.idx >= 0 && t_epoch.depth == 0) ReleaseEpochSlot(t_epoch);
-  }
-};
-thread_local EpochSlotRelease t_epoch_release;
-
-class EpochGuard {
- public:
-  EpochGuard() {
-    ThreadEpoch& t = t_epoch;
-    if (t.depth++) return;
-    if (__builtin_expect(t.idx < 0, 0)) ClaimSlot(t);
-    // Announce, then re-read the global epoch: a reclaimer that missed the
-    // announcement advanced the epoch before scanning (seq_cst order), so
-    // the re-read sees it and we announce again.
-    auto& slot = g_epoch_slots[t.idx].e;
-    uint64_t e = g_epoch.load(std::memory_order_seq_cst);
-    for (;;) {
-      slot.store(e, std::memory_order_seq_cst);
-      const uint64_t e2 = g_epoch.load(std::memory_order_seq_cst);
-      if (e2 == e) break;
-      e = e2;
-    }
-  }
-  ~EpochGuard() {
-    ThreadEpoch& t = t_epoch;
-    if (--t.depth == 0) {
-      g_epoch_slots[t.idx].e.store(0, std::memory_order_release);
-      if (__builtin_expect(t.exiting, 0)) ReleaseEpochSlot(t);  // t_epoch_release is gone
-    }
-  }
-  EpochGuard(const EpochGuard&) = delete;
-  EpochGuard& operator=(const EpochGuard&) = delete;
-
- private:
-  static void __attribute__((noinline)) ClaimSlot(ThreadEpoch& t) {
-    // Constructs it: releases the slot at thread exit (unless it was
-    // destroyed already: then ~EpochGuard releases the slot).
-    if (!t.exiting) t_epoch_release.armed = true;
-    while (t.idx < 0) {
-      for (int i = 0; i < kEpochSlots && t.idx < 0; i++) {
-        bool f = false;
-        if (!g_epoch_slots[i].used.load(std::memory_order_relaxed) &&
-            g_epoch_slots[i].used.compare_exchange_strong(f, true, std::memory_order_acq_rel))
-          t.idx = i;
-      }
-      if (t.idx < 0) std::this_thread::yield();
-    }
-  }
-};
-// The smallest epoch a thread announces (UINT64_MAX: none). A node
-// retired at t may be freed once t < MinAnnouncedEpoch().
-uint64_t MinAnnouncedEpoch() {
-  uint64_t m = UINT64_MAX;
-  for (auto& s : g_epoch_slots) {
-    const uint64_t e = s.e.load(std::memory_order_seq_cst);
-    if (e && e < m) m = e;
-  }
-  return m;
-}
+// Epoch-based reclamation (core/epoch.h), one manager per tree. Every public
+// operation runs inside a guard; a node unlinked by a merge or a root
+// collapse stays in its persistent limbo slot (retired_) until its grace
+// period passed, then FreeLimboNode frees it. DRAM bookkeeping only: the
+// limbo slots, their persist order and the PM format are as before.
+using EpochGuard = EpochManager::Guard;
 inline void Pause(int& spins) {
   if (++spins < 64) _mm_pause();
   else std::this_thread::yield();
@@ -441,7 +353,7 @@ class FastFair final : public FastFairBase {
 
   Status Find(Slice key, std::string* value) override {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
-    EpochGuard eg;
+    EpochGuard eg(epoch_);
     const SK sk = MakeSK(key);
     Node* n = Descend(0, sk, nullptr);
     uint64_t v = 0;
@@ -467,7 +379,7 @@ class FastFair final : public FastFairBase {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
     Status st;
     {
-      EpochGuard eg;
+      EpochGuard eg(epoch_);
       st = RemoveIn(MakeSK(key));
     }
     // Outside the guard, so that this thread's own retired nodes can go.
@@ -512,7 +424,7 @@ class FastFair final : public FastFairBase {
     if (count) *count = 0;
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
     if (limit == 0) return Status::OK();
-    EpochGuard eg;
+    EpochGuard eg(epoch_);
     SK sk = MakeSK(start);
     size_t c = 0;
     if (!locked_reads_) {
@@ -618,7 +530,7 @@ class FastFair final : public FastFairBase {
   }
 
   uint64_t Size() override {
-    EpochGuard eg;  // walks nodes a concurrent merge may retire
+    EpochGuard eg(epoch_);  // walks nodes a concurrent merge may retire
     uint64_t total = 0;
     for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling))) {
       const uint32_t c = LiveCount(n);
@@ -669,7 +581,7 @@ class FastFair final : public FastFairBase {
   }
   int Cap() const override { return int(cap_); }
   int TreeHeight() override {
-    EpochGuard eg;
+    EpochGuard eg(epoch_);
     return int(At(Ld(&meta_->root))->level) + 1;
   }
 
@@ -1603,10 +1515,10 @@ class FastFair final : public FastFairBase {
     limbo_busy_[i] = false;
   }
   // The node in slot i is unlinked (durably); free it after the grace period.
+  // (The retire list stamps it at the next Reclaim, under limbo_mu_.)
   void Retire(int i) {
-    const uint64_t t = g_epoch.fetch_add(1, std::memory_order_seq_cst);
     std::lock_guard<std::mutex> g(limbo_mu_);
-    retired_.push_back({uint32_t(i), t});
+    retired_.Add(uint32_t(i));
     retired_count_.fetch_add(1, std::memory_order_relaxed);
   }
   // Frees retired nodes whose grace period has passed (all of them if
@@ -1614,22 +1526,13 @@ class FastFair final : public FastFairBase {
   void Reclaim(bool all) {
     std::lock_guard<std::mutex> g(limbo_mu_);
     LimboSlot* ls = Limbo();
-    bool freed = false;
-    const uint64_t min_e = all ? UINT64_MAX : MinAnnouncedEpoch();
-    for (size_t j = 0; j < retired_.size();) {
-      if (retired_[j].second >= min_e) {
-        j++;
-        continue;
-      }
-      const uint32_t i = retired_[j].first;
+    auto free_one = [&](uint32_t i) {
       FreeLimboNode(&ls[i]);
-      freed = true;
       nodes_freed_++;
       limbo_busy_[i] = false;
-      retired_[j] = retired_.back();
-      retired_.pop_back();
       retired_count_.fetch_sub(1, std::memory_order_relaxed);
-    }
+    };
+    const size_t freed = all ? retired_.ReclaimAll(free_one) : retired_.Reclaim(epoch_, free_one);
     if (freed) pm::Fence();  // orders the allocator's flushed lane clears
   }
 
@@ -2106,7 +2009,7 @@ class FastFair final : public FastFairBase {
     PMINDEX_RETURN_IF_ERROR(Writable());
     PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
     PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, opts_.max_value_size, value));
-    EpochGuard eg;
+    EpochGuard eg(epoch_);
     const SK sk = MakeSK(key);
     Pending pend;
     Node* n = nullptr;
@@ -2165,8 +2068,9 @@ class FastFair final : public FastFairBase {
   // Limbo (DRAM side): slots in use, and retired slots with their epochs.
   std::mutex limbo_mu_;
   bool limbo_busy_[kLimboSlots] = {};
-  std::vector<std::pair<uint32_t, uint64_t>> retired_;
+  RetireList<uint32_t> retired_;  // limbo slot numbers
   std::atomic<uint32_t> retired_count_{0};
+  EpochManager epoch_;  // guards every public operation (lock-free readers)
   // Read-only open: left nodes of merges that did not commit (see Recover).
   std::vector<uint64_t> ro_undo_;
   std::atomic<uint64_t> merges_{0}, root_collapses_{0}, nodes_freed_{0}, merges_skipped_{0}, rebalances_{0},
