@@ -113,7 +113,7 @@ class EpochManager {
   // and every slot bound to another thread (the guard then protects nothing).
   class Guard {
    public:
-    explicit Guard(EpochManager& m, bool on = true) : m_(&m) {
+    explicit Guard(EpochManager& m, bool on = true) {
       if (!on) return;
       EpochSlot* s = m.CachedSlot();
       if (__builtin_expect(s == nullptr, 0)) s = m.BindSlow();
@@ -121,7 +121,7 @@ class EpochManager {
       if (s && s->depth++ == 0) m.Announce(s);
     }
     ~Guard() {
-      if (s_ && --s_->depth == 0) m_->Leave(s_);
+      if (s_ && --s_->depth == 0) Leave(s_);
     }
     bool ok() const { return s_ != nullptr; }
     // This thread's slot number in the manager (ok() only).
@@ -130,8 +130,7 @@ class EpochManager {
     Guard& operator=(const Guard&) = delete;
 
    private:
-    EpochManager* m_;
-    EpochSlot* s_ = nullptr;
+    EpochSlot* s_ = nullptr;  // the only state: keeps the guard to one register
   };
 
   // Increments the epoch; returns the old value t. Objects unlinked before
@@ -168,13 +167,13 @@ class EpochManager {
       e = e2;
     }
   }
-  void Leave(EpochSlot* s) {
+  static void Leave(EpochSlot* s) {
     s->announced.store(0, std::memory_order_release);
     if (__builtin_expect(s->transient, 0)) ReleaseTransient(s);
   }
   EpochSlot* BindSlow();
   EpochSlot* TakeFreeSlot();
-  void ReleaseTransient(EpochSlot* s);
+  static void ReleaseTransient(EpochSlot* s);
   static void Release(EpochSlot* s);
 
   alignas(64) std::atomic<uint64_t> epoch_{1};
