@@ -54,6 +54,14 @@
 // initial-exec TLS access (a 4-entry cache keyed by the manager's unique id,
 // never reused, so a stale entry of a destroyed manager never matches), no
 // lock, one seq_cst store, two loads of the counter and one release store.
+// Measured against the three private copies it replaced (callgrind,
+// instructions per operation, `valgrind --tool=callgrind
+// build/bin/fptree_opcost --index dram_btree,fptree,fastfair,nvc_hashmap
+// --records 50000 --ops 20000`, old library via LD_LIBRARY_PATH): find
+// fptree 565 -> 547, fastfair 1190 -> 1160, nvc_hashmap 585 -> 561; fptree
+// scan of 100 9722 -> 9843 (+1.2%: one more load per record in Scan's
+// callback loop, register allocation of that large function, not the guard's
+// own work); other operations within +-4 or lower.
 //
 // Thread exit (the strictest of the three former copies): thread_local
 // destructors run in reverse order of construction, so one constructed
