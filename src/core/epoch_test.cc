@@ -101,10 +101,12 @@ TEST(Epoch, ReadersNeverSeeAReclaimedObject) {
   std::atomic<Obj*> cur{new Obj};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> bad{0}, reads{0};
+  std::atomic<int> started{0};
   const int kReaders = 3;
   std::vector<std::thread> rs;
   for (int r = 0; r < kReaders; r++)
     rs.emplace_back([&] {
+      started++;
       while (!stop.load(std::memory_order_relaxed)) {
         Guard g(m);
         Obj* o = cur.load(std::memory_order_acquire);
@@ -122,7 +124,10 @@ TEST(Epoch, ReadersNeverSeeAReclaimedObject) {
     delete o;
     freed++;
   };
-  for (int i = 0; i < 20000; i++) {
+  while (started.load() < kReaders) std::this_thread::yield();
+  // At least 20000 replacements, and until the readers did 2000 reads (on a
+  // loaded machine they may not have run yet).
+  for (int i = 0; i < 20000 || reads.load(std::memory_order_relaxed) < 2000; i++) {
     Obj* n = new Obj;
     n->payload[3] = uint64_t(i);
     Obj* old = cur.exchange(n, std::memory_order_acq_rel);
@@ -146,18 +151,22 @@ TEST(Epoch, SynchronizeThenFreeIsSafe) {
   EpochManager m;
   std::atomic<Obj*> cur{new Obj};
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> bad{0};
+  std::atomic<uint64_t> bad{0}, reads{0};
+  std::atomic<int> started{0};
   std::vector<std::thread> rs;
   for (int r = 0; r < 2; r++)
     rs.emplace_back([&] {
+      started++;
       while (!stop.load(std::memory_order_relaxed)) {
         Guard g(m);
         Obj* o = cur.load(std::memory_order_acquire);
         for (int i = 0; i < 10; i++)
           if (o->canary.load(std::memory_order_relaxed) != 0x600DF00D) bad++;
+        reads++;
       }
     });
-  for (int i = 0; i < 3000; i++) {
+  while (started.load() < 2) std::this_thread::yield();
+  for (int i = 0; i < 3000 || reads.load(std::memory_order_relaxed) < 1000; i++) {
     Obj* old = cur.exchange(new Obj, std::memory_order_acq_rel);
     m.Synchronize();
     old->canary.store(0xDEAD, std::memory_order_relaxed);
@@ -167,6 +176,7 @@ TEST(Epoch, SynchronizeThenFreeIsSafe) {
   for (auto& t : rs) t.join();
   delete cur.load();
   EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(reads.load(), 0u);
 }
 
 TEST(Epoch, SynchronizeWaitsForAnOpenGuard) {
