@@ -138,7 +138,13 @@ constexpr uint64_t kMagic = 0x524941465453414Full;  // "OASTFAIR"-ish tag
 // durable count except the one a shift is moving: Pushed needs no mode).
 // Pools of older versions are opened and written with their own protocol
 // (1: counts fenced before/after the shifts; 2: as session 3's first one).
-constexpr uint32_t kVersion = 3;
+// 4: leaves may start with a run of free slots holding `lk` (the "lk
+// prefix", ignored by the rule as it stands), new split siblings are
+// centred, and an insert in the left part of a leaf shifts the records
+// before it LEFT into the prefix (InsertLeft); Pushed's "no left key" case
+// covers any slot whose left neighbour holds lk. Older builds would
+// binary-search such a leaf from slot 0, hence the new version.
+constexpr uint32_t kVersion = 4;
 constexpr uint32_t kMinVersion = 1;
 constexpr uint64_t kBytesLk = 1;  // lk of byte-key nodes: never a block offset
 
@@ -577,6 +583,8 @@ class FastFair final : public FastFairBase {
     d.merges_skipped = merges_skipped_.load();
     d.rebalances = rebalances_.load();
     d.rebalances_from_right = rebalances_from_right_.load();
+    d.left_inserts = left_inserts_.load();
+    d.prefix_drops = prefix_drops_.load();
     return d;
   }
   int Cap() const override { return int(cap_); }
@@ -634,6 +642,39 @@ class FastFair final : public FastFairBase {
     uint64_t left = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
     return Ld(&e[j].k) == left;
   }
+  // ---- the lk prefix (format 4, leaves) ----------------------------------
+  // A leaf may begin with a run of free slots [0, s) whose keys hold lk:
+  // each equals its left neighbour (slot 0: lk itself), so the rule ignores
+  // them with no new word, lock-free readers included. In a repaired,
+  // locked node these are the only ignored slots, so the prefix is exactly
+  // the slots equal to lk at the front (no key of the node equals lk, and
+  // an ignored slot equals its left neighbour): a binary search finds s.
+  uint32_t Start(Node* n) const {
+    if (!window_ || n->level) return 0;
+    Entry* e = n->ents();
+    const uint64_t lk = n->lk;
+    const uint32_t c = n->count;
+    if (c == 0 || e[0].k != lk) return 0;
+    uint32_t lo = 1, hi = c;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi) / 2;
+      if (e[mid].k == lk) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
+  }
+  // Records of a write-locked repaired node (its prefix excluded).
+  uint32_t Live(Node* n) const { return n->count - Start(n); }
+  // No free slot at either end: an insert must split.
+  bool Full(Node* n) const { return n->count == cap_ && Start(n) == 0; }
+  // Removes the prefix of a write-locked repaired leaf (one left shift per
+  // slot, the repair's compaction): before its lk changes (the prefix holds
+  // the old lk) or when a merge needs the room. Rare.
+  void DropPrefix(Node* n) {
+    if (Start(n) == 0) return;
+    prefix_drops_.fetch_add(1, std::memory_order_relaxed);
+    while (Start(n) > 0) DeleteAt(n, 0, false);
+  }
 
   // ---- the durable count may lag by one (format versions 2 and 3) ---------
   // An insert shift stores the grown `count` first (readers of the live tree
@@ -676,6 +717,7 @@ class FastFair final : public FastFairBase {
     lag_ok_ = version >= 2;
     sw_guard_ = version == 2;
     lazy_delete_count_ = version >= 3;
+    window_ = version >= 4;
   }
   bool MayLag(Node* n) const { return lag_ok_ && (read_only_ || Ld(&n->gen) != gen_); }
   bool Pushed(Node* n, uint32_t c) const {
@@ -698,7 +740,12 @@ class FastFair final : public FastFairBase {
     // both. An append into an empty node stores slot 0 before slot 1 (one
     // line), and the removal of a one-record node makes slot 1 lk before
     // slot 0: slot 1 is then lk, refused above.
-    if (!(c == 1 && left == lk) && Cmp(left, key) >= 0) return false;
+    // Format 4 (lk prefixes): slot c-1 may hold lk at any c (all slots
+    // before it are the prefix): the same "no left key" case, e.g. a delete
+    // of the first record of a two-record leaf behind a prefix, or an
+    // insert before the one record of a leaf behind a prefix.
+    const bool no_left = left == lk && (c == 1 || window_);
+    if (!no_left && Cmp(left, key) >= 0) return false;
     const uint64_t h = Ld(&n->high);
     return !Ld(&n->sibling) || !h || Cmp(h, key) > 0;
   }
@@ -1050,7 +1097,8 @@ class FastFair final : public FastFairBase {
       // changed under its write lock): no ignored records, binary search.
       // Not in a read-only open: there gen_ is Meta::gen, and a node
       // repaired in the run that crashed can hold a half-done shift.
-      uint32_t lo = 0, hi = cnt;
+      // (Format 4: from the end of the lk prefix, see Start.)
+      uint32_t lo = Start(n), hi = cnt;
       while (lo < hi) {
         uint32_t mid = (lo + hi) / 2;
         if (Cmp(e[mid].k, key) < 0) lo = mid + 1;
@@ -1212,6 +1260,16 @@ class FastFair final : public FastFairBase {
   void InsertAt(Node* n, uint32_t pos, uint64_t k, uint64_t v) {
     const uint32_t cnt = n->count;
     Entry* e = n->ents();
+    if (window_ && n->level == 0) {
+      // Format 4: shift the shorter side. Left when the leaf has a prefix
+      // and fewer records lie before pos than after it (or no room behind).
+      const uint32_t s = Start(n);
+      if (s > 0 && (cnt == cap_ || pos - s < cnt - pos)) {
+        InsertLeft(n, s, pos, k, v);
+        left_inserts_.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+    }
     SetTail(n);
     // Back to insert mode: readers scan left to right. A switch from delete
     // mode must be durable before a record moves (Pushed trusts only an even
@@ -1289,6 +1347,46 @@ class FastFair final : public FastFairBase {
     pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
   }
 
+  // Format 4: insert (k, v) before record pos of a leaf whose lk prefix is
+  // [0, s), s > 0, by moving records s..pos-1 one slot LEFT (the delete
+  // shift's pattern): for j = s..pos-1, "v[j-1] = v[j]" (slot j-1 is the
+  // prefix's last slot or an ignored copy: invisible), then "k[j-1] = k[j]"
+  // (ONE store: slot j-1 valid, slot j its ignored copy); then slot pos-1,
+  // an ignored copy of its left neighbour, gets "v = new value" and
+  // "k = new key" (the commit). Readers scan right to left (sw odd, the
+  // delete direction: records move left, towards them). `count` does not
+  // change, nothing at or past slot count-1 is stored unless count == cap
+  // (where no count lags), so the count's rules (I2, Pushed) are untouched.
+  // A line is flushed and fenced when the shift is about to store into the
+  // next line, the last one (with sw's, if the mode flipped) at the end:
+  // a crash keeps a prefix of the store sequence, i.e. the prefix grown by
+  // one (the slot at s-1 got a value only), or one record moved with its
+  // copy still in place (one ignored copy, compacted by the repair), or
+  // the new record's value in the ignored slot: the insert did not happen
+  // or did, nothing else. docs/fastfair.md, "Windows".
+  void InsertLeft(Node* n, uint32_t s, uint32_t pos, uint64_t k, uint64_t v) {
+    Entry* e = n->ents();
+    const bool flip = !(n->sw & 1);
+    if (flip) St(&n->sw, n->sw + 1);  // readers scan right to left
+    const bool skip = PMINDEX_FAULT("fastfair.insert.skip_shift_flush");
+    uintptr_t dirty = 0;
+    auto touch = [&](const void* p) {
+      const uintptr_t line = pm::LineOf(p);
+      if (dirty && line != dirty && !skip) pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+      dirty = line;
+    };
+    for (uint32_t j = s; j < pos; j++) {
+      touch(&e[j - 1]);
+      St(&e[j - 1].v, e[j].v);
+      St(&e[j - 1].k, e[j].k);  // slot j-1 valid, slot j its ignored copy
+    }
+    touch(&e[pos - 1]);
+    St(&e[pos - 1].v, v);
+    St(&e[pos - 1].k, k);  // commit
+    if (flip) pm::Flush(&n->sw, 8);
+    pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
+  }
+
   // Removes record pos. commit=false: the record is already ignored (repair).
   void DeleteAt(Node* n, uint32_t pos, bool commit) {
     const uint32_t cnt = n->count;
@@ -1363,7 +1461,10 @@ class FastFair final : public FastFairBase {
   }
 
   // Chooses a new lk for n that equals none of its keys nor `k`.
+  // Format 4: a leaf's lk prefix holds the old lk, so it is dropped first
+  // (records move to slot 0: the caller's positions move by Start(n)).
   void FixLk(Node* n, uint64_t k) {
+    DropPrefix(n);
     Entry* e = n->ents();
     for (uint64_t c = k + 1;; c++) {
       bool used = c == k;
@@ -1380,11 +1481,17 @@ class FastFair final : public FastFairBase {
   // ---- FAIR split ------------------------------------------------------
   // n is write-locked, full and repaired. On return n holds the lower half,
   // *out_s the upper half (not yet in the parent), *out_k its low key.
-  Status Split(Node* n, uint64_t* out_k, Node** out_s) { return SplitAt(n, n->count / 2, out_k, out_s); }
+  // Format 4: the new sibling of a leaf gets its records centred (an lk
+  // prefix in front of them, free slots behind), so that its inserts can
+  // shift either side.
+  Status Split(Node* n, uint64_t* out_k, Node** out_s) {
+    const uint32_t s = Start(n);
+    return SplitAt(n, s + (n->count - s) / 2, out_k, out_s, /*centre=*/true);
+  }
   // The same at record m (1 <= m, m + 1 < count): n keeps [0, m); a leaf's
   // sibling gets [m, count), an internal one [m + 1, count) with m's child
   // as its leftmost (the key of m moves up). Rebalance cuts elsewhere.
-  Status SplitAt(Node* n, uint32_t m, uint64_t* out_k, Node** out_s) {
+  Status SplitAt(Node* n, uint32_t m, uint64_t* out_k, Node** out_s, bool centre = false) {
     const uint32_t cnt = n->count;
     const bool leaf = n->level == 0;
     Entry* e = n->ents();
@@ -1405,14 +1512,20 @@ class FastFair final : public FastFairBase {
     Node h{};
     h.sibling = n->sibling;
     h.high = n->high;
-    h.count = leaf ? cnt - m : cnt - m - 1;
+    const uint32_t moved = leaf ? cnt - m : cnt - m - 1;
+    const uint32_t o = centre && leaf && window_ ? (cap_ - moved) / 2 : 0;  // the sibling's lk prefix
+    h.count = o + moved;
     h.level = n->level;
     h.gen = gen_;
     h.low = K;
     h.leftmost = leaf ? 0 : e[m].v;
     h.lk = n->lk;
     pm::Copy(s, &h, sizeof(Node));
-    if (h.count) pm::Copy(s->ents(), leaf ? &e[m] : &e[m + 1], h.count * sizeof(Entry));
+    for (uint32_t i = 0; i < o; i++) {
+      pm::Store(&s->ents()[i].v, uint64_t(0));
+      pm::Store(&s->ents()[i].k, h.lk);
+    }
+    if (moved) pm::Copy(s->ents() + o, leaf ? &e[m] : &e[m + 1], moved * sizeof(Entry));
     size_t slen = sizeof(Node) + h.count * sizeof(Entry);
     for (uint32_t i = h.count; i < h.count + 2 && i < cap_; i++) {  // I2
       pm::Store(&s->ents()[i].k, h.count ? s->ents()[h.count - 1].k : h.lk);
@@ -1490,7 +1603,7 @@ class FastFair final : public FastFairBase {
   // never on the edge of a split again (no split/merge thrashing). If
   // neither fits, it is rebalanced with one (Rebalance), if both halves end
   // at or above the threshold (docs/fastfair.md).
-  bool Underfull(Node* n) const { return n->count < merge_below_; }
+  bool Underfull(Node* n) const { return Live(n) < merge_below_; }
 
   LimboSlot* Limbo() const { return reinterpret_cast<LimboSlot*>(base_ + meta_->limbo); }
 
@@ -1585,8 +1698,8 @@ class FastFair final : public FastFairBase {
         Prepare(l, pend);
         WLock(r);
         Prepare(r, pend);
-        const uint32_t total = l->count + r->count + (l->level ? 1 : 0);
-        const uint32_t limit = x->count == 0 ? cap_ : cap_ * 3 / 4;
+        const uint32_t total = Live(l) + Live(r) + (l->level ? 1 : 0);
+        const uint32_t limit = Live(x) == 0 ? cap_ : cap_ * 3 / 4;
         const bool pair = l->sibling == Off(r) && r->low == pe[sep].k && l->level + 1 == p->level &&
                           r->level == l->level && Underfull(x);
         bool done = false;
@@ -1626,21 +1739,27 @@ class FastFair final : public FastFairBase {
   // changed) if it does not apply or the pool is full.
   bool Rebalance(Node* p, uint32_t sep, Node* l, Node* r, int slot) {
     const bool leaf = l->level == 0;
-    const uint32_t lc = l->count, rc = r->count;
+    // (Format 4: counted without the lk prefixes; the cut m is a slot.)
+    const uint32_t ls = Start(l), rs = Start(r);
+    const uint32_t lc = l->count - ls, rc = r->count - rs;
     const uint32_t t = (lc + rc) / 2;  // l's share (internal: keys; p keeps one)
     if (t < merge_below_ || lc + rc - t < merge_below_ || p->count >= cap_) return false;
     Node* donor;
     uint32_t m;
+    uint32_t ds;
     if (lc > t) {
       donor = l;  // l keeps [0, t)
       m = t;
+      ds = ls;
     } else {
       donor = r;  // l gets r's first m records (internal: the separator and m keys)
       if (leaf) m = t - lc;
       else if (t >= lc + 1) m = t - lc - 1;
       else return false;
+      ds = rs;
     }
-    if (m < 1 || m + 1 >= donor->count) return false;
+    if (m < 1 || ds + m + 1 >= donor->count) return false;
+    m += ds;
     uint64_t K;
     Node* s;
     if (!SplitAt(donor, m, &K, &s).ok()) return false;
@@ -1688,7 +1807,14 @@ class FastFair final : public FastFairBase {
     Entry add[kMaxCap + 1];
     uint32_t n = 0;
     if (l->level) add[n++] = {K, r->leftmost};
-    for (uint32_t j = 0; j < r->count; j++) add[n++] = r->ents()[j];
+    for (uint32_t j = Start(r); j < r->count; j++) add[n++] = r->ents()[j];  // (not r's lk prefix)
+    // Format 4: the records go behind l's count; if l's lk prefix leaves
+    // too little room there (the fit is counted without prefixes), l's
+    // records move to the front first (rare).
+    if (l->count + n > cap_) DropPrefix(l);
+    // (l's lk prefix holds l's lk: dropped before lk changes.)
+    for (uint32_t i = 0; i < n; i++)
+      if (add[i].k == l->lk) DropPrefix(l);
     Entry* le = l->ents();
     const uint32_t lc = l->count;
     // l's lk must stay unequal to every key of l.
@@ -1815,7 +1941,8 @@ class FastFair final : public FastFairBase {
     const SK key = KeyOf(K);
     Entry* e = l->ents();
     uint32_t cut = 0;
-    while (cut < l->count && Cmp(e[cut].k, key) < 0) cut++;
+    // (Ignored slots, such as a format 4 lk prefix, hold no key: skipped.)
+    while (cut < l->count && (Ignored(l, cut) || Cmp(e[cut].k, key) < 0)) cut++;
     St(&l->high, K);
     St(&l->count, cut);
     pm::Persist(l, pm::kCacheLine);
@@ -1873,7 +2000,12 @@ class FastFair final : public FastFairBase {
         }
       }
     }
-    for (uint32_t j = 0; j < n->count;) {
+    // Ignored records are compacted, except a format 4 leaf's lk prefix
+    // (the leading slots equal to lk: free room, see Start).
+    uint32_t j0 = 0;
+    if (window_ && n->level == 0)
+      while (j0 < n->count && e[j0].k == n->lk) j0++;
+    for (uint32_t j = j0; j < n->count;) {
       if (Ignored(n, j)) DeleteAt(n, j, false);  // persists count
       else j++;
     }
@@ -1976,7 +2108,10 @@ class FastFair final : public FastFairBase {
     } else {
       vw = SliceToU64(value);
     }
-    if (!BK && kw == t->lk) FixLk(t, kw);
+    if (!BK && kw == t->lk) {
+      pos -= Start(t);  // FixLk drops t's lk prefix
+      FixLk(t, kw);
+    }
     InsertAt(t, pos, kw, vw);
     if (BK || bv_) {
       // The record owns the blocks now.
@@ -2024,7 +2159,7 @@ class FastFair final : public FastFairBase {
       st = Status::NotFound();
     } else {
       Node* t = n;
-      if (n->count == cap_) {
+      if (Full(n)) {
         st = Split(n, &K2, &S2);
         if (st.ok()) {
           if (Cmp(K2, sk) <= 0) t = S2;
@@ -2060,6 +2195,7 @@ class FastFair final : public FastFairBase {
   bool lag_ok_ = false;     // format version >= 2: counts may lag after a crash (Pushed)
   bool sw_guard_ = false;   // format version 2: only in insert mode (sw even)
   bool lazy_delete_count_ = false;  // format version >= 3: deletes do not fence the count alone
+  bool window_ = false;  // format version >= 4: leaves may have an lk prefix (Start, InsertLeft)
   bool read_only_ = false;  // opened read-only: no node is repaired, any may lag
   static constexpr int kLockChunkBits = 14;
   size_t lock_chunks_ = 0;
@@ -2079,6 +2215,7 @@ class FastFair final : public FastFairBase {
   uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
   std::atomic<uint64_t> counts_repaired_{0};
+  std::atomic<uint64_t> left_inserts_{0}, prefix_drops_{0};
 };
 
 // ---- Check ------------------------------------------------------------------

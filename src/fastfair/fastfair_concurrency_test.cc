@@ -370,11 +370,16 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
   }
   EXPECT_EQ(idx_->Size(), expect_size);
   auto* d = internal::fastfair::GetDebugCounters(idx_.get());
-  std::printf("merges %llu (%llu in rebalances), root collapses %llu, nodes freed %llu, merges skipped %llu, reads %llu\n",
+  std::printf("merges %llu (%llu in rebalances), root collapses %llu, nodes freed %llu, merges skipped %llu, reads %llu, "
+              "left inserts %llu, prefixes dropped %llu\n",
               (unsigned long long)d->merges, (unsigned long long)d->rebalances, (unsigned long long)d->root_collapses,
-              (unsigned long long)d->nodes_freed, (unsigned long long)d->merges_skipped, (unsigned long long)reads.load());
+              (unsigned long long)d->nodes_freed, (unsigned long long)d->merges_skipped, (unsigned long long)reads.load(),
+              (unsigned long long)d->left_inserts, (unsigned long long)d->prefix_drops);
   EXPECT_GT(d->merges, 0u) << "the test did not drive merges";
   EXPECT_GT(d->rebalances, 0u) << "the test did not drive rebalances";
+  // Format 4: inserts shifting left (readers scanning right to left, as for
+  // deletes) ran while the readers found and scanned.
+  EXPECT_GT(d->left_inserts, 0u) << "the test did not drive left inserts";
   EXPECT_GT(d->nodes_freed, 0u);
 }
 

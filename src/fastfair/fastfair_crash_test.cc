@@ -279,7 +279,44 @@ TEST_P(FastFairCrashKinds, MixedOpsCrashAtEveryFence) {
   }
   std::string f = r.ApplyCrashing(ops);
   EXPECT_EQ(f, "");
-  std::printf("%llu crash images checked\n", (unsigned long long)r.crash_points());
+  // Format 4: some of these inserts shift left into a leaf's lk prefix.
+  const uint64_t left = internal::fastfair::GetDebugCounters(r.index())->left_inserts;
+  EXPECT_GT(left, 0u);
+  std::printf("%llu crash images checked, %llu left inserts in all\n", (unsigned long long)r.crash_points(),
+              (unsigned long long)left);
+}
+
+// Format 4 (docs/fastfair.md, "Windows"): a shuffled load crashing at every
+// fence, then removes and inserts of keys around the first records of
+// leaves (the front of a leaf's records, where inserts shift left and
+// removals leave a record behind an lk prefix). Every image is opened
+// read-only, then read-write: acknowledged records, Check, leak check,
+// before and after writers repaired it.
+TEST_P(FastFairCrashKinds, LeftInsertsCrashAtEveryFence) {
+  CrashRun r(GetParam().kk, GetParam().vk, 256);
+  r.read_only_first_ = true;
+  r.Create();
+  std::vector<uint64_t> ids = Range(0, 300);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(21));
+  r.Apply(Inserts(r, {ids.begin(), ids.begin() + 60}));
+  std::string f = r.ApplyCrashing(Inserts(r, {ids.begin() + 60, ids.begin() + 200}));
+  EXPECT_EQ(f, "");
+  auto* d = internal::fastfair::GetDebugCounters(r.index());
+  const uint64_t left = d->left_inserts;
+  EXPECT_GT(left, 20u);
+  std::vector<Op> ops;
+  for (int i = 0; i < 60; i++) {
+    ops.push_back({Op::kRemove, r.Key(ids[i * 3]), ""});
+    ops.push_back({Op::kInsert, r.Key(ids[200 + i]), r.Value(ids[200 + i])});
+    ops.push_back({Op::kInsert, r.Key(ids[i * 3]), r.Value(ids[i * 3] + 1)});
+  }
+  f = r.ApplyCrashing(ops);
+  EXPECT_EQ(f, "");
+  d = internal::fastfair::GetDebugCounters(r.index());
+  EXPECT_GT(d->left_inserts, left);
+  std::printf("%llu crash images checked, %llu left inserts, %llu prefixes dropped, %llu merges\n",
+              (unsigned long long)r.crash_points(), (unsigned long long)d->left_inserts,
+              (unsigned long long)d->prefix_drops, (unsigned long long)d->merges);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, FastFairCrashKinds,

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/pm/allocator.h"
 
@@ -81,6 +82,7 @@ struct Case {
   int node_size;
   std::vector<Op> pre;
   Op fin;
+  bool left = false;  // the final op must be a left insert (format 4)
 };
 
 uint64_t U64Of(const std::string& s) {
@@ -190,11 +192,15 @@ int RunCase(const Case& c) {
   std::string durable(pool->base(), pool->size());  // every pre-op is durable
   struct stat st;
   EXPECT_EQ(::stat(g.path.c_str(), &st), 0);
+  const uint64_t left0 = internal::fastfair::GetDebugCounters(idx.get())->left_inserts;
   Recorder rec(pool);
   pm::SetObserver(&rec);
   Status fs = c.fin.insert ? idx->Insert(c.fin.k, c.fin.v) : idx->Remove(c.fin.k);
   pm::SetObserver(nullptr);
   EXPECT_TRUE(fs.ok()) << c.name << ": final op: " << fs.ToString();
+  if (c.left) {
+    EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->left_inserts, left0 + 1) << c.name;
+  }
 
   std::map<uint64_t, std::vector<Piece>> pending;  // line -> stores since its last flush+fence
   std::map<uint64_t, size_t> flushed;              // line -> pieces covered by a flush, not fenced
@@ -331,6 +337,45 @@ TEST(FastFairPrefixCrash, MiddleAndEndShifts) {
     }
   }
   EXPECT_GT(images, 500);
+}
+
+// Format 4: inserts that shift records LEFT into the lk prefix of a split's
+// new sibling (docs/fastfair.md, "Windows"). Ascending keys 10, 20, ...
+// fill the root leaf; the next one splits it, and the new sibling S gets
+// the upper half centred behind an lk prefix (256-byte nodes: keys 60-110
+// in slots 2-7; 512: keys 140-270 in slots 6-19). Then: an insert moving
+// one record left, one moving several across a line, one into the prefix
+// with nothing to move (after the first record was removed), one with no
+// room behind the records (count == capacity).
+TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
+  int images = 0;
+  for (int ns : {256, 512}) {
+    const int cap = (ns - 96) / 16, m = cap / 2;
+    for (bool bk : {false, true}) {
+      auto key = [&](int i) {
+        char b[16];
+        std::snprintf(b, sizeof b, "k%04d", i);
+        return bk ? std::string(b) : U64(i);
+      };
+      auto val = [&](int i) { return bk ? BV(key(i)) : UV(i); };
+      std::vector<Op> pre;
+      for (int i = 1; i <= cap + 1; i++) pre.push_back(Ins(key(10 * i), val(10 * i)));
+      const int first = 10 * (m + 1);  // S's first key
+      const std::string t = (bk ? "bytes" : "u64") + std::string(" ns=") + std::to_string(ns);
+      images += RunCase({"left one " + t, bk, bk, ns, pre, Ins(key(first + 5), val(first + 5)), true});
+      images += RunCase({"left several " + t, bk, bk, ns, pre, Ins(key(first + 15), val(first + 15)), true});
+      if (ns == 512) images += RunCase({"left across lines " + t, bk, bk, ns, pre, Ins(key(first + 35), val(first + 35)), true});
+      auto pre2 = pre;
+      pre2.push_back(Rem(key(first)));
+      images += RunCase({"left nothing to move " + t, bk, bk, ns, pre2, Ins(key(first), val(first)), true});
+      images += RunCase({"remove first behind prefix " + t, bk, bk, ns, pre, Rem(key(first))});
+      auto pre3 = pre;
+      for (int i = cap + 2; i < cap + 3 + (cap - m) / 2; i++)  // fills the slots behind S's records
+        pre3.push_back(Ins(key(10 * i), val(10 * i)));
+      images += RunCase({"left at capacity " + t, bk, bk, ns, pre3, Ins(key(10 * (cap + 1) + 5), val(10 * (cap + 1) + 5)), true});
+    }
+  }
+  EXPECT_GT(images, 300);
 }
 
 }  // namespace
