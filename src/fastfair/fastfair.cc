@@ -585,6 +585,7 @@ class FastFair final : public FastFairBase {
     d.rebalances_from_right = rebalances_from_right_.load();
     d.left_inserts = left_inserts_.load();
     d.prefix_drops = prefix_drops_.load();
+    d.prefix_splits = prefix_splits_.load();
     return d;
   }
   int Cap() const override { return int(cap_); }
@@ -665,8 +666,17 @@ class FastFair final : public FastFairBase {
   }
   // Records of a write-locked repaired node (its prefix excluded).
   uint32_t Live(Node* n) const { return n->count - Start(n); }
-  // No free slot at either end: an insert must split.
-  bool Full(Node* n) const { return n->count == cap_ && Start(n) == 0; }
+  // An insert at pos must split n: no free slot behind the records, and no
+  // lk prefix or one that only a long left shift (more than a third of the
+  // node) would reach. Splitting then, rather than shifting far, is what
+  // gives left halves room in front: the cut node keeps its prefix (Split
+  // cuts in the middle of the records, not of the slots). Measured,
+  // docs/fastfair.md "Windows".
+  bool Full(Node* n, uint32_t pos) const {
+    if (n->count < cap_) return false;
+    const uint32_t s = Start(n);
+    return s == 0 || pos - s > cap_ / 3;
+  }
   // Removes the prefix of a write-locked repaired leaf (one left shift per
   // slot, the repair's compaction): before its lk changes (the prefix holds
   // the old lk) or when a merge needs the room. Rare.
@@ -1486,6 +1496,7 @@ class FastFair final : public FastFairBase {
   // shift either side.
   Status Split(Node* n, uint64_t* out_k, Node** out_s) {
     const uint32_t s = Start(n);
+    if (s) prefix_splits_.fetch_add(1, std::memory_order_relaxed);
     return SplitAt(n, s + (n->count - s) / 2, out_k, out_s, /*centre=*/true);
   }
   // The same at record m (1 <= m, m + 1 < count): n keeps [0, m); a leaf's
@@ -1513,13 +1524,22 @@ class FastFair final : public FastFairBase {
     h.sibling = n->sibling;
     h.high = n->high;
     const uint32_t moved = leaf ? cnt - m : cnt - m - 1;
-    const uint32_t o = centre && leaf && window_ ? (cap_ - moved) / 2 : 0;  // the sibling's lk prefix
+    // The sibling's lk prefix: 5/8 of its free slots (front-heavy: its
+    // left half keeps what is left of the prefix when it splits in turn).
+    const uint32_t o = centre && leaf && window_ ? (cap_ - moved) * 5 / 8 : 0;
     h.count = o + moved;
     h.level = n->level;
     h.gen = gen_;
     h.low = K;
     h.leftmost = leaf ? 0 : e[m].v;
     h.lk = n->lk;
+    // A centred u64 leaf gets lk = K - 1: it never holds a key below its low
+    // key K (low never changes; merges bring keys from the right), so no
+    // insert or merge will ever need FixLk on it, which would have to drop
+    // the prefix first (the prefix holds lk). An inherited lk could be a
+    // key of it (FixLk raises lk just above an inserted key: loading 0, 1,
+    // 2, ... in order made every split's sibling drop its prefix).
+    if (o && !BK) h.lk = K - 1;
     pm::Copy(s, &h, sizeof(Node));
     for (uint32_t i = 0; i < o; i++) {
       pm::Store(&s->ents()[i].v, uint64_t(0));
@@ -2159,7 +2179,7 @@ class FastFair final : public FastFairBase {
       st = Status::NotFound();
     } else {
       Node* t = n;
-      if (Full(n)) {
+      if (Full(n, pos)) {
         st = Split(n, &K2, &S2);
         if (st.ok()) {
           if (Cmp(K2, sk) <= 0) t = S2;
@@ -2215,7 +2235,7 @@ class FastFair final : public FastFairBase {
   uint64_t open_blocks_freed_ = 0, open_pm_stores_ = 0, open_pm_lines_ = 0;
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
   std::atomic<uint64_t> counts_repaired_{0};
-  std::atomic<uint64_t> left_inserts_{0}, prefix_drops_{0};
+  std::atomic<uint64_t> left_inserts_{0}, prefix_drops_{0}, prefix_splits_{0};
 };
 
 // ---- Check ------------------------------------------------------------------

@@ -27,6 +27,7 @@ struct DebugCounters {
   uint64_t rebalances_from_right = 0;  // ... of them with the right sibling giving records
   uint64_t left_inserts = 0;    // format 4: inserts that shifted records left into a leaf's lk prefix
   uint64_t prefix_drops = 0;    // format 4: lk prefixes removed (lk change, or a merge needing room)
+  uint64_t prefix_splits = 0;   // format 4: leaf splits that cut a node with an lk prefix (it keeps it)
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.

@@ -342,15 +342,20 @@ TEST(FastFairPrefixCrash, MiddleAndEndShifts) {
 // Format 4: inserts that shift records LEFT into the lk prefix of a split's
 // new sibling (docs/fastfair.md, "Windows"). Ascending keys 10, 20, ...
 // fill the root leaf; the next one splits it, and the new sibling S gets
-// the upper half centred behind an lk prefix (256-byte nodes: keys 60-110
-// in slots 2-7; 512: keys 140-270 in slots 6-19). Then: an insert moving
-// one record left, one moving several across a line, one into the prefix
-// with nothing to move (after the first record was removed), one with no
-// room behind the records (count == capacity).
+// the upper half behind an lk prefix of 5/8 of its free slots (256-byte
+// nodes: keys 60-110 in slots 3-8; 512: keys 140-270 in slots 8-21). Then:
+// an insert moving one record left, one moving two, one moving several
+// across a line, one into the prefix with nothing to move (after the first
+// record was removed), a removal behind the prefix, and with no room behind
+// the records (count == capacity), a short left shift. (A split of a node
+// with a prefix writes a whole node between fences: too many line-prefix
+// combinations here; the every-fence tests and pmcheck cover it.)
 TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
   int images = 0;
   for (int ns : {256, 512}) {
     const int cap = (ns - 96) / 16, m = cap / 2;
+    const int moved = cap - m, o = moved * 5 / 8;  // as SplitAt
+    const int fill = cap - (o + moved + 1);        // appends that fill S's slots
     for (bool bk : {false, true}) {
       auto key = [&](int i) {
         char b[16];
@@ -363,16 +368,18 @@ TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
       const int first = 10 * (m + 1);  // S's first key
       const std::string t = (bk ? "bytes" : "u64") + std::string(" ns=") + std::to_string(ns);
       images += RunCase({"left one " + t, bk, bk, ns, pre, Ins(key(first + 5), val(first + 5)), true});
-      images += RunCase({"left several " + t, bk, bk, ns, pre, Ins(key(first + 15), val(first + 15)), true});
+      images += RunCase({"left two " + t, bk, bk, ns, pre, Ins(key(first + 15), val(first + 15)), true});
+      auto pre1 = pre;
+      pre1.push_back(Ins(key(first + 1), val(first + 1)));  // a left insert: the prefix shrinks by one
+      images += RunCase({"left after left " + t, bk, bk, ns, pre1, Ins(key(first + 2), val(first + 2)), true});
       if (ns == 512) images += RunCase({"left across lines " + t, bk, bk, ns, pre, Ins(key(first + 35), val(first + 35)), true});
       auto pre2 = pre;
       pre2.push_back(Rem(key(first)));
       images += RunCase({"left nothing to move " + t, bk, bk, ns, pre2, Ins(key(first), val(first)), true});
       images += RunCase({"remove first behind prefix " + t, bk, bk, ns, pre, Rem(key(first))});
       auto pre3 = pre;
-      for (int i = cap + 2; i < cap + 3 + (cap - m) / 2; i++)  // fills the slots behind S's records
-        pre3.push_back(Ins(key(10 * i), val(10 * i)));
-      images += RunCase({"left at capacity " + t, bk, bk, ns, pre3, Ins(key(10 * (cap + 1) + 5), val(10 * (cap + 1) + 5)), true});
+      for (int i = cap + 2; i < cap + 2 + fill; i++) pre3.push_back(Ins(key(10 * i), val(10 * i)));
+      images += RunCase({"left at capacity " + t, bk, bk, ns, pre3, Ins(key(first + 5), val(first + 5)), true});
     }
   }
   EXPECT_GT(images, 300);

@@ -567,6 +567,55 @@ TEST(FastFair, LaggingCountBehindPrefixIsCounted) {
   EXPECT_EQ(got, U64(7));
 }
 
+// Format 4: a merge whose left node's lk prefix leaves too little room
+// behind its records moves them to the front first (DropPrefix). A
+// shuffled load (left inserts, centred siblings), then removes that
+// underfill leaves; contents, Check and the leak check all along.
+TEST(FastFair, MergesDropPrefixesWhenShort) {
+  uint64_t drops = 0;
+  for (const int ns : {256, 512}) {
+    fftest::PoolGuard g("dropprefix");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, ns);
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    std::vector<uint64_t> ids(4000);
+    for (uint64_t i = 0; i < ids.size(); i++) ids[i] = i * 7 + 3;
+    std::mt19937_64 rng(ns);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::map<uint64_t, uint64_t> model;
+    for (uint64_t k : ids) {
+      ASSERT_TRUE(idx->Insert(U64(k), U64(k + 1)).ok());
+      model[k] = k + 1;
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (size_t i = 0; i < ids.size() * 9 / 10; i++) {
+      ASSERT_TRUE(idx->Remove(U64(ids[i])).ok());
+      model.erase(ids[i]);
+      if (i % 500 == 0) {
+        ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+        ASSERT_TRUE(fftest::NoLeak(idx.get()));
+      }
+    }
+    for (auto& [k, v] : model) {
+      std::string got;
+      ASSERT_TRUE(idx->Find(U64(k), &got).ok());
+      ASSERT_EQ(got, U64(v));
+    }
+    EXPECT_EQ(idx->Size(), model.size());
+    ASSERT_TRUE(idx->Check().ok());
+    EXPECT_TRUE(fftest::NoLeak(idx.get()));
+    auto* d = internal::fastfair::GetDebugCounters(idx.get());
+    std::printf("ns %d: left inserts %llu, splits behind a prefix %llu, merges %llu, prefixes dropped %llu\n", ns,
+                (unsigned long long)d->left_inserts, (unsigned long long)d->prefix_splits,
+                (unsigned long long)d->merges, (unsigned long long)d->prefix_drops);
+    EXPECT_GT(d->left_inserts, 0u);
+    EXPECT_GT(d->prefix_splits, 0u);
+    EXPECT_GT(d->merges, 0u);
+    drops += d->prefix_drops;
+  }
+  EXPECT_GT(drops, 0u);
+}
+
 TEST(FastFair, AverageLinesPerInsertAndDelete) {
   fftest::PoolGuard g("avg");
   std::unique_ptr<Index> idx;
