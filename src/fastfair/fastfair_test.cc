@@ -454,6 +454,40 @@ TEST(FastFair, OlderFormatVersionsKeepTheirProtocol) {
 // counted (Pushed) by readers of a read-only open and of a read-write open
 // before any repair, and by the first writer (counts_repaired), in insert
 // mode and in delete mode.
+// The model's records are found with their values, Size and a scan count
+// them, Check and the leak check pass.
+void VerifyModel(Index* idx, const std::map<std::string, std::string>& model) {
+  for (auto& [k, v] : model) {
+    std::string got;
+    EXPECT_TRUE(idx->Find(k, &got).ok());
+    EXPECT_EQ(got, v);
+  }
+  EXPECT_EQ(idx->Size(), model.size());
+  size_t n = 0;
+  EXPECT_TRUE(idx->Scan(U64(0), 100, [&](Slice, Slice) { return true; }, &n).ok());
+  EXPECT_EQ(n, model.size());
+  EXPECT_TRUE(idx->Check().ok());
+  EXPECT_TRUE(fftest::NoLeak(idx));
+}
+
+// Opens o's pool read-only and runs verify, then read-write and runs verify
+// again; returns the read-write index (null if an open failed).
+std::unique_ptr<Index> OpenReadOnlyThenWritable(const Options& o, const std::function<void(Index*)>& verify) {
+  Options ro = o;
+  ro.read_only = true;
+  std::unique_ptr<Index> idx;
+  Status s = OpenIndex("fastfair", ro, &idx);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return nullptr;
+  verify(idx.get());
+  idx.reset();
+  s = OpenIndex("fastfair", o, &idx);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  if (!s.ok()) return nullptr;
+  verify(idx.get());
+  return idx;
+}
+
 TEST(FastFair, LaggingCountAfterCrashIsCounted) {
   for (const bool delete_mode : {false, true}) {
     SCOPED_TRACE(delete_mode ? "delete mode" : "insert mode");
@@ -474,29 +508,9 @@ TEST(FastFair, LaggingCountAfterCrashIsCounted) {
     }
     // The durable count lags by one: the last record sits past it.
     PatchPool(g.path, RootCount, uint32_t(model.size() - 1));
-    auto verify = [&](Index* idx) {
-      for (auto& [k, v] : model) {
-        std::string got;
-        EXPECT_TRUE(idx->Find(k, &got).ok());
-        EXPECT_EQ(got, v);
-      }
-      EXPECT_EQ(idx->Size(), model.size());
-      size_t n = 0;
-      EXPECT_TRUE(idx->Scan(U64(0), 100, [&](Slice, Slice) { return true; }, &n).ok());
-      EXPECT_EQ(n, model.size());
-      EXPECT_TRUE(idx->Check().ok());
-      EXPECT_TRUE(fftest::NoLeak(idx));
-    };
-    {
-      Options ro = o;
-      ro.read_only = true;
-      std::unique_ptr<Index> idx;
-      ASSERT_TRUE(OpenIndex("fastfair", ro, &idx).ok());
-      verify(idx.get());
-    }
-    std::unique_ptr<Index> idx;
-    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
-    verify(idx.get());
+    auto verify = [&](Index* idx) { VerifyModel(idx, model); };
+    std::unique_ptr<Index> idx = OpenReadOnlyThenWritable(o, verify);
+    ASSERT_TRUE(idx);
     ASSERT_TRUE(idx->Insert(U64(1), U64(7)).ok());
     model[U64(1)] = U64(7);
     EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->counts_repaired, 1u);
@@ -536,35 +550,19 @@ TEST(FastFair, LaggingCountBehindPrefixIsCounted) {
     }
     pm::StorePersist(reinterpret_cast<uint32_t*>(node + 16), uint32_t(3));  // count
   }
-  auto verify = [&](Index* idx, size_t size) {
+  std::map<std::string, std::string> model = {{U64(500), U64(5)}};
+  auto verify = [&](Index* idx) {
+    VerifyModel(idx, model);
     std::string got;
-    EXPECT_TRUE(idx->Find(U64(500), &got).ok());
-    EXPECT_EQ(got, U64(5));
     EXPECT_TRUE(idx->Find(U64(400), &got).IsNotFound());
-    EXPECT_EQ(idx->Size(), size);
-    size_t n = 0;
-    EXPECT_TRUE(idx->Scan(U64(0), 100, [&](Slice, Slice) { return true; }, &n).ok());
-    EXPECT_EQ(n, size);
-    EXPECT_TRUE(idx->Check().ok());
-    EXPECT_TRUE(fftest::NoLeak(idx));
   };
-  {
-    Options ro = o;
-    ro.read_only = true;
-    std::unique_ptr<Index> idx;
-    ASSERT_TRUE(OpenIndex("fastfair", ro, &idx).ok());
-    verify(idx.get(), 1);
-  }
-  std::unique_ptr<Index> idx;
-  ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
-  verify(idx.get(), 1);
+  std::unique_ptr<Index> idx = OpenReadOnlyThenWritable(o, verify);
+  ASSERT_TRUE(idx);
   ASSERT_TRUE(idx->Insert(U64(450), U64(7)).ok());  // repairs the leaf, then shifts left into its prefix
   EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->counts_repaired, 1u);
   EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->left_inserts, 1u);
-  verify(idx.get(), 2);
-  std::string got;
-  EXPECT_TRUE(idx->Find(U64(450), &got).ok());
-  EXPECT_EQ(got, U64(7));
+  model[U64(450)] = U64(7);
+  verify(idx.get());
 }
 
 // Format 4: a merge whose left node's lk prefix leaves too little room
