@@ -298,14 +298,14 @@ TEST_P(FastFairCrashKinds, LeftInsertsCrashAtEveryFence) {
   r.Create();
   std::vector<uint64_t> ids = Range(0, 300);
   std::shuffle(ids.begin(), ids.end(), std::mt19937_64(21));
-  r.Apply(Inserts(r, {ids.begin(), ids.begin() + 60}));
-  std::string f = r.ApplyCrashing(Inserts(r, {ids.begin() + 60, ids.begin() + 200}));
+  r.Apply(Inserts(r, {ids.begin(), ids.begin() + 100}));
+  std::string f = r.ApplyCrashing(Inserts(r, {ids.begin() + 100, ids.begin() + 200}));
   EXPECT_EQ(f, "");
   auto* d = internal::fastfair::GetDebugCounters(r.index());
   const uint64_t left = d->left_inserts;
   EXPECT_GT(left, 20u);
   std::vector<Op> ops;
-  for (int i = 0; i < 60; i++) {
+  for (int i = 0; i < 40; i++) {
     ops.push_back({Op::kRemove, r.Key(ids[i * 3]), ""});
     ops.push_back({Op::kInsert, r.Key(ids[200 + i]), r.Value(ids[200 + i])});
     ops.push_back({Op::kInsert, r.Key(ids[i * 3]), r.Value(ids[i * 3] + 1)});
@@ -441,7 +441,9 @@ TEST_P(FastFairMergeCrash, MergesAndRootCollapseCrashAtEveryFence) {
 // consecutive keys.
 std::vector<Op> RebalanceWorkload(CrashRun& r, KeyKind kk) {
   std::vector<uint64_t> ids = Range(0, 240);
-  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(7));
+  // (Seed 10 since format 4: leaves fill differently, and with seed 7 the
+  // u64 case ran no rebalance.)
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(10));
   r.Apply(Inserts(r, ids));
   // Ids in key order (byte keys sort by memcmp: "key-1" < "key-10").
   std::vector<uint64_t> order = Range(0, 240);
