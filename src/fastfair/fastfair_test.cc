@@ -614,6 +614,32 @@ TEST(FastFair, MergesDropPrefixesWhenShort) {
   EXPECT_GT(drops, 0u);
 }
 
+// Format 4: an ascending load splits on appends, which do not centre the
+// new sibling (no insert of such a load ever goes into a prefix): leaves
+// stay half full as before format 4. Centring them too left every leaf of
+// this load with a third of its records (the cut node keeps its prefix).
+TEST(FastFair, AscendingLoadsKeepHalfFullLeaves) {
+  for (const int ns : {256, 512}) {
+    fftest::PoolGuard g("ascending");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, ns);
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    const uint64_t n = 20000;
+    for (uint64_t k = 1; k <= n; k++) ASSERT_TRUE(idx->Insert(U64(k), U64(k)).ok());
+    uint64_t blocks = 0;
+    ASSERT_TRUE(idx->ForEachOwnedBlock([&](uint64_t) { blocks++; }).ok());
+    const uint64_t cap = internal::fastfair::NodeCapacity(idx.get());
+    // Leaves of cap/2 records, internal nodes of cap/2 children (a quarter
+    // more at 256 bytes), the root object: 4799 blocks at 256 bytes (8300
+    // with a third of a leaf used).
+    EXPECT_LE(blocks, n / (cap / 2) * 13 / 10 + 8) << "node size " << ns;
+    auto* d = internal::fastfair::GetDebugCounters(idx.get());
+    EXPECT_EQ(d->prefix_splits, 0u);
+    EXPECT_EQ(d->left_inserts, 0u);
+    ASSERT_TRUE(idx->Check().ok());
+  }
+}
+
 TEST(FastFair, AverageLinesPerInsertAndDelete) {
   fftest::PoolGuard g("avg");
   std::unique_ptr<Index> idx;
