@@ -36,7 +36,19 @@
 // again consistent has a record that existed. A cache line is flushed (and
 // fenced) only when the shift is about to store into the next line, and the
 // last dirty line at the end: in the pm model (a crash keeps a prefix of the
-// stores of each line) every crash state has at most one ignored record.
+// stores of each line) every crash state has at most one ignored record
+// besides a leaf's lk prefix.
+//
+// Windows (format 4, not in the paper): a leaf may start with free slots
+// holding `lk` (the lk prefix: each equals its left neighbour, so the rule
+// above ignores them; no new word). A split's new leaf sibling gets its
+// records behind such a prefix (5/8 of its free slots; not when an append
+// splits), and an insert into the left part of a leaf with a prefix moves
+// the records before it one slot LEFT (InsertLeft: the delete shift's
+// store pattern, readers scan right to left, `count` unchanged), so an
+// insert shifts the shorter side. A leaf with no slot behind its records
+// splits unless a short left shift reaches its prefix (the cut node keeps
+// the prefix). docs/fastfair.md, "Windows".
 //
 // FAIR split (sec. 4.1), with fence keys: each node has `high` (exclusive
 // upper bound, valid when `sibling` != 0) and `low`. Split: allocate the new

@@ -341,9 +341,10 @@ TEST(FastFairPrefixCrash, MiddleAndEndShifts) {
 
 // Format 4: inserts that shift records LEFT into the lk prefix of a split's
 // new sibling (docs/fastfair.md, "Windows"). Ascending keys 10, 20, ...
-// fill the root leaf; the next one splits it, and the new sibling S gets
-// the upper half behind an lk prefix of 5/8 of its free slots (256-byte
-// nodes: keys 60-110 in slots 3-8; 512: keys 140-270 in slots 8-21). Then:
+// fill the root leaf; one below the last splits it (not an append, which
+// would not centre), and the new sibling S gets the upper half behind an
+// lk prefix of 5/8 of its free slots (256-byte nodes: keys 60-100 and 95
+// in slots 3-8; 512: keys 140-260 and 255 in slots 8-21). Then:
 // an insert moving one record left, one moving two, one moving several
 // across a line, one into the prefix with nothing to move (after the first
 // record was removed), a removal behind the prefix, and with no room behind
@@ -364,7 +365,8 @@ TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
       };
       auto val = [&](int i) { return bk ? BV(key(i)) : UV(i); };
       std::vector<Op> pre;
-      for (int i = 1; i <= cap + 1; i++) pre.push_back(Ins(key(10 * i), val(10 * i)));
+      for (int i = 1; i <= cap; i++) pre.push_back(Ins(key(10 * i), val(10 * i)));
+      pre.push_back(Ins(key(10 * cap - 5), val(10 * cap - 5)));  // the split
       const int first = 10 * (m + 1);  // S's first key
       const std::string t = (bk ? "bytes" : "u64") + std::string(" ns=") + std::to_string(ns);
       images += RunCase({"left one " + t, bk, bk, ns, pre, Ins(key(first + 5), val(first + 5)), true});
