@@ -44,7 +44,7 @@
 // Threads and slots. A thread binds a slot of a manager at its first guard
 // and keeps it until it exits (a thread_local releases it then). No fixed
 // limit by default: slots come in chunks of 64, added when all are taken
-(kept until the manager is destroyed: 64 bytes per slot).
+// (kept until the manager is destroyed: 64 bytes per slot).
 // An index whose per-thread state is bounded (nvc_hashmap: 256 persistent
 // thread slots, format-bound) passes max_slots; a guard that finds no free
 // slot then reports !ok() and the operation returns Busy. Slot indices are
