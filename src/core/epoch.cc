@@ -43,9 +43,7 @@ struct EpochThreadBindings {
         // A guard still open (not reachable in practice: unwinding closes
         // guards before thread_local destructors run): it releases the slot.
         s->transient = true;
-        const int w = int(id % EpochTlsCache::kWays);
-        c.id[w] = id;
-        c.slot[w] = s;
+        EpochManager::CacheFill(id, s);
         continue;
       }
       EpochManager::Release(s);
@@ -93,23 +91,29 @@ void EpochManager::ReleaseTransient(EpochSlot* s) {
   Release(s);
 }
 
+// Called on a miss only (the id is in no way): round robin over the ways.
+void EpochManager::CacheFill(uint64_t id, EpochSlot* s) {
+  EpochTlsCache& c = tl_epoch_cache;
+  const int w = c.next % EpochTlsCache::kWays;
+  c.next = uint8_t((w + 1) % EpochTlsCache::kWays);
+  c.id[w] = id;
+  c.slot[w] = s;
+}
+
 EpochSlot* EpochManager::BindSlow() {
   EpochTlsCache& c = tl_epoch_cache;
-  const int w = int(id_ % EpochTlsCache::kWays);
   if (c.exiting) {
     // The binding list is gone (thread exit): a slot for this guard only.
     EpochSlot* s = TakeFreeSlot();
     if (!s) return nullptr;
     s->transient = true;
-    c.id[w] = id_;  // nested guards on this manager find it
-    c.slot[w] = s;
+    CacheFill(id_, s);  // nested guards on this manager find it
     return s;
   }
   EpochThreadBindings& b = tl_bindings;  // first use registers its destructor
   for (const auto& [id, s] : b.v)
     if (id == id_) {
-      c.id[w] = id;
-      c.slot[w] = s;
+      CacheFill(id_, s);
       return s;
     }
   EpochSlot* s = TakeFreeSlot();
@@ -120,8 +124,7 @@ EpochSlot* EpochManager::BindSlow() {
     std::erase_if(b.v, [](const auto& e) { return LiveIds().count(e.first) == 0; });
     b.v.push_back({id_, s});
   }
-  c.id[w] = id_;
-  c.slot[w] = s;
+  CacheFill(id_, s);
   return s;
 }
 
