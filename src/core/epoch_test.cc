@@ -2,7 +2,8 @@
 // a retired object is never freed while a guard that could see it is open
 // (also under ASan/TSan: freed objects are really deleted), callback counts,
 // Synchronize waits for open guards, guards from exiting threads give their
-// slots back, bounded managers, nesting and several managers per thread.
+// slots back, bounded managers, nesting and several managers per thread, a
+// reader in the second chunk of slots.
 #include "core/epoch.h"
 
 #include <gtest/gtest.h>
@@ -92,6 +93,11 @@ TEST(Epoch, RetiredObjectWaitsForTheGuardThatCouldSeeIt) {
 // (then again after a pause); the writer replaces the object, retires the old
 // one and reclaims. A freed object is deleted after its canary is poisoned:
 // an early free is a canary failure, or an ASan use-after-free, or a TSan race.
+// Limit: the window Announce's re-read loop closes (a guard that loaded the
+// epoch, then stalls before its store while the writer advances and scans)
+// is a few instructions wide, so these stress tests only make a mutation
+// that drops the re-read likely to fail, not certain (no test hook pauses a
+// guard there: it would cost the hot path).
 struct Obj {
   std::atomic<uint64_t> canary{0x600DF00D};
   uint64_t payload[7];
@@ -201,6 +207,72 @@ TEST(Epoch, SynchronizeWaitsForAnOpenGuard) {
   reader.join();
   syncer.join();
   EXPECT_TRUE(synced.load());
+}
+
+// A guarded reader in a slot of the second chunk (slot >= 64): 64 other
+// threads stay bound (each took and left a guard, then waits alive), so the
+// reader cannot get a slot of the first chunk. Reclaim must free nothing it
+// could see and Synchronize must wait for it (fails if MinAnnounced or
+// Synchronize visit only the first chunk of slots).
+TEST(Epoch, ReaderInSecondChunkHoldsBackReclaimAndSynchronize) {
+  EpochManager m;
+  const int kHolders = int(EpochManager::kChunk);
+  std::atomic<int> bound{0};
+  std::atomic<bool> release_holders{false};
+  std::vector<std::thread> holders;
+  for (int i = 0; i < kHolders; i++)
+    holders.emplace_back([&] {
+      { Guard g(m); EXPECT_TRUE(g.ok()); }
+      bound++;
+      while (!release_holders.load()) std::this_thread::yield();
+    });
+  while (bound.load() < kHolders) std::this_thread::yield();
+  EXPECT_EQ(m.SlotCount(), EpochManager::kChunk);
+
+  std::atomic<int> phase{0};  // 1: reader inside; 2: may leave
+  std::atomic<bool> leaving{false};
+  uint32_t reader_slot = 0;
+  std::thread reader([&] {
+    Guard g(m);
+    reader_slot = g.slot();
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    leaving = true;  // still inside the guard
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  EXPECT_GE(reader_slot, EpochManager::kChunk);
+  EXPECT_EQ(m.MinAnnounced(), m.Epoch());
+
+  RetireList<int> list;
+  std::vector<int> freed;
+  auto fr = [&](int x) { freed.push_back(x); };
+  list.Add(1);  // "unlinked" while the reader is inside
+  EXPECT_EQ(list.Reclaim(m, fr), 0u);
+  EXPECT_EQ(list.Reclaim(m, fr), 0u);
+  EXPECT_TRUE(freed.empty());
+
+  // Synchronize: the reader leaves only after the syncer started and main
+  // saw it had not returned; it must return only after the reader left.
+  std::atomic<bool> syncing{false}, synced{false}, returned_early{false};
+  std::thread syncer([&] {
+    syncing = true;
+    m.Synchronize();
+    if (!leaving.load()) returned_early = true;
+    synced = true;
+  });
+  while (!syncing.load()) std::this_thread::yield();
+  for (int i = 0; i < 1000 && !synced.load(); i++) std::this_thread::yield();  // give a wrong Synchronize the chance to return
+  EXPECT_FALSE(synced.load());
+  phase = 2;
+  reader.join();
+  syncer.join();
+  EXPECT_TRUE(synced.load());
+  EXPECT_FALSE(returned_early.load());
+
+  EXPECT_EQ(list.Reclaim(m, fr), 1u);
+  EXPECT_EQ(freed.size(), 1u);
+  release_holders = true;
+  for (auto& t : holders) t.join();
 }
 
 // Several managers: independent announcements; a guard of one does not hold
