@@ -30,25 +30,38 @@ namespace {
 
 using json = nlohmann::json;
 
-TEST(Rounds, OrderRotatesByOneEachRound) {
-  for (size_t n : {1u, 2u, 3u, 5u}) {
-    std::vector<std::vector<int>> at(n, std::vector<int>(n, 0));  // at[target][position]
-    for (int r = 0; r < 4 * int(n); r++) {
-      std::vector<size_t> order = RoundOrder(n, r);
-      ASSERT_EQ(order.size(), n);
-      EXPECT_EQ(order[0], size_t(r) % n) << "round " << r << " starts with target r mod T";
-      std::vector<size_t> sorted = order;
-      std::sort(sorted.begin(), sorted.end());
-      for (size_t k = 0; k < n; k++) EXPECT_EQ(sorted[k], k) << "a permutation";
-      for (size_t k = 0; k < n; k++) {
-        if (r > 0) {
-          EXPECT_EQ(order[k], (RoundOrder(n, r - 1)[k] + 1) % n) << "rotated by one";
+// Over each period of the design (and so over any whole number of periods,
+// from any starting row) every target is in every position equally often and
+// every ordered pair of distinct targets is adjacent within a round equally
+// often. Fails on the former rotation RoundOrder (r+k) mod T, whose
+// predecessors are those of one cyclic sequence (T >= 3).
+TEST(Rounds, OrderIsABalancedLatinSquare) {
+  EXPECT_EQ(RoundPeriod(1), 1);
+  for (size_t n = 1; n <= 7; n++) {
+    SCOPED_TRACE(std::to_string(n) + " targets");
+    const int period = RoundPeriod(n);
+    EXPECT_EQ(period, n <= 1 ? 1 : int(n % 2 == 0 ? n : 2 * n));
+    for (int start : {0, 1, 5}) {  // RunBenchmark offsets the rows by the step number
+      std::vector<std::vector<int>> at(n, std::vector<int>(n, 0));     // at[target][position]
+      std::vector<std::vector<int>> after(n, std::vector<int>(n, 0));  // after[target][predecessor]
+      for (int r = start; r < start + 2 * period; r++) {
+        std::vector<size_t> order = RoundOrder(n, r);
+        ASSERT_EQ(order.size(), n);
+        EXPECT_EQ(order, RoundOrder(n, r + period)) << "periodic";
+        std::vector<size_t> sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        for (size_t k = 0; k < n; k++) ASSERT_EQ(sorted[k], k) << "a permutation";
+        for (size_t k = 0; k < n; k++) {
+          at[order[k]][k]++;
+          if (k > 0) after[order[k]][order[k - 1]]++;
         }
-        at[order[k]][k]++;
+      }
+      for (size_t t = 0; t < n; t++) {
+        for (size_t k = 0; k < n; k++) EXPECT_EQ(at[t][k], 2 * period / int(n)) << "target " << t << " position " << k;
+        for (size_t u = 0; u < n; u++)
+          EXPECT_EQ(after[t][u], t == u ? 0 : 2 * period / int(n)) << "target " << t << " right after " << u;
       }
     }
-    for (size_t t = 0; t < n; t++)
-      for (size_t k = 0; k < n; k++) EXPECT_EQ(at[t][k], 4) << "target " << t << " position " << k;
   }
 }
 
@@ -78,6 +91,12 @@ TEST(Rounds, DefaultsAndOptionChecks) {
   EXPECT_EQ(EffectiveRounds(o, 1), 1);
   EXPECT_EQ(EffectiveRounds(o, 2), kDefaultRounds);
   EXPECT_EQ(kDefaultRounds, 10);
+  // A whole number of design periods, at least 10.
+  EXPECT_EQ(EffectiveRounds(o, 3), 12);
+  EXPECT_EQ(EffectiveRounds(o, 4), 12);
+  EXPECT_EQ(EffectiveRounds(o, 5), 10);
+  EXPECT_EQ(EffectiveRounds(o, 6), 12);
+  EXPECT_EQ(EffectiveRounds(o, 7), 14);
   o.sequential = true;
   EXPECT_EQ(EffectiveRounds(o, 3), 1);
   EXPECT_TRUE(o.Validate().ok());
@@ -165,7 +184,13 @@ TEST(Rounds, SameOperationStreamAsOneRound) {
       double secs = 0;
       for (int r = 0; r < 7; r++) {
         EXPECT_EQ(b.chunks[r].round, r);
-        EXPECT_EQ(RoundOrder(2, r)[b.chunks[r].position], t) << "round " << r;
+        EXPECT_EQ(RoundOrder(2, r + int(i) + 1)[b.chunks[r].position], t) << "round " << r;  // rows offset by the step (load: 0)
+        if (b.chunks[r].position == 1) {
+          EXPECT_EQ(b.chunks[r].after, seven[1 - t].spec.name) << "round " << r;
+        }
+        if (r == 0 && b.chunks[r].position == 0) {
+          EXPECT_EQ(b.chunks[r].after, "") << "the step's first chunk";
+        }
         EXPECT_GT(b.chunks[r].ops, 0u);
         sum += b.chunks[r].ops;
         secs += b.chunks[r].seconds;
@@ -293,17 +318,26 @@ TEST(RoundsBinary, ReportedInJsonAndSummary) {
   EXPECT_NE(r.out.find("same-run comparison, 10 rounds"), std::string::npos) << r.out;
   for (size_t t = 0; t < 2; t++) {
     const json& res = j.at("results").at(t);
+    size_t s = 0;  // the step: 0 load, 1 read, 2 scan
     for (const json& p : {res.at("load"), res.at("phases").at(0), res.at("phases").at(1)}) {
       ASSERT_EQ(p.at("chunks").size(), 10u) << p.at("name");
       uint64_t sum = 0;
       for (size_t k = 0; k < 10; k++) {
         const json& c = p.at("chunks").at(k);
         EXPECT_EQ(c.at("round"), k);
-        EXPECT_EQ(c.at("position"), (t + 2 - k % 2) % 2) << "round " << k;  // round k starts with target k mod 2
+        // Round k of step s starts with target (k + s) mod 2.
+        EXPECT_EQ(c.at("position"), (t + 2 - (k + s) % 2) % 2) << "round " << k;
+        if (c.at("position") == 1) {
+          EXPECT_EQ(c.at("after"), j.at("results").at(1 - t).at("name")) << "round " << k;
+        }
+        if (k == 0 && c.at("position") == 0) {
+          EXPECT_TRUE(c.at("after").is_null());
+        }
         sum += c.at("ops").get<uint64_t>();
       }
       EXPECT_EQ(sum, p.at("completed_total").get<uint64_t>());
       EXPECT_EQ(p.at("completed_total"), p.at("succeeded_total"));
+      s++;
     }
   }
   // The median of the per-round ratios: 1 for the baseline, a ratio for the

@@ -243,7 +243,10 @@ class PhaseRun {
   PhaseRun& operator=(const PhaseRun&) = delete;
   // Runs this target's share of round `round` (of `rounds`), where it is at
   // `position` in the round's order.
-  void RunChunk(int round, int rounds, int position, const std::string& label);
+  // `after`: the target whose chunk ran just before (null: none in this step).
+  void RunChunk(int round, int rounds, int position, const std::string* after, const std::string& label);
+  // Whether this target has operations to run in round `round`.
+  bool HasWork(int round, int rounds) const;
   // The phase's figures, once every round has run.
   PhaseResult Finish();
 
@@ -304,12 +307,19 @@ PhaseRun::PhaseRun(const PhaseContext& c, const PhaseSpec* spec, int phase_no)
   res_.requested = time_mode_ ? 0 : total_quota_;
 }
 
-void PhaseRun::RunChunk(int round, int rounds, int position, const std::string& label) {
+bool PhaseRun::HasWork(int round, int rounds) const {
+  for (const ThreadState& st : th_)
+    if (!st.exhausted && (time_mode_ || ChunkBegin(st.quota, round + 1, rounds) > st.next)) return true;
+  return false;
+}
+
+void PhaseRun::RunChunk(int round, int rounds, int position, const std::string* after, const std::string& label) {
   const BenchOptions& o = *c_.o;
   const int T = c_.threads;
   Chunk chunk;
   chunk.round = round;
   chunk.position = position;
+  if (after) chunk.after = *after;
   // Each thread's end in this chunk: the next 1/rounds of its quota.
   std::vector<uint64_t> stop_at(T);
   bool any = false;
@@ -744,12 +754,14 @@ struct TargetRun {
     phase_no++;
   }
 
-  void RunRound(int round, int rounds, int position) {
+  bool HasWork(int round, int rounds) const { return current && current->HasWork(round, rounds); }
+
+  void RunRound(int round, int rounds, int position, const std::string* after) {
     if (!current) return;
     // "fptree read" with one round, "read round 3/10 fptree" with several.
     std::string label = rounds == 1 ? r->spec.name + " " + step
                                     : step + " round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + " " + r->spec.name;
-    current->RunChunk(round, rounds, position, label);
+    current->RunChunk(round, rounds, position, after, label);
   }
 
   void EndStep() {
@@ -823,12 +835,27 @@ void RemoveTemporaryPoolsOnSignals() {
 
 int EffectiveRounds(const BenchOptions& opts, size_t ntargets) {
   if (opts.rounds > 0) return opts.rounds;
-  return ntargets > 1 && !opts.sequential ? kDefaultRounds : 1;
+  if (ntargets <= 1 || opts.sequential) return 1;
+  const int period = RoundPeriod(ntargets);
+  return (kDefaultRounds + period - 1) / period * period;  // a whole number of periods
 }
 
+int RoundPeriod(size_t ntargets) { return ntargets <= 1 ? 1 : int(ntargets % 2 == 0 ? ntargets : 2 * ntargets); }
+
 std::vector<size_t> RoundOrder(size_t ntargets, int round) {
-  std::vector<size_t> order(ntargets);
-  for (size_t k = 0; k < ntargets; k++) order[k] = (size_t(round) + k) % ntargets;
+  const size_t n = ntargets;
+  std::vector<size_t> order(n);
+  if (n == 0) return order;
+  const int period = RoundPeriod(n);
+  const int row = ((round % period) + period) % period;
+  const size_t shift = size_t(row) % n;
+  // Williams' first row 0, 1, n-1, 2, n-2, ..., shifted by the row number;
+  // for odd n the rows n..2n-1 are the first n reversed.
+  for (size_t k = 0; k < n; k++) {
+    size_t a = k == 0 ? 0 : (k % 2 == 1 ? (k + 1) / 2 : n - k / 2);
+    order[k] = (a + shift) % n;
+  }
+  if (size_t(row) >= n) std::reverse(order.begin(), order.end());
   return order;
 }
 
@@ -856,13 +883,31 @@ Status RunBenchmark(const BenchOptions& opts, const std::vector<TargetSpec>& tar
       runs[i].r = &(*results)[first + i];
       runs[i].Setup(targets[first + i], first + i, targets.size());
     }
+    int step_no = 0;
     auto step = [&](auto begin) {
       for (auto& t : runs) begin(t);
+      // Each round's order is over the targets that run in it (a failed
+      // target, a skipped phase or an empty chunk leaves no hole), and the
+      // design's rows are offset by the step number so that the baseline
+      // does not open every step (--rounds 1 keeps the order given).
+      const std::string* prev = nullptr;  // the target whose chunk ran last
       for (int r = 0; r < rounds; r++) {
-        const std::vector<size_t> order = RoundOrder(n, r);
-        for (size_t k = 0; k < n; k++) runs[order[k]].RunRound(r, rounds, int(k));
+        std::vector<size_t> active;
+        for (size_t i = 0; i < n; i++)
+          if (runs[i].HasWork(r, rounds)) active.push_back(i);
+        const std::vector<size_t> order = RoundOrder(active.size(), rounds > 1 ? r + step_no : 0);
+        std::vector<bool> ran(n, false);
+        for (size_t k = 0; k < order.size(); k++) {
+          TargetRun& t = runs[active[order[k]]];
+          t.RunRound(r, rounds, int(k), prev);
+          ran[active[order[k]]] = true;
+          prev = &t.r->spec.name;
+        }
+        for (size_t i = 0; i < n; i++)
+          if (!ran[i]) runs[i].RunRound(r, rounds, -1, nullptr);  // records the empty chunk, if any
       }
       for (auto& t : runs) t.EndStep();
+      step_no++;
     };
     step([](TargetRun& t) { t.BeginLoad(); });
     for (auto& t : runs) t.Recovery();  // a one-shot step: no rounds

@@ -11,8 +11,9 @@
 // Rounds (--rounds R, the default with several interleaved targets): every
 // step but recovery (load, each run phase) is split into R chunks; in round r
 // every target runs the next 1/R of its operations (time mode: of the
-// seconds), targets in the order RoundOrder(T, r), which starts with target
-// r mod T. The per-thread generators and live-key state continue across a
+// seconds), in the order RoundOrder(T', r + step number) over the T' targets
+// that run in that round (a balanced Latin square: positions and predecessors
+// balanced over each RoundPeriod). The per-thread generators and live-key state continue across a
 // target's chunks, so the operations are exactly those of --rounds 1; a
 // phase's figures combine its chunks (times summed, windows measured in
 // phase time, latency samples merged, PM counters summed).
@@ -92,14 +93,23 @@ struct Window {
   uint64_t ops;
 };
 
-// The rounds a run uses: opts.rounds if set, else 10 when several targets run
-// interleaved, else 1.
+// The rounds a run uses: opts.rounds if set, else, when several targets run
+// interleaved, the smallest whole number of RoundPeriod(targets) >= 10
+// (2 or 5 targets: 10; 3, 4 or 6: 12), else 1.
 int EffectiveRounds(const BenchOptions& opts, size_t ntargets);
 inline constexpr int kDefaultRounds = 10;
 inline constexpr int kMaxRounds = 100000;
-// The order in which the targets run in round `round`: target (round + k) mod
-// ntargets at position k, so over ntargets consecutive rounds every target is
-// in every position once.
+// The round orders form a Williams balanced Latin square: RoundPeriod(n) rows
+// (n for even n, 2n for odd n, 1 for n <= 1); over one period every target is
+// in every position equally often and every ordered pair of targets is
+// adjacent (one right after the other within a round) equally often. The
+// pair formed across a round boundary (last of one round, first of the next)
+// is not balanced.
+int RoundPeriod(size_t ntargets);
+// The order in which the targets run in round `round`: row round mod
+// RoundPeriod(ntargets) of the design (row i starts with target i mod n).
+// RunBenchmark uses row (round + step number) over the targets that run in
+// that round.
 std::vector<size_t> RoundOrder(size_t ntargets, int round);
 // A thread's operations in round `round` of `rounds`: the chunks of a quota q
 // are [q*r/R, q*(r+1)/R), so they add up to exactly q (some are empty when
@@ -109,7 +119,8 @@ uint64_t ChunkBegin(uint64_t quota, int round, int rounds);
 // One target's share of one round of a phase.
 struct Chunk {
   int round = 0;
-  int position = 0;  // place in that round's order (0: ran first)
+  int position = 0;  // place in that round's order among the targets that ran in it (0: ran first; -1: did not run)
+  std::string after;  // the target whose chunk ran just before this one in the step ("" if none)
   uint64_t ops = 0;  // operations completed in it
   double seconds = 0;
 };

@@ -85,8 +85,8 @@ int main(int argc, char** argv) {
                "several indexes: run each completely before the next (default: each phase on every index in turn)");
   auto* rounds_opt = app.add_option("--rounds", o.rounds,
                                     "several indexes, interleaved: split the load and every phase into N rounds, the order of the "
-                                    "indexes rotating each round (default: 10 with several indexes, else 1; 1: one index's whole "
-                                    "phase after the other's)");
+                                    "indexes changing each round (a balanced Latin square; default: the smallest multiple of its "
+                                    "period >= 10 with several indexes, else 1; 1: one index's whole phase after the other's)");
   app.add_flag("--list", list, "list built-in indexes and plugins, then exit");
   CLI11_PARSE(app, argc, argv);
 

@@ -292,7 +292,8 @@ static json PhaseJson(const PhaseResult& p, int sampling_ms) {
   // The target's share of each round: where it ran in the round's order.
   json chunks = json::array();
   for (const auto& c : p.chunks)
-    chunks.push_back(json{{"round", c.round}, {"position", c.position}, {"ops", c.ops}, {"seconds", c.seconds}});
+    chunks.push_back(json{{"round", c.round}, {"position", c.position}, {"ops", c.ops}, {"seconds", c.seconds},
+                          {"after", c.after.empty() ? json(nullptr) : json(c.after)}});
   j["chunks"] = chunks;
   return j;
 }
