@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -400,6 +401,48 @@ TEST(RoundsBinary, TimeModeRunsEveryTargetInEveryRound) {
       uint64_t wops = 0;
       for (const json& w : p.at("windows").at("list")) wops += w.at("ops").get<uint64_t>();
       EXPECT_EQ(wops, p.at("completed_total").get<uint64_t>());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pmbench
+
+namespace pmbench {
+namespace {
+
+// A target that fails at setup leaves no hole in the schedule: the survivors'
+// positions are their places among the targets that ran (balanced over the
+// rounds), and their predecessors are survivors. Fails if the failed target
+// keeps its slot (the survivors would get the nominal position 2).
+TEST(RoundsBinary, FailedTargetLeavesNoHole) {
+  const std::string path = TmpJson("failed"), bad = TmpJson("bad") + ".so";
+  {
+    std::ofstream f(bad);
+    f << "not a plugin";
+  }
+  PmRun r = Pmbench("--index dram_btree," + SecondTarget() + " --input " + bad + " -n 2000 -p 2000 --rounds 4 --json " + path);
+  std::remove(bad.c_str());
+  ASSERT_EQ(r.rc, 1) << r.out;  // a target failed
+  json j = LoadJsonAndRemove(path);
+  ASSERT_EQ(j.at("results").size(), 3u);
+  EXPECT_FALSE(j.at("results").at(2).at("error").get<std::string>().empty());
+  for (size_t t = 0; t < 2; t++) {
+    const json& res = j.at("results").at(t);
+    for (const json& p : {res.at("load"), res.at("phases").at(0)}) {
+      SCOPED_TRACE(res.at("name").get<std::string>() + " " + p.at("name").get<std::string>());
+      ASSERT_EQ(p.at("chunks").size(), 4u);
+      int at[2] = {0, 0};
+      for (const json& c : p.at("chunks")) {
+        const int pos = c.at("position");
+        ASSERT_TRUE(pos == 0 || pos == 1) << pos;
+        at[pos]++;
+        if (pos == 1) {
+          EXPECT_EQ(c.at("after"), j.at("results").at(1 - t).at("name"));
+        }
+      }
+      EXPECT_EQ(at[0], 2);
+      EXPECT_EQ(at[1], 2);
     }
   }
 }
