@@ -155,6 +155,9 @@ std::vector<uint64_t> StreamFigures(const PhaseResult& p) {
   v.insert(v.end(), p.succeeded, p.succeeded + kNumOpTypes);
   const bool writes = p.ratios[OpType::kInsert] > 0 || p.ratios[OpType::kUpdate] > 0 || p.ratios[OpType::kRemove] > 0;
   if (p.threads == 1 || !writes) v.push_back(p.scanned_records);
+  // Which operations are timed (the latency-sampling generator continues
+  // across chunks; restarting it per chunk changes these counts).
+  for (int ty = 0; ty < kNumOpTypes; ty++) v.push_back(p.latency_by_type[ty].samples);
   v.push_back(p.requested);
   v.push_back(p.has_stats ? p.stats.records : 0);
   return v;
@@ -217,6 +220,48 @@ TEST(Rounds, SameOperationStreamAsOneRound) {
   ASSERT_EQ(other[1].phases.size(), 6u);
   EXPECT_NE(StreamFigures(other[1].phases[5]), StreamFigures(seven[1].phases[5]));
   EXPECT_NE(other[1].phases[4].scanned_records, seven[1].phases[4].scanned_records);
+}
+
+// The keys and values of every call, not only the counts: a recording plugin
+// (third_party_plugin.cc with PMBENCH_DIGEST_FILE) sums a hash of every
+// (operation, key, value, result); --rounds 7 must give the digest of
+// --rounds 1. ZIPFIAN, whose rank distribution is prepared once per phase
+// from the live-set size, with insert and delete phases that change that
+// size. Fails if the value numbering restarts per chunk (the values differ),
+// if the distribution is re-prepared per chunk (other keys are drawn in the
+// delete and custom phases), or if the latency sampling restarts per chunk
+// (the sample counts in StreamFigures).
+TEST(Rounds, SameKeysAndValuesAsOneRound) {
+  const std::string file = testing::TempDir() + "pmbench-rounds-digest-" + std::to_string(getpid());
+  std::remove(file.c_str());
+  setenv("PMBENCH_DIGEST_FILE", file.c_str(), 1);
+  std::vector<std::vector<uint64_t>> figures[2];
+  for (int k = 0; k < 2; k++) {
+    BenchOptions o = StreamOptions(k == 0 ? 1 : 7, 77);
+    o.distribution = Distribution::kZipfian;
+    o.skew = 0.99;
+    std::vector<TargetResult> results;
+    Status s = RunBenchmark(o, {{"digest", PMBENCH_THIRD_PARTY_PLUGIN}}, &results);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(results.size(), 1u);
+    ASSERT_EQ(results[0].error, "");
+    ASSERT_EQ(results[0].phases.size(), 6u);
+    for (const auto& p : results[0].phases) {
+      EXPECT_FALSE(p.skipped) << p.name;
+      EXPECT_EQ(p.total_completed(), p.total_succeeded()) << p.name;
+      figures[k].push_back(StreamFigures(p));
+    }
+    EXPECT_EQ(results[0].phases[0].chunks.size(), size_t(o.rounds));
+  }
+  unsetenv("PMBENCH_DIGEST_FILE");
+  EXPECT_EQ(figures[0], figures[1]);
+  std::ifstream in(file);
+  uint64_t digest[2] = {0, 0}, calls[2] = {0, 0};
+  ASSERT_TRUE(in >> digest[0] >> calls[0] >> digest[1] >> calls[1]) << "no digests in " << file;
+  std::remove(file.c_str());
+  EXPECT_EQ(calls[0], 6000u + 6 * 5003u);  // the load and six phases
+  EXPECT_EQ(calls[1], calls[0]);
+  EXPECT_EQ(digest[1], digest[0]) << "--rounds 7 ran other keys or values than --rounds 1";
 }
 
 TEST(Rounds, RemaindersAndMoreRoundsThanOperations) {
