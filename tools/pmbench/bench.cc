@@ -338,7 +338,7 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string* 
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
   // Wakes the statistics thread when a worker finishes, so that the next
-  // chunk (of any target) starts at once rather than up to 5 ms later.
+  // chunk (of any target) starts at once.
   std::mutex finish_mu;
   std::condition_variable finish_cv;
   tree_api* tree = c_.target->tree();
@@ -437,12 +437,21 @@ void PhaseRun::RunChunk(int round, int rounds, int position, const std::string* 
   };
   auto phase_seconds = [&](Clock::time_point t) { return std::chrono::duration<double>(elapsed_ + (t - start)).count(); };
   while (!all_finished()) {
-    Clock::time_point wake = std::min({next_window, next_progress, deadline, Clock::now() + std::chrono::milliseconds(5)});
+    // No polling: the next window, progress line or deadline, or a worker's
+    // end (each worker notifies finish_cv) wakes this thread.
+    Clock::time_point wake = std::min({next_window, next_progress, deadline});
     {
       std::unique_lock<std::mutex> lock(finish_mu);
       finish_cv.wait_until(lock, wake, all_finished);
     }
     Clock::time_point now = Clock::now();
+    if (all_finished()) {
+      // Cut no window past the last worker's end: the time after it is idle
+      // and not part of the chunk's (phase clock's) time.
+      Clock::time_point last = start;
+      for (auto& e : ends) last = std::max(last, e);
+      now = std::min(now, last);
+    }
     if (now >= next_window) {
       uint64_t d = total_done();
       res_.windows.push_back({phase_seconds(now), std::chrono::duration<double>(open_len_ + (now - last_t)).count(), open_ops_ + d - last_ops});
