@@ -3,8 +3,11 @@
 // reasoning: epoch.h.
 #include "core/epoch.h"
 
+#include <pthread.h>
+
+#include <cstdlib>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace pmindex::internal {
 
@@ -18,48 +21,71 @@ std::mutex& RegistryMu() {
   static auto* mu = new std::mutex();
   return *mu;
 }
-std::unordered_set<uint64_t>& LiveIds() {
-  static auto* s = new std::unordered_set<uint64_t>();
+// Live managers by id.
+std::unordered_map<uint64_t, const EpochManager*>& LiveIds() {
+  static auto* s = new std::unordered_map<uint64_t, const EpochManager*>();
   return *s;
 }
 inline void CpuRelax() { __builtin_ia32_pause(); }
 }  // namespace
 
-// The slots a thread bound (one per manager it used), released by the
-// destructor at thread exit. Touched only on the slow path.
+// The slots a thread bound (one per manager it used), released at thread
+// exit by a pthread_key destructor. glibc runs those after every
+// thread_local destructor (so operations from thread_local destructors still
+// find their binding), and runs them again when a later destructor sets the
+// key anew (a thread whose first guard runs from another pthread_key
+// destructor), up to PTHREAD_DESTRUCTOR_ITERATIONS rounds. Heap-allocated
+// behind a trivially destructible thread_local pointer: a thread_local with
+// a destructor first touched from a pthread_key destructor would register a
+// destructor that never runs (its slots leaked). Touched only on the slow path.
+struct EpochThreadBindings;
+namespace {
+constinit thread_local EpochThreadBindings* tl_bindings = nullptr;
+}  // namespace
 struct EpochThreadBindings {
   std::vector<std::pair<uint64_t, EpochSlot*>> v;
-  ~EpochThreadBindings() {
+  static void Destroy(void* p) {
+    auto* b = static_cast<EpochThreadBindings*>(p);
     EpochTlsCache& c = tl_epoch_cache;
-    c.exiting = true;
+    c.exiting = true;  // later guards of this thread take transient slots
     for (int w = 0; w < EpochTlsCache::kWays; w++) {
       c.id[w] = 0;
       c.slot[w] = nullptr;
     }
-    std::lock_guard<std::mutex> g(RegistryMu());
-    for (auto& [id, s] : v) {
-      if (!LiveIds().count(id)) continue;  // the manager is gone, and its slots with it
-      if (s->depth > 0) {
-        // A guard still open (not reachable in practice: unwinding closes
-        // guards before thread_local destructors run): it releases the slot.
-        s->transient = true;
-        EpochManager::CacheFill(id, s);
-        continue;
+    {
+      std::lock_guard<std::mutex> g(RegistryMu());
+      for (auto& [id, s] : b->v) {
+        if (!LiveIds().count(id)) continue;  // the manager is gone, and its slots with it
+        if (s->depth > 0) {
+          // A guard still open (a guard in a destructor that is itself
+          // running another key's destructor): it releases the slot.
+          s->transient = true;
+          EpochManager::CacheFill(id, s);
+          continue;
+        }
+        EpochManager::Release(s);
       }
-      EpochManager::Release(s);
     }
-    v.clear();
+    tl_bindings = nullptr;
+    delete b;
   }
 };
 namespace {
-thread_local EpochThreadBindings tl_bindings;
+pthread_key_t BindingsKey() {
+  static const pthread_key_t key = [] {
+    pthread_key_t k;
+    if (pthread_key_create(&k, &EpochThreadBindings::Destroy) != 0) std::abort();
+    return k;
+  }();
+  return key;
+}
 }  // namespace
 
 EpochManager::EpochManager(uint32_t max_slots)
     : id_(g_next_id.fetch_add(1, std::memory_order_relaxed)), max_slots_(max_slots), head_(new Chunk) {
   for (uint32_t i = 0; i < kChunk; i++) head_->slots[i].index = i;
   std::lock_guard<std::mutex> g(RegistryMu());
-  LiveIds().insert(id_);
+  LiveIds().emplace(id_, this);
 }
 
 EpochManager::~EpochManager() {
@@ -110,7 +136,13 @@ EpochSlot* EpochManager::BindSlow() {
     CacheFill(id_, s);  // nested guards on this manager find it
     return s;
   }
-  EpochThreadBindings& b = tl_bindings;  // first use registers its destructor
+  EpochThreadBindings*& bp = tl_bindings;
+  if (!bp) {
+    const pthread_key_t key = BindingsKey();
+    bp = new EpochThreadBindings;
+    pthread_setspecific(key, bp);  // its destructor releases the slots at thread exit
+  }
+  EpochThreadBindings& b = *bp;
   for (const auto& [id, s] : b.v)
     if (id == id_) {
       CacheFill(id_, s);
@@ -161,6 +193,13 @@ EpochSlot* EpochManager::TakeFreeSlot() {
     raise(base);
     return &ch->slots[0];
   }
+}
+
+std::vector<uint32_t> EpochManager::LiveSlotCounts() {
+  std::lock_guard<std::mutex> g(RegistryMu());
+  std::vector<uint32_t> r;
+  for (const auto& [id, m] : LiveIds()) r.push_back(m->SlotCount());
+  return r;
 }
 
 uint64_t EpochManager::MinAnnounced() const {

@@ -42,7 +42,7 @@
 // period), so it normally hits the cache.
 //
 // Threads and slots. A thread binds a slot of a manager at its first guard
-// and keeps it until it exits (a thread_local releases it then). No fixed
+// and keeps it until it exits (released then, see "Thread exit"). No fixed
 // limit by default: slots come in chunks of 64, added when all are taken
 // (kept until the manager is destroyed: 64 bytes per slot).
 // An index whose per-thread state is bounded (nvc_hashmap: 256 persistent
@@ -64,14 +64,19 @@
 // callback loop, register allocation of that large function, not the guard's
 // own work); other operations within +-4 or lower.
 //
-// Thread exit (the strictest of the three former copies): thread_local
-// destructors run in reverse order of construction, so one constructed
-// before the thread's first guard may run an operation after the binding
-// list's destructor released the thread's slots. That destructor sets a
-// trivially destructible `exiting` flag; from then on a guard takes a slot
-// for its own duration (transient) and gives it back when it ends. A slot
-// whose guard is still open when the list is destroyed becomes transient
-// too. So no slot leaks, however threads exit (tests in epoch_test.cc).
+// Thread exit: the binding list is released by a pthread_key destructor,
+// which glibc runs after every thread_local destructor (operations run from
+// thread_local destructors keep the thread's slot) and runs again when
+// another pthread_key destructor binds a slot anew (the key is set again),
+// up to PTHREAD_DESTRUCTOR_ITERATIONS rounds. Once the list was released,
+// the thread is `exiting` (a trivially destructible flag): from then on a
+// guard takes a slot for its own duration (transient) and gives it back
+// when it ends. A slot whose guard is still open when the list is released
+// becomes transient too. So no slot leaks, whether a thread's guards run
+// from its body, from thread_local destructors or from pthread_key
+// destructors; the one exception is a thread whose first guard of all runs
+// from a pthread_key destructor in the last round (its slots are released
+// by no one). Tests in epoch_test.cc.
 //
 // Manager lifetime: no guard may be active and no thread may be inside an
 // operation when it is destroyed (the index contract). Threads that still
@@ -155,6 +160,9 @@ class EpochManager {
   // 1 + the highest slot number ever bound (the slots to visit for per-slot state).
   uint32_t SlotCount() const { return hwm_.load(std::memory_order_acquire); }
   uint64_t Epoch() const { return epoch_.load(std::memory_order_relaxed); }
+  // Tests: SlotCount() of every live manager of the process (any order);
+  // leaked slots make it grow with sequential threads.
+  static std::vector<uint32_t> LiveSlotCounts();
 
  private:
   friend struct EpochThreadBindings;

@@ -2,11 +2,12 @@
 // a retired object is never freed while a guard that could see it is open
 // (also under ASan/TSan: freed objects are really deleted), callback counts,
 // Synchronize waits for open guards, guards from exiting threads give their
-// slots back, bounded managers, nesting and several managers per thread, a
+// slots back (also from thread_local and pthread_key destructors), bounded managers, nesting and several managers per thread, a
 // reader in the second chunk of slots.
 #include "core/epoch.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -358,6 +359,50 @@ TEST(Epoch, GuardsOnlyAtThreadExit) {
   EXPECT_EQ(g_exit_ok.load(), 50);
   Guard g(m);
   EXPECT_TRUE(g.ok());
+  g_exit_m = nullptr;
+}
+
+// Guards run from a pthread_key destructor (glibc runs those after every
+// thread_local destructor), in threads that never used the manager before
+// (that guard binds the thread's first slot) and in threads that did.
+// Against a manager capped at 2 slots a leaked slot makes later guards fail.
+// Failed while the bindings were a thread_local released by its destructor:
+// touched first from a pthread_key destructor, that thread_local registered
+// a destructor that never ran, and the slot leaked.
+std::atomic<int> g_key_ok{0}, g_key_bad{0};
+void GuardsInKeyDestructor(void*) {
+  Guard g(*g_exit_m);
+  Guard nested(*g_exit_m);
+  if (g.ok() && nested.ok() && g.slot() == nested.slot() && g_exit_m->MinAnnounced() != UINT64_MAX) g_key_ok++;
+  else g_key_bad++;
+}
+TEST(Epoch, GuardsFromPthreadKeyDestructorsReleaseTheirSlots) {
+  EpochManager m(/*max_slots=*/2);
+  g_exit_m = &m;
+  g_key_ok = 0;
+  g_key_bad = 0;
+  pthread_key_t key;
+  ASSERT_EQ(pthread_key_create(&key, &GuardsInKeyDestructor), 0);
+  const int kThreads = 100;
+  for (int i = 0; i < kThreads; i++) {
+    const bool used_before = i % 2 == 1;
+    std::thread([&] {
+      pthread_setspecific(key, &m);  // non-null: the destructor runs at exit
+      if (used_before) {
+        Guard g(m);
+        EXPECT_TRUE(g.ok());
+      }
+    }).join();
+  }
+  EXPECT_EQ(g_key_ok.load(), kThreads);
+  EXPECT_EQ(g_key_bad.load(), 0);
+  EXPECT_LE(m.SlotCount(), 2u);
+  std::thread([&] {
+    Guard g(m);
+    EXPECT_TRUE(g.ok());
+  }).join();
+  EXPECT_EQ(m.MinAnnounced(), UINT64_MAX);
+  pthread_key_delete(key);
   g_exit_m = nullptr;
 }
 
