@@ -1409,7 +1409,11 @@ bool NvcHashmap::ReclaimForSpace(const Ctx& c) {
     before = c.st->limbo.size();
   }
   if (before == 0) return false;
-  for (int i = 0; i < 3; i++) Reclaim(c.slot, false);
+  // One pass: it frees the entries stamped by an earlier Reclaim whose stamp
+  // is below the smallest announced epoch. The ones it stamps now cannot go
+  // in this operation (the caller's own guard announces an epoch <= their
+  // stamp), so repeating it would only rescan.
+  Reclaim(c.slot, false);
   std::lock_guard<std::mutex> g(c.st->limbo_mu);
   return c.st->limbo.size() < before;
 }
