@@ -257,6 +257,7 @@ class FastFairBase : public Index {
   virtual Status Recover(Meta* m) = 0;
   fastfair::DebugCounters snapshot_;
   double recovery_seconds_ = 0;
+  const fastfair::TestHooks* hooks_ = nullptr;  // tests only (SetTestHooks)
 };
 
 struct Pending {
@@ -1161,6 +1162,7 @@ class FastFair final : public FastFairBase {
         uint64_t prev = Ld(&n->lk);
         for (uint32_t j = 0; j < CountLF(n, lag); j++) {
           uint64_t k1 = Ld(&e[j].k);
+          if (__builtin_expect(hooks_ != nullptr, 0) && hooks_->lf_forward_key) hooks_->lf_forward_key(n, j);
           const bool dup = k1 == prev;
           prev = k1;
           if (dup) {
@@ -1400,6 +1402,7 @@ class FastFair final : public FastFairBase {
     for (uint32_t j = s; j < pos; j++) {
       touch(&e[j - 1]);
       St(&e[j - 1].v, e[j].v);
+      if (__builtin_expect(hooks_ != nullptr, 0) && hooks_->insert_left_move) hooks_->insert_left_move(n, j);
       St(&e[j - 1].k, e[j].k);  // slot j-1 valid, slot j its ignored copy
     }
     touch(&e[pos - 1]);
@@ -2441,6 +2444,9 @@ int NodeCapacity(Index* index) {
 int Height(Index* index) {
   auto* t = dynamic_cast<FastFairBase*>(index);
   return t ? t->TreeHeight() : 0;
+}
+void SetTestHooks(Index* index, const TestHooks* hooks) {
+  if (auto* t = dynamic_cast<FastFairBase*>(index)) t->hooks_ = hooks;
 }
 }  // namespace fastfair
 

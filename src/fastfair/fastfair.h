@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "pmindex/index.h"
 
@@ -35,5 +36,17 @@ const DebugCounters* GetDebugCounters(Index* index);
 // Node capacity (records per node) and height of the tree (1 = a single leaf).
 int NodeCapacity(Index* index);
 int Height(Index* index);
+
+// Test-only interleaving hooks (fastfair_concurrency_test). Called with the
+// leaf (opaque) and a slot; they may block, the caller holds what it holds.
+struct TestHooks {
+  // InsertLeft, before the store k[j-1] = k[j] that moves record j left.
+  std::function<void(const void* leaf, uint32_t j)> insert_left_move;
+  // The lock-free Find's left-to-right scan (sw even), after it loaded the
+  // key of slot j.
+  std::function<void(const void* leaf, uint32_t j)> lf_forward_key;
+};
+// Installs hooks (nullptr: none) on a fastfair index; not while it is in use.
+void SetTestHooks(Index* index, const TestHooks* hooks);
 
 }  // namespace pmindex::internal::fastfair

@@ -435,6 +435,85 @@ TEST_P(FastFairConcurrency, ScansStayAscendingWhileLeavesEmptyAndMerge) {
   EXPECT_TRUE(idx_->Check().ok());
 }
 
+// Format 4, deterministic: a lock-free Find runs while InsertLeft is paused
+// before the store k[j-1] = k[j] that moves record j left, and its
+// left-to-right scan (if it took one) is paused right after loading slot
+// j-1's key until the insert has finished: the schedule in which a reader
+// that loaded an even sw sees slot j-1 as an ignored copy of its left
+// neighbour and then slot j as an ignored copy of the moved record, and
+// skips a record that never left the leaf. InsertLeft makes sw odd first,
+// so readers scan right to left and find it. (Fails with the flip in
+// InsertLeft removed: "not found" for every moved record.)
+TEST(FastFairInterleaving, FindDuringLeftShift) {
+  for (int ns : {256, 512}) {
+    const int cap = (ns - 96) / 16, m = cap / 2;
+    const int first = 10 * (m + 1);  // the new right leaf's first key (as SplitAt)
+    const int moves = 2;             // insert first+15: moves first, first+10 left
+    for (int step = 0; step < moves; step++) {
+      fftest::PoolGuard g("interleave");
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, ns), &idx).ok());
+      for (int i = 1; i <= cap; i++) ASSERT_TRUE(idx->Insert(U64(10 * i), U64(1000 + 10 * i)).ok());
+      ASSERT_TRUE(idx->Insert(U64(10 * cap - 5), U64(1000 + 10 * cap - 5)).ok());  // the centring split
+      const uint64_t left0 = internal::fastfair::GetDebugCounters(idx.get())->left_inserts;
+
+      std::mutex mu;
+      std::condition_variable cv;
+      int phase = 0;  // 1: writer paused before the move, 2: released, 3: insert done
+      const void* w_leaf = nullptr;
+      uint32_t w_j = 0;
+      int calls = 0;
+      bool reader_paused = false;
+      internal::fastfair::TestHooks hooks;
+      hooks.insert_left_move = [&](const void* leaf, uint32_t j) {
+        std::unique_lock<std::mutex> l(mu);
+        if (calls++ != step) return;
+        w_leaf = leaf;
+        w_j = j;
+        phase = 1;
+        cv.notify_all();
+        cv.wait(l, [&] { return phase >= 2; });
+      };
+      hooks.lf_forward_key = [&](const void* leaf, uint32_t j) {
+        std::unique_lock<std::mutex> l(mu);
+        if (phase != 1 || leaf != w_leaf || j + 1 != w_j) return;
+        reader_paused = true;
+        phase = 2;  // let the writer store k[j] = k[j+1] and finish
+        cv.notify_all();
+        cv.wait(l, [&] { return phase == 3; });
+      };
+      internal::fastfair::SetTestHooks(idx.get(), &hooks);
+      std::thread w([&] {
+        EXPECT_TRUE(idx->Insert(U64(first + 15), U64(1000 + first + 15)).ok());
+        std::lock_guard<std::mutex> l(mu);
+        phase = 3;
+        cv.notify_all();
+      });
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return phase != 0; });
+      }
+      const uint64_t key = first + 10 * step;  // the record being moved
+      std::string v;
+      Status s = idx->Find(U64(key), &v);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (phase == 1) phase = 2;
+        cv.notify_all();
+      }
+      w.join();
+      internal::fastfair::SetTestHooks(idx.get(), nullptr);
+      const std::string t = "ns=" + std::to_string(ns) + " move " + std::to_string(step) + " key " + std::to_string(key) +
+                            (reader_paused ? " (reader scanned left to right)" : "");
+      EXPECT_EQ(calls, moves) << t;
+      EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->left_inserts, left0 + 1) << t;
+      ASSERT_TRUE(s.ok()) << t << ": " << s.ToString();
+      EXPECT_EQ(SliceToU64(v), 1000 + key) << t;
+      EXPECT_TRUE(idx->Check().ok()) << t;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, FastFairConcurrency,
                          testing::Values(Case{KeyKind::kU64, ValueKind::kU64, false}, Case{KeyKind::kU64, ValueKind::kU64, true},
                                          Case{KeyKind::kU64, ValueKind::kBytes, false},
