@@ -357,34 +357,36 @@ TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
     const int cap = (ns - 96) / 16, m = cap / 2;
     const int moved = cap - m, o = moved * 5 / 8;  // as SplitAt
     const int fill = cap - (o + moved + 1);        // appends that fill S's slots
-    for (bool bk : {false, true}) {
+    // Both uniform kinds and the two mixed ones (u64 keys with byte values,
+    // byte keys with u64 values).
+    for (auto [bk, bv] : {std::pair{false, false}, {true, true}, {false, true}, {true, false}}) {
       auto key = [&](int i) {
         char b[16];
         std::snprintf(b, sizeof b, "k%04d", i);
         return bk ? std::string(b) : U64(i);
       };
-      auto val = [&](int i) { return bk ? BV(key(i)) : UV(i); };
+      auto val = [&](int i) { return bv ? BV(key(i)) : UV(i); };
       std::vector<Op> pre;
       for (int i = 1; i <= cap; i++) pre.push_back(Ins(key(10 * i), val(10 * i)));
       pre.push_back(Ins(key(10 * cap - 5), val(10 * cap - 5)));  // the split
       const int first = 10 * (m + 1);  // S's first key
-      const std::string t = (bk ? "bytes" : "u64") + std::string(" ns=") + std::to_string(ns);
-      images += RunCase({"left one " + t, bk, bk, ns, pre, Ins(key(first + 5), val(first + 5)), true});
-      images += RunCase({"left two " + t, bk, bk, ns, pre, Ins(key(first + 15), val(first + 15)), true});
+      const std::string t = std::string(bk ? "bytes" : "u64") + (bv ? "/bytes" : "/u64") + " ns=" + std::to_string(ns);
+      images += RunCase({"left one " + t, bk, bv, ns, pre, Ins(key(first + 5), val(first + 5)), true});
+      images += RunCase({"left two " + t, bk, bv, ns, pre, Ins(key(first + 15), val(first + 15)), true});
       auto pre1 = pre;
       pre1.push_back(Ins(key(first + 1), val(first + 1)));  // a left insert: the prefix shrinks by one
-      images += RunCase({"left after left " + t, bk, bk, ns, pre1, Ins(key(first + 2), val(first + 2)), true});
-      if (ns == 512) images += RunCase({"left across lines " + t, bk, bk, ns, pre, Ins(key(first + 35), val(first + 35)), true});
+      images += RunCase({"left after left " + t, bk, bv, ns, pre1, Ins(key(first + 2), val(first + 2)), true});
+      if (ns == 512) images += RunCase({"left across lines " + t, bk, bv, ns, pre, Ins(key(first + 35), val(first + 35)), true});
       auto pre2 = pre;
       pre2.push_back(Rem(key(first)));
-      images += RunCase({"left nothing to move " + t, bk, bk, ns, pre2, Ins(key(first), val(first)), true});
-      images += RunCase({"remove first behind prefix " + t, bk, bk, ns, pre, Rem(key(first))});
+      images += RunCase({"left nothing to move " + t, bk, bv, ns, pre2, Ins(key(first), val(first)), true});
+      images += RunCase({"remove first behind prefix " + t, bk, bv, ns, pre, Rem(key(first))});
       auto pre3 = pre;
       for (int i = cap + 2; i < cap + 2 + fill; i++) pre3.push_back(Ins(key(10 * i), val(10 * i)));
-      images += RunCase({"left at capacity " + t, bk, bk, ns, pre3, Ins(key(first + 5), val(first + 5)), true});
+      images += RunCase({"left at capacity " + t, bk, bv, ns, pre3, Ins(key(first + 5), val(first + 5)), true});
     }
   }
-  EXPECT_GT(images, 300);
+  EXPECT_GT(images, 600);
 }
 
 }  // namespace
