@@ -1227,13 +1227,21 @@ class FastFair final : public FastFairBase {
   // (k, v); a second pass re-reads every key, count, lk, sw and the link,
   // and the snapshot is taken only if nothing changed. Why that suffices
   // (instead of validating each record with five loads, ReadValid):
-  // writers hold the node's lock, so one operation at a time changes it;
-  // an insert grows count before it shifts and a delete shrinks it after,
-  // a change of mode bumps sw, splits and merges add 2 to sw, FixLk
-  // changes lk. So between the two passes at most one shift is in flight,
-  // and within one shift no key word takes the same value twice (slot j:
-  // old key, then its neighbour's, then, at the insert/delete position, a
-  // third one). Equal keys in both passes therefore mean no key store hit
+  // writers hold the node's lock, so one operation at a time changes it.
+  // A right insert grows count and a delete shrinks it; a delete leaves sw
+  // odd and a right insert (append included) after it makes sw even, so
+  // count back at its old value with sw unchanged would need no delete and
+  // no right insert in between; splits and merges add 2 to sw, FixLk
+  // changes lk, a repair adds 2 to sw. What remains with count, sw and lk
+  // equal in both passes are format 4 left inserts (InsertLeft changes
+  // neither count nor sw once sw is odd), any number of them: each stores
+  // into a slot's key word only a key above the one it replaces (a moved
+  // record's key over the ignored copy of its left neighbour, or over lk
+  // in the prefix; the new key over the copy of the record before it), and
+  // lk is written back only by deletes and right inserts; byte-key blocks
+  // are freed only by deletes. So no key word returns to an earlier value
+  // (no ABA), within one shift or across several. Equal keys in both
+  // passes therefore mean no key store hit
   // the node in between, and a value read in the first pass belongs to the
   // record its key names: a value rewritten by a shift is rewritten while
   // the slot is ignored, and making it valid again stores a key (in the
@@ -2286,8 +2294,21 @@ Status FastFair<BK>::Check() {
       const uint32_t live = LiveCount(n);
       if (live != CountOf(n) && n->spare_node != n->sibling && !UndoPending(n))
         return corrupt(where + " has records at or above its high key outside a split");
+      // A node repaired in this (read-write) run holds no ignored slot
+      // except a format 4 leaf's leading lk run (Repair compacts the rest,
+      // shifts complete under the lock): what Start and FindInLocked's
+      // binary search rely on. Other nodes may hold a crash's half-done
+      // shift until a writer repairs them.
+      const bool repaired = !read_only_ && n->gen == gen_;
+      uint32_t run = 0;
+      if (repaired && window_ && level == 0)
+        while (run < live && e[run].k == n->lk) run++;
       for (uint32_t j = 0; j < live; j++) {
-        if (Ignored(n, j)) continue;
+        if (Ignored(n, j)) {
+          if (repaired && j >= run)
+            return corrupt(where + " (repaired) has an ignored slot " + std::to_string(j) + " past its lk prefix");
+          continue;
+        }
         if (BK && e[j].k == kBytesLk) return corrupt(where + " has a record with the byte-key lk");
         if (have_prev && Cmp(prevk, KeyOf(e[j].k)) >= 0) return corrupt(where + " records not sorted at " + std::to_string(j));
         if (n->low && Cmp(n->low, KeyOf(e[j].k)) > 0) return corrupt(where + " record below the low key");
