@@ -359,7 +359,9 @@ TEST(FastFairPrefixCrash, LeftShiftsIntoThePrefix) {
     const int fill = cap - (o + moved + 1);        // appends that fill S's slots
     // Both uniform kinds and the two mixed ones (u64 keys with byte values,
     // byte keys with u64 values).
-    for (auto [bk, bv] : {std::pair{false, false}, {true, true}, {false, true}, {true, false}}) {
+    for (const auto& kinds : {std::pair{false, false}, {true, true}, {false, true}, {true, false}}) {
+      // Plain copies: clang 14 cannot capture structured bindings in lambdas.
+      const bool bk = kinds.first, bv = kinds.second;
       auto key = [&](int i) {
         char b[16];
         std::snprintf(b, sizeof b, "k%04d", i);
