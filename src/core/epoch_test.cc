@@ -310,14 +310,18 @@ TEST(Epoch, ManagersAreIndependent) {
 // manager a leaked slot makes the later threads fail.
 EpochManager* g_exit_m = nullptr;
 std::atomic<int> g_exit_ok{0}, g_exit_bad{0};
+// A guard and a nested one on g_exit_m, as a thread-exit destructor runs
+// them: both get the same slot and announce.
+void NestedGuardsAtExit(std::atomic<int>& ok, std::atomic<int>& bad) {
+  Guard g(*g_exit_m);
+  Guard nested(*g_exit_m);
+  if (g.ok() && nested.ok() && g.slot() == nested.slot() && g_exit_m->MinAnnounced() != UINT64_MAX) ok++;
+  else bad++;
+}
 struct GuardAtExit {
   bool armed = false;
   ~GuardAtExit() {
-    if (!armed) return;
-    Guard g(*g_exit_m);
-    Guard nested(*g_exit_m);
-    if (g.ok() && nested.ok() && g.slot() == nested.slot() && g_exit_m->MinAnnounced() != UINT64_MAX) g_exit_ok++;
-    else g_exit_bad++;
+    if (armed) NestedGuardsAtExit(g_exit_ok, g_exit_bad);
   }
 };
 TEST(Epoch, ThreadExitReleasesSlotsAlsoForLateGuards) {
@@ -370,12 +374,7 @@ TEST(Epoch, GuardsOnlyAtThreadExit) {
 // touched first from a pthread_key destructor, that thread_local registered
 // a destructor that never ran, and the slot leaked.
 std::atomic<int> g_key_ok{0}, g_key_bad{0};
-void GuardsInKeyDestructor(void*) {
-  Guard g(*g_exit_m);
-  Guard nested(*g_exit_m);
-  if (g.ok() && nested.ok() && g.slot() == nested.slot() && g_exit_m->MinAnnounced() != UINT64_MAX) g_key_ok++;
-  else g_key_bad++;
-}
+void GuardsInKeyDestructor(void*) { NestedGuardsAtExit(g_key_ok, g_key_bad); }
 TEST(Epoch, GuardsFromPthreadKeyDestructorsReleaseTheirSlots) {
   EpochManager m(/*max_slots=*/2);
   g_exit_m = &m;
