@@ -812,7 +812,7 @@ class FastFair final : public FastFairBase {
   // ignored. The left key read after v catches a delete shift that
   // rewrites v[j+1] after making slot j+1 ignored; the key read after v
   // catches v rewritten after slot j was turned into a copy.
-  bool ReadValid(Node* n, Entry* e, uint32_t j, uint64_t k1, uint64_t* v) const {
+  __attribute__((always_inline)) bool ReadValid(Node* n, Entry* e, uint32_t j, uint64_t k1, uint64_t* v) const {
     const uint64_t p1 = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
     if (p1 == k1 || Ld(&e[j].k) != k1) return false;
     const uint64_t vv = Ld(&e[j].v);
@@ -922,7 +922,7 @@ class FastFair final : public FastFairBase {
   // Lock-free child choice in an internal node: the child of the last valid
   // key <= key. A stale choice is always to the left of the right child, and
   // the B-link move right fixes it.
-  Node* NavChild(Node* n, const SK& key, Pending* pend, Node** from = nullptr) {
+  __attribute__((always_inline)) Node* NavChild(Node* n, const SK& key, Pending* pend, Node** from = nullptr) {
     for (;;) {
       uint64_t s;
       if (MoveRight(n, key, &s)) {
@@ -938,16 +938,32 @@ class FastFair final : public FastFairBase {
       // Fast path: find the last key <= key, then validate only that record
       // (k, v, left k, k again). Anything unusual takes the careful path.
       int64_t cand = -1;
-      uint32_t j = 0;
-      for (; j < cnt; j++) {
-        uint64_t k1 = Ld(&e[j].k);
-        if (k1 == lk || (BK && k1 == kBytesLk)) {
-          if (j == 0) continue;
-          cand = -2;  // an ignored slot in the middle: careful path
-          break;
+      if constexpr (BK) {
+        for (uint32_t j = 0; j < cnt; j++) {
+          uint64_t k1 = Ld(&e[j].k);
+          if (k1 == lk || k1 == kBytesLk) {
+            if (j == 0) continue;
+            cand = -2;  // an ignored slot in the middle: careful path
+            break;
+          }
+          if (Cmp(k1, key) > 0) break;
+          cand = j;
         }
-        if (Cmp(k1, key) > 0) break;
-        cand = j;
+      } else {
+        // u64 keys: the slots are ascending (an ignored copy equals its left
+        // neighbour), so the candidate is the slot before the first key >
+        // key; no test for lk per key (session 6: 5 instructions per key
+        // instead of 9). Slots holding lk: internal nodes have no prefix,
+        // so only slot 0 (an insert or a delete at slot 0 in flight; lk is
+        // never a key, so a slot j > 0 holding it has lk in every slot
+        // before it). If lk > key the scan stops there and takes the
+        // leftmost child (always safe: a choice to the left is fixed by
+        // the move right); if lk <= key the candidate is validated below
+        // like any other, and slot 0 holding lk fails ReadValid (careful
+        // path).
+        uint32_t j = 0;
+        while (j < cnt && Ld(&e[j].k) <= key) j++;
+        cand = int64_t(j) - 1;
       }
       uint64_t child = Ld(&n->leftmost);
       if (cand >= 0) {
@@ -1157,17 +1173,34 @@ class FastFair final : public FastFairBase {
       bool found = false;
       uint64_t val = 0;
       if (!(sw & 1)) {
-        // The left key loaded in the previous step is only a filter here;
-        // a match is confirmed with fresh loads.
+        // Byte keys (locked callers only): a slot equal to the key loaded
+        // in the previous step is skipped (that is only a filter; a match
+        // is confirmed with fresh loads, ReadValid). u64 keys (session 6, the same answers as the former test of each
+        // key against the previous one, with fewer instructions on the
+        // common path): a key below `key` is passed, a slot holding lk (the
+        // prefix, or slot 0 ignored in flight; a u64 lk may sort above key)
+        // is passed, any other larger key ends the scan. An ignored slot
+        // other than lk equals the key just read before it, which did not
+        // end the scan, so it is below key (passed) or a copy of key, which
+        // ReadValid refuses (the scan goes on to the record itself). The
+        // count is re-read per slot: an insert shift moves the last record
+        // past the count it had when the scan began.
         uint64_t prev = Ld(&n->lk);
+        const uint64_t lk = prev;
+        const fastfair::TestHooks* const hooks = hooks_;
         for (uint32_t j = 0; j < CountLF(n, lag); j++) {
           uint64_t k1 = Ld(&e[j].k);
-          if (__builtin_expect(hooks_ != nullptr, 0) && hooks_->lf_forward_key) hooks_->lf_forward_key(n, j);
-          const bool dup = k1 == prev;
-          prev = k1;
-          if (dup) {
-            if constexpr (BK) continue;  // (locked: a real ignored record)
-            else if (k1 != key) continue;
+          if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_forward_key) hooks->lf_forward_key(n, j);
+          if constexpr (BK) {
+            const bool dup = k1 == prev;
+            prev = k1;
+            if (dup) continue;  // (locked: a real ignored record)
+          } else {
+            if (k1 < key) continue;
+            if (k1 != key) {
+              if (k1 == lk) continue;  // (a u64 lk may sort above key)
+              break;
+            }
           }
           int c = Cmp(k1, key);
           if (c == 0) {
