@@ -960,7 +960,9 @@ class FastFair final : public FastFairBase {
         // leftmost child (always safe: a choice to the left is fixed by
         // the move right); if lk <= key the candidate is validated below
         // like any other, and slot 0 holding lk fails ReadValid (careful
-        // path).
+        // path). Safety does not rest on the order: whatever the view, the
+        // child taken is that of a record validated with a key <= key, or
+        // the leftmost one (both at or left of the right child).
         uint32_t j = 0;
         while (j < cnt && Ld(&e[j].k) <= key) j++;
         cand = int64_t(j) - 1;
@@ -1175,9 +1177,10 @@ class FastFair final : public FastFairBase {
       if (!(sw & 1)) {
         // Byte keys (locked callers only): a slot equal to the key loaded
         // in the previous step is skipped (that is only a filter; a match
-        // is confirmed with fresh loads, ReadValid). u64 keys (session 6, the same answers as the former test of each
-        // key against the previous one, with fewer instructions on the
-        // common path): a key below `key` is passed, a slot holding lk (the
+        // is confirmed with fresh loads, ReadValid). u64 keys (session 6,
+        // the same answers as the former test of each key against the
+        // previous one, with fewer instructions on the common path): a
+        // key below `key` is passed, a slot holding lk (the
         // prefix, or slot 0 ignored in flight; a u64 lk may sort above key)
         // is passed, any other larger key ends the scan. An ignored slot
         // other than lk equals the key just read before it, which did not
