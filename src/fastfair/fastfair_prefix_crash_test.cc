@@ -16,9 +16,7 @@
 // node whose lk is above the new key, the removal of slot 0 of a
 // two-record node; and middle/end inserts and removals, both key kinds,
 // 256- and 512-byte nodes.
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <map>
@@ -26,6 +24,7 @@
 #include <vector>
 
 #include "fastfair/fastfair.h"
+#include "fastfair/fastfair_line_prefix.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/pm/allocator.h"
 
@@ -33,44 +32,6 @@ namespace {
 
 using namespace pmindex;
 using fftest::U64;
-
-struct Piece {
-  uint64_t off;
-  std::string bytes;  // at most 8 bytes, within one aligned word
-};
-
-// Stores (split into aligned 8-byte pieces), flushes and fences of one
-// operation on one pool, in order.
-class Recorder : public pm::Observer {
- public:
-  struct Event {
-    int type;  // 0 store piece, 1 flush of a line, 2 fence
-    Piece p;
-  };
-  explicit Recorder(pm::Pool* pool) : base_(pool->base()), size_(pool->size()) {}
-  void OnStore(const void* a, size_t n) override {
-    const char* c = static_cast<const char*>(a);
-    if (c < base_ || c >= base_ + size_) return;
-    uint64_t off = c - base_, end = off + n;
-    while (off < end) {
-      const uint64_t e = std::min(end, (off / 8 + 1) * 8);
-      events.push_back({0, {off, std::string(base_ + off, e - off)}});
-      off = e;
-    }
-  }
-  void OnNonTemporalStore(const void* a, size_t n) override { OnStore(a, n); }
-  void OnFlush(const void* line) override {
-    const char* c = static_cast<const char*>(line);
-    if (c >= base_ && c < base_ + size_) events.push_back({1, {uint64_t(c - base_), {}}});
-  }
-  void OnFence() override { events.push_back({2, {}}); }
-  void OnLoad(const void*, size_t) override {}
-  std::vector<Event> events;
-
- private:
-  const char* base_;
-  uint64_t size_;
-};
 
 struct Op {
   bool insert;
@@ -193,7 +154,7 @@ int RunCase(const Case& c) {
   struct stat st;
   EXPECT_EQ(::stat(g.path.c_str(), &st), 0);
   const uint64_t left0 = internal::fastfair::GetDebugCounters(idx.get())->left_inserts;
-  Recorder rec(pool);
+  fftest::LineRecorder rec(pool);
   pm::SetObserver(&rec);
   Status fs = c.fin.insert ? idx->Insert(c.fin.k, c.fin.v) : idx->Remove(c.fin.k);
   pm::SetObserver(nullptr);
@@ -202,60 +163,9 @@ int RunCase(const Case& c) {
     EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->left_inserts, left0 + 1) << c.name;
   }
 
-  std::map<uint64_t, std::vector<Piece>> pending;  // line -> stores since its last flush+fence
-  std::map<uint64_t, size_t> flushed;              // line -> pieces covered by a flush, not fenced
-  int images = 0, bad = 0;
-  // Every combination of per-line prefixes of the pending stores.
-  auto crash_states = [&]() {
-    std::vector<uint64_t> lines;
-    for (auto& [l, v] : pending)
-      if (!v.empty()) lines.push_back(l);
-    std::vector<size_t> choice(lines.size(), 0);
-    for (;;) {
-      std::string img = durable;
-      std::string desc;
-      for (size_t i = 0; i < lines.size(); i++) {
-        for (size_t j = 0; j < choice[i]; j++) {
-          const Piece& p = pending[lines[i]][j];
-          std::memcpy(&img[p.off], p.bytes.data(), p.bytes.size());
-        }
-        desc += " line@" + std::to_string(lines[i]) + ":" + std::to_string(choice[i]) + "/" +
-                std::to_string(pending[lines[i]].size());
-      }
-      pm::Pool::Remove(gi.path);
-      const int fd = ::open(gi.path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0644);
-      bool io = fd >= 0 && ::ftruncate(fd, st.st_size) == 0 &&
-                ::pwrite(fd, img.data(), img.size(), 0) == ssize_t(img.size());
-      if (fd >= 0) ::close(fd);
-      images++;
-      const std::string err = io ? VerifyImage(gi.path, o, c, must) : std::string("cannot write the image");
-      if (!err.empty()) {
-        if (++bad <= 3) ADD_FAILURE() << c.name << ": crash image " << images << " (" << desc << "):" << err;
-      }
-      size_t i = 0;
-      for (; i < lines.size(); i++) {
-        if (++choice[i] <= pending[lines[i]].size()) break;
-        choice[i] = 0;
-      }
-      if (i == lines.size()) break;
-    }
-  };
-  crash_states();
-  for (const auto& ev : rec.events) {
-    if (ev.type == 0) {
-      pending[ev.p.off / 64 * 64].push_back(ev.p);
-    } else if (ev.type == 1) {
-      flushed[ev.p.off] = pending[ev.p.off].size();
-    } else {
-      for (auto& [l, n] : flushed) {
-        auto& v = pending[l];
-        for (size_t j = 0; j < n; j++) std::memcpy(&durable[v[j].off], v[j].bytes.data(), v[j].bytes.size());
-        v.erase(v.begin(), v.begin() + n);
-      }
-      flushed.clear();
-    }
-    crash_states();
-  }
+  const fftest::LinePrefixRun run = fftest::ForEachLinePrefixImage(
+      durable, uint64_t(st.st_size), rec.events, gi.path, c.name, [&] { return VerifyImage(gi.path, o, c, must); });
+  const int images = run.images, bad = run.bad;
   EXPECT_EQ(bad, 0) << c.name << ": " << bad << " of " << images << " crash images are bad";
   idx.reset();
   return images;

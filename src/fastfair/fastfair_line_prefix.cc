@@ -1,0 +1,127 @@
+// The pm-model crash-state enumerator of the fastfair line-prefix crash
+// tests (see fastfair_line_prefix.h).
+#include "fastfair/fastfair_line_prefix.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+namespace fftest {
+
+using namespace pmindex;
+
+void LineRecorder::OnStore(const void* a, size_t n) {
+  const char* c = static_cast<const char*>(a);
+  if (c < base_ || c >= base_ + size_) return;
+  uint64_t off = c - base_, end = off + n;
+  while (off < end) {
+    const uint64_t e = std::min(end, (off / 8 + 1) * 8);
+    events.push_back({0, {off, std::string(base_ + off, e - off)}});
+    off = e;
+  }
+}
+
+void LineRecorder::OnFlush(const void* line) {
+  const char* c = static_cast<const char*>(line);
+  if (c >= base_ && c < base_ + size_) events.push_back({1, {uint64_t(c - base_), {}}});
+}
+
+LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
+                                     const std::vector<LineRecorder::Event>& events, const std::string& image_path,
+                                     const std::string& name, const std::function<std::string()>& verify,
+                                     uint64_t max_per_point) {
+  using Piece = LineRecorder::Piece;
+  std::map<uint64_t, std::vector<Piece>> pending;  // line -> stores since its last flush+fence
+  std::map<uint64_t, size_t> flushed;              // line -> pieces covered by a flush, not fenced
+  LinePrefixRun run;
+  std::mt19937_64 rng(42);
+  // Only the pages that are not zero in `durable` or that an event stores
+  // to are written (the rest of the file is a hole, i.e. zeros): writing
+  // the whole pool per image was most of the tests' time.
+  constexpr uint64_t kPage = 4096;
+  std::vector<uint64_t> pages;
+  {
+    std::vector<bool> want((durable.size() + kPage - 1) / kPage, false);
+    static const char zero[kPage] = {};
+    for (uint64_t p = 0; p < durable.size(); p += kPage)
+      want[p / kPage] = std::memcmp(&durable[p], zero, std::min<uint64_t>(kPage, durable.size() - p)) != 0;
+    for (const auto& ev : events)
+      if (ev.type == 0) want[ev.p.off / kPage] = true;
+    for (uint64_t i = 0; i < want.size(); i++)
+      if (want[i]) pages.push_back(i * kPage);
+  }
+  auto check = [&](const std::vector<uint64_t>& lines, const std::vector<size_t>& choice) {
+    std::map<uint64_t, std::string> img;  // page -> bytes
+    for (uint64_t p : pages) img[p] = durable.substr(p, kPage);
+    std::string desc;
+    for (size_t i = 0; i < lines.size(); i++) {
+      for (size_t j = 0; j < choice[i]; j++) {
+        const Piece& p = pending[lines[i]][j];
+        std::memcpy(&img[p.off / kPage * kPage][p.off % kPage], p.bytes.data(), p.bytes.size());
+      }
+      desc += " line@" + std::to_string(lines[i]) + ":" + std::to_string(choice[i]) + "/" +
+              std::to_string(pending[lines[i]].size());
+    }
+    pm::Pool::Remove(image_path);
+    const int fd = ::open(image_path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0644);
+    bool io = fd >= 0 && ::ftruncate(fd, off_t(file_size)) == 0;
+    for (const auto& [p, b] : img) io = io && ::pwrite(fd, b.data(), b.size(), off_t(p)) == ssize_t(b.size());
+    if (fd >= 0) ::close(fd);
+    run.images++;
+    const std::string err = io ? verify() : std::string("cannot write the image");
+    if (!err.empty() && ++run.bad <= 3) ADD_FAILURE() << name << ": crash image " << run.images << " (" << desc << "):" << err;
+  };
+  // Every combination of per-line prefixes of the pending stores (or a sample).
+  auto crash_states = [&]() {
+    std::vector<uint64_t> lines;
+    uint64_t combos = 1;
+    for (auto& [l, v] : pending) {
+      if (v.empty()) continue;
+      lines.push_back(l);
+      combos = combos > (uint64_t(1) << 40) ? combos : combos * (v.size() + 1);
+    }
+    std::vector<size_t> choice(lines.size(), 0);
+    if (max_per_point && combos > max_per_point) {
+      for (uint64_t s = 0; s < max_per_point; s++) {
+        for (size_t i = 0; i < lines.size(); i++) {
+          const size_t n = pending[lines[i]].size();
+          choice[i] = s == 0 ? 0 : s == 1 ? n : size_t(rng() % (n + 1));
+        }
+        check(lines, choice);
+      }
+      return;
+    }
+    for (;;) {
+      check(lines, choice);
+      size_t i = 0;
+      for (; i < lines.size(); i++) {
+        if (++choice[i] <= pending[lines[i]].size()) break;
+        choice[i] = 0;
+      }
+      if (i == lines.size()) break;
+    }
+  };
+  crash_states();
+  for (const auto& ev : events) {
+    if (ev.type == 0) {
+      pending[ev.p.off / 64 * 64].push_back(ev.p);
+    } else if (ev.type == 1) {
+      flushed[ev.p.off] = pending[ev.p.off].size();
+    } else {
+      for (auto& [l, n] : flushed) {
+        auto& v = pending[l];
+        for (size_t j = 0; j < n; j++) std::memcpy(&durable[v[j].off], v[j].bytes.data(), v[j].bytes.size());
+        v.erase(v.begin(), v.begin() + n);
+      }
+      flushed.clear();
+    }
+    crash_states();
+  }
+  return run;
+}
+
+}  // namespace fftest
