@@ -2022,9 +2022,16 @@ class FastFair final : public FastFairBase {
     const uint64_t K = r->low;
     const SK key = KeyOf(K);
     Entry* e = l->ents();
+    // The effective count: a format 4 merge may have shifted l (DropPrefix,
+    // whose count shares the shift's last fence) before it crashed, so l's
+    // durable count may lag by the record that shift moved (Pushed; r's
+    // appended records are >= high = K, never counted). With l->count the
+    // SetTail below overwrote that record (fastfair_prefix_repair_test
+    // MergeDroppingCrashMadePrefixCrashStates: an acknowledged key lost).
+    const uint32_t cnt = CountOf(l);
     uint32_t cut = 0;
     // (Ignored slots, such as a format 4 lk prefix, hold no key: skipped.)
-    while (cut < l->count && (Ignored(l, cut) || Cmp(e[cut].k, key) < 0)) cut++;
+    while (cut < cnt && (Ignored(l, cut) || Cmp(e[cut].k, key) < 0)) cut++;
     St(&l->high, K);
     St(&l->count, cut);
     pm::Persist(l, pm::kCacheLine);
