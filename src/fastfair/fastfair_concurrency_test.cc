@@ -4,12 +4,14 @@
 // a torn one; keys never touched are always found; scans are ascending and
 // consistent; splits racing with deletes leave a correct tree (the anchored
 // pitfall fixed by fence keys).
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <random>
@@ -511,6 +513,167 @@ TEST(FastFairInterleaving, FindDuringLeftShift) {
       EXPECT_EQ(SliceToU64(v), 1000 + key) << t;
       EXPECT_TRUE(idx->Check().ok()) << t;
     }
+  }
+}
+
+// Format 4: DropPrefix (and merges of leaves with lk prefixes) while
+// lock-free readers run. The live tree gives prefixes only to centred
+// leaves, whose lk is below their keys, so FixLk never drops one there; a
+// crash makes them in any leaf (docs/fastfair.md, "Windows"). So: an
+// ascending load (no centred leaf, no prefix) of keys 4i+4, closed; each
+// leaf patched into the state a crash leaves when the removal of its first
+// record k0 kept only its commit store, in a leaf whose lk an earlier
+// FixLk raised to k0 + 1 (lk = k0 + 1 and slot 0 = lk: a one-slot prefix,
+// k0 gone); reopened. Then one writer inserts every k0 + 1 (= lk: FixLk
+// drops the prefix, one left shift of every record of the leaf, and
+// raises lk) and k0 again, in a shuffled order, while the other removes
+// and reinserts a band of keys (merges of leaves that still have their
+// prefix). Two readers find and scan meanwhile: keys never written must
+// always be found with their value, other keys have their own value or
+// none, scans are ascending and hold every never-written key of their
+// range. At the end: the model, Check, the leak check, and the counters
+// (a prefix dropped in most leaves, merges).
+TEST(FastFairPrefixConcurrency, DropPrefixWithLockFreeReaders) {
+  const int rounds = std::getenv("PMINDEX_LONG") ? 200 : 8;
+  for (int round = 0; round < rounds && !testing::Test::HasFailure(); round++) {
+    fftest::PoolGuard g("dropconc");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256);
+    o.pool_size = 16ull << 20;
+    const uint64_t kN = 3000;
+    auto key = [](uint64_t i) { return 4 * i + 4; };
+    auto val = [](uint64_t k, uint64_t ver) { return U64(k << 8 | ver); };
+    {
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+      for (uint64_t i = 0; i < kN; i++) ASSERT_TRUE(idx->Insert(U64(key(i)), val(key(i), 0)).ok());
+    }
+    // Patch every leaf with at least 3 records (Node: sibling at 0, count
+    // at +16, level at +20, leftmost at +72, lk at +80, records at +96).
+    std::vector<uint64_t> firsts;  // k0 of every patched leaf
+    {
+      std::unique_ptr<pm::Pool> pool;
+      ASSERT_TRUE(pm::Pool::Open(g.path, "fastfair", pm::PoolOptions{}, &pool).ok());
+      char* base = pool->base();
+      char* n = base + *reinterpret_cast<uint64_t*>(base + *pool->root_slot() + 64);
+      while (*reinterpret_cast<uint32_t*>(n + 20) != 0) n = base + *reinterpret_cast<uint64_t*>(n + 72);
+      for (;;) {
+        uint64_t* w = reinterpret_cast<uint64_t*>(n);
+        const uint32_t count = *reinterpret_cast<uint32_t*>(n + 16);
+        const uint64_t k0 = w[12];  // slot 0's key
+        if (count >= 3 && w[10] != k0) {
+          pm::StorePersist(&w[10], k0 + 1);  // lk
+          pm::StorePersist(&w[12], k0 + 1);  // slot 0: the prefix
+          firsts.push_back(k0);
+        }
+        if (!w[0]) break;
+        n = base + w[0];
+      }
+    }
+    ASSERT_GT(firsts.size(), 100u);
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    // Keys written after the reopen: the firsts, their + 1, and the band.
+    std::vector<bool> touched(key(kN) + 2, false);
+    for (uint64_t k0 : firsts) touched[k0] = touched[k0 + 1] = true;
+    std::vector<uint64_t> band;
+    for (uint64_t i = kN / 4; i < kN / 2; i++)  // 4 of 5: underfull leaves in any interleaving
+      if (i % 5 && !touched[key(i)]) band.push_back(key(i));
+    for (uint64_t k : band) touched[k] = true;
+    std::atomic<int> writers_left{2}, readers_ready{0};
+    std::atomic<uint64_t> missing{0}, wrong{0}, scan_bad{0}, werr{0}, reads{0};
+    std::atomic<uint64_t> cur{4};  // the leaf whose prefix w1 drops now (its k0)
+    auto wait_readers = [&] {
+      while (readers_ready.load() < 2) std::this_thread::yield();
+    };
+    std::thread w1([&] {
+      std::vector<uint64_t> ks = firsts;
+      std::shuffle(ks.begin(), ks.end(), std::mt19937_64(round + 1));
+      wait_readers();
+      for (uint64_t k0 : ks) {
+        cur = k0;
+        if (!idx->Insert(U64(k0 + 1), val(k0 + 1, 1)).ok()) werr++;  // FixLk -> DropPrefix
+        if (!idx->Insert(U64(k0), val(k0, 2)).ok()) werr++;
+      }
+      writers_left--;
+    });
+    std::thread w2([&] {
+      wait_readers();
+      for (int pass = 0; pass < 2; pass++) {
+        for (uint64_t k : band)
+          if (!idx->Remove(U64(k)).ok()) werr++;
+        for (uint64_t k : band)
+          if (!idx->Insert(U64(k), val(k, 3 + pass)).ok()) werr++;
+      }
+      writers_left--;
+    });
+    auto reader = [&](int seed) {
+      std::mt19937_64 rng(seed);
+      readers_ready++;
+      for (uint64_t n = 0; writers_left.load() > 0 || n < 200; n++) {
+        // Mostly the records of the leaf being shifted (behind cur), else
+        // anywhere; some keys k0 + 1.
+        uint64_t k = rng() % 4 ? cur.load() + 4 * (1 + rng() % 4) : key(rng() % kN);
+        k += rng() % 8 == 0;
+        std::string v;
+        Status s = idx->Find(U64(k), &v);
+        reads++;
+        if (k % 4 == 0 && !touched[k]) {
+          if (!s.ok()) missing++;
+          else if (v != val(k, 0)) wrong++;
+        } else if (s.ok() && SliceToU64(v) >> 8 != k) {
+          wrong++;  // another key's value or a torn one
+        }
+        if (rng() % 8) continue;
+        uint64_t prev = 0, last = 0, seen = 0;
+        bool ok = true;
+        Status sc = idx->Scan(U64(k), 50, [&](Slice ks, Slice vs) {
+          const uint64_t x = SliceToU64(ks);
+          ok &= x > prev && SliceToU64(vs) >> 8 == x;
+          prev = last = x;
+          seen += x < touched.size() && x % 4 == 0 && !touched[x];
+          return true;
+        });
+        uint64_t expect = 0;
+        for (uint64_t x = k; x <= last && last; x++) expect += x % 4 == 0 && x >= 4 && x <= key(kN - 1) && !touched[x];
+        if (!sc.ok() || !ok || expect != seen) scan_bad++;
+      }
+    };
+    std::thread r1(reader, 11), r2(reader, 12);
+    w1.join();
+    w2.join();
+    r1.join();
+    r2.join();
+    EXPECT_EQ(werr.load(), 0u) << "a write failed";
+    EXPECT_EQ(missing.load(), 0u) << "a never-written key was not found (of " << reads.load() << " finds)";
+    EXPECT_EQ(wrong.load(), 0u) << "a find returned another key's value";
+    EXPECT_EQ(scan_bad.load(), 0u) << "a scan was not ascending or skipped a never-written key";
+    Status c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    ASSERT_TRUE(fftest::NoLeak(idx.get()));
+    std::map<uint64_t, std::string> model;
+    for (uint64_t i = 0; i < kN; i++) model[key(i)] = val(key(i), 0);
+    for (uint64_t k0 : firsts) {
+      model[k0] = val(k0, 2);
+      model[k0 + 1] = val(k0 + 1, 1);
+    }
+    for (uint64_t k : band) model[k] = val(k, 4);
+    size_t n = 0;
+    bool same = true;
+    auto it = model.begin();
+    idx->Scan(U64(0), model.size() + 10, [&](Slice ks, Slice vs) {
+      same &= it != model.end() && it->first == SliceToU64(ks) && it->second == std::string(vs);
+      if (it != model.end()) ++it;
+      n++;
+      return true;
+    });
+    EXPECT_TRUE(same && n == model.size()) << "contents differ from the model";
+    auto* d = internal::fastfair::GetDebugCounters(idx.get());
+    std::printf("leaves patched %zu, prefixes dropped %llu, merges %llu (skipped %llu, rebalances %llu), left inserts %llu, "
+                "reads %llu\n", firsts.size(), (unsigned long long)d->prefix_drops, (unsigned long long)d->merges,
+                (unsigned long long)d->merges_skipped, (unsigned long long)d->rebalances,
+                (unsigned long long)d->left_inserts, (unsigned long long)reads.load());
+    EXPECT_GT(d->prefix_drops, firsts.size() / 2) << "FixLk dropped few crash-made prefixes";
+    EXPECT_GT(d->merges, 0u);
   }
 }
 
