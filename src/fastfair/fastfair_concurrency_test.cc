@@ -537,7 +537,9 @@ TEST(FastFairPrefixConcurrency, DropPrefixWithLockFreeReaders) {
   const int rounds = std::getenv("PMINDEX_LONG") ? 200 : 8;
   for (int round = 0; round < rounds && !testing::Test::HasFailure(); round++) {
     fftest::PoolGuard g("dropconc");
-    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256);
+    // 512-byte nodes: 13 records per leaf after the load, so each
+    // DropPrefix shifts across 3 lines (3 fences): a long window.
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
     o.pool_size = 16ull << 20;
     const uint64_t kN = 3000;
     auto key = [](uint64_t i) { return 4 * i + 4; };
@@ -569,7 +571,7 @@ TEST(FastFairPrefixConcurrency, DropPrefixWithLockFreeReaders) {
         n = base + w[0];
       }
     }
-    ASSERT_GT(firsts.size(), 100u);
+    ASSERT_GT(firsts.size(), 200u);
     std::unique_ptr<Index> idx;
     ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
     // Keys written after the reopen: the firsts, their + 1, and the band.
@@ -612,7 +614,7 @@ TEST(FastFairPrefixConcurrency, DropPrefixWithLockFreeReaders) {
       for (uint64_t n = 0; writers_left.load() > 0 || n < 200; n++) {
         // Mostly the records of the leaf being shifted (behind cur), else
         // anywhere; some keys k0 + 1.
-        uint64_t k = rng() % 4 ? cur.load() + 4 * (1 + rng() % 4) : key(rng() % kN);
+        uint64_t k = rng() % 4 ? cur.load() + 4 * (1 + rng() % 12) : key(rng() % kN);
         k += rng() % 8 == 0;
         std::string v;
         Status s = idx->Find(U64(k), &v);
@@ -675,6 +677,76 @@ TEST(FastFairPrefixConcurrency, DropPrefixWithLockFreeReaders) {
     EXPECT_GT(d->prefix_drops, firsts.size() / 2) << "FixLk dropped few crash-made prefixes";
     EXPECT_GT(d->merges, 0u);
   }
+}
+
+// Format 4, deterministic: a lock-free Find's left-to-right scan is paused
+// right after it loaded slot 1's key while a writer's FixLk drops the
+// leaf's crash-made prefix (DropPrefix: every record one slot left) and
+// inserts in the middle (a right shift that moves only the upper records
+// back). The leaf: one u64 leaf of records 10..120 whose lk (65) sits in
+// its key range, patched into the state a crash leaves when the removal of
+// its first record (10) kept only its commit store (slot 0 = lk), reopened
+// and repaired by an append (the prefix stays). The reader looks for 30
+// (slot 2); when it resumes, 30 is in slot 1, behind it. DropPrefix's
+// shifts make sw odd (readers scan right to left) and the insert makes it
+// even again: sw changed, the reader retries and finds 30. (With DeleteAt
+// not flipping sw for the repair's and DropPrefix's uncommitted shifts,
+// sw is unchanged and 30 is reported missing.)
+TEST(FastFairInterleaving, FindDuringDropPrefix) {
+  fftest::PoolGuard g("interleave-drop");
+  const Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
+  {
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    for (uint64_t k = 10; k <= 120; k += 10) ASSERT_TRUE(idx->Insert(U64(k), U64(1000 + k)).ok());
+  }
+  {
+    std::unique_ptr<pm::Pool> pool;
+    ASSERT_TRUE(pm::Pool::Open(g.path, "fastfair", pm::PoolOptions{}, &pool).ok());
+    char* base = pool->base();
+    uint64_t* leaf = reinterpret_cast<uint64_t*>(base + *reinterpret_cast<uint64_t*>(base + *pool->root_slot() + 64));
+    ASSERT_EQ(leaf[12], 10u);          // slot 0's key
+    pm::StorePersist(&leaf[10], uint64_t(65));  // lk (as raised by FixLk)
+    pm::StorePersist(&leaf[12], uint64_t(65));  // slot 0: the prefix (10 removed)
+  }
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+  ASSERT_TRUE(idx->Insert(U64(125), U64(1125)).ok());  // repairs the leaf, keeps the prefix
+  const uint64_t drops0 = internal::fastfair::GetDebugCounters(idx.get())->prefix_drops;
+  std::mutex mu;
+  std::condition_variable cv;
+  int phase = 0;  // 1: reader paused after slot 1, 2: writer done
+  bool armed = true;
+  internal::fastfair::TestHooks hooks;
+  hooks.lf_forward_key = [&](const void*, uint32_t j) {
+    std::unique_lock<std::mutex> l(mu);
+    if (!armed || j != 1) return;
+    armed = false;
+    phase = 1;
+    cv.notify_all();
+    cv.wait(l, [&] { return phase == 2; });
+  };
+  internal::fastfair::SetTestHooks(idx.get(), &hooks);
+  Status fs;
+  std::string v;
+  std::thread r([&] { fs = idx->Find(U64(30), &v); });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return phase == 1; });
+  }
+  ASSERT_TRUE(idx->Insert(U64(65), U64(1065)).ok());  // FixLk: DropPrefix, then the insert
+  {
+    std::lock_guard<std::mutex> l(mu);
+    phase = 2;
+    cv.notify_all();
+  }
+  r.join();
+  internal::fastfair::SetTestHooks(idx.get(), nullptr);
+  EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->prefix_drops, drops0 + 1);
+  ASSERT_TRUE(fs.ok()) << "Find(30) during DropPrefix: " << fs.ToString();
+  EXPECT_EQ(SliceToU64(v), 1030u);
+  EXPECT_TRUE(idx->Check().ok());
+  EXPECT_EQ(idx->Size(), 13u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, FastFairConcurrency,
