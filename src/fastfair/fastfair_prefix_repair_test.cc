@@ -68,7 +68,7 @@ struct Case {
   uint64_t max_per_point = 0;  // see ForEachLinePrefixImage
   // If >= 0: prefixes the final operation must drop / merges it must make
   // (asserts that the crashed operation takes the path under test).
-  int fin_drops = -1, fin_merges = -1;
+  int fin_drops = -1, fin_merges = -1, fin_prefix_splits = -1;
 };
 
 // Counters summed over the images of a case (after each read-write open).
@@ -312,6 +312,9 @@ Sums RunCase(const Case& c) {
   if (c.fin_drops >= 0) {
     EXPECT_EQ(GetDebugCounters(idx.get())->prefix_drops, uint64_t(c.fin_drops)) << c.name;
   }
+  if (c.fin_prefix_splits >= 0) {
+    EXPECT_EQ(GetDebugCounters(idx.get())->prefix_splits, uint64_t(c.fin_prefix_splits)) << c.name;
+  }
   if (c.fin_merges >= 0) {
     EXPECT_EQ(GetDebugCounters(idx.get())->merges, uint64_t(c.fin_merges)) << c.name;
   }
@@ -485,6 +488,34 @@ TEST(FastFairPrefixRepair, MergeDroppingCrashMadePrefixCrashStates) {
     c.fin_drops = 1;
     c.fin_merges = 1;
     RunCase(c);
+  }
+}
+
+// A split of a leaf with an lk prefix (the cut node keeps it) at
+// pm-model states, sampled (16 combinations where a point has more: the
+// new node is written whole between fences): ascending keys fill the root
+// leaf, one below the last splits it and centres the new sibling S (a
+// prefix of 5/8 of its free slots), appends fill S to capacity, and the
+// crashed insert near S's end splits it (Full: its prefix is too far for
+// a left shift). Then writes in both halves and a tail.
+TEST(FastFairPrefixRepair, SplitOfLeafWithPrefixCrashStates) {
+  for (int ns : {256, 512}) {
+    for (const Kinds k : {Kinds{false, false}, Kinds{true, true}}) {
+      if (k.bk && ns == 512) continue;  // (time)
+      const int cap = (ns - 96) / 16, m = cap / 2;
+      const int moved = cap - m, o = moved * 5 / 8;  // as SplitAt
+      const int fill = cap - (o + moved + 1);
+      std::vector<Op> pre;
+      for (int i = 1; i <= cap; i++) pre.push_back(k.I(10 * i));
+      pre.push_back(k.I(10 * cap - 5));  // the centring split
+      for (int i = cap + 2; i < cap + 2 + fill; i++) pre.push_back(k.I(10 * i));
+      const int first = 10 * (m + 1);
+      Case c{"split of a leaf with a prefix " + k.Tag(ns), k.bk, k.bv, ns, pre, nullptr, k.I(10 * cap + 1),
+             {k.I(first + 1), k.I(10 * cap + 2), k.R(first), k.I(10 * (cap + 1) + 3)}, k.Keys(first - 5, 10 * (cap + fill + 2)),
+             15, 16};
+      c.fin_prefix_splits = 1;
+      RunCase(c);
+    }
   }
 }
 
