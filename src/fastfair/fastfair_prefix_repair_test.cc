@@ -26,6 +26,9 @@
 // that drops it at every pm-model state: the DropPrefix shift inside FixLk
 // and inside a merge (after its separator left the parent, under its limbo
 // slot), which fastfair_crash_test's whole-line images cannot split.
+// SplitOfLeafWithPrefixCrashStates does the same (sampled) for a split of
+// a leaf with a prefix. FFDUMP=1 appends the leaves of a bad image to its
+// message.
 #include <sys/stat.h>
 
 #include <cstring>
