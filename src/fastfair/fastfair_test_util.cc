@@ -5,9 +5,9 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <set>
 
+#include "pm/image_file.h"
 #include "pmindex/pm/allocator.h"
 
 namespace fftest {
@@ -95,8 +95,7 @@ void CrashSim::OnFence() {
 
 void CrashSim::WriteImage(const std::string& path) {
   std::lock_guard<std::mutex> g(mu_);
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(durable_.data(), std::streamsize(durable_.size()));
+  EXPECT_TRUE(pm::WriteImageFile(path, durable_.data(), durable_.size())) << "writing " << path;
 }
 
 }  // namespace fftest

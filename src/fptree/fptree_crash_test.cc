@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -35,6 +34,7 @@
 
 #include "core/index_util.h"
 #include "fptree/fptree.h"
+#include "pm/image_file.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -65,8 +65,7 @@ class DurableImage : public pm::Observer {
     in_callback_ = false;
   }
   void Write(const std::string& path) const {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(durable_.data(), std::streamsize(durable_.size()));
+    EXPECT_TRUE(pm::WriteImageFile(path, durable_.data(), durable_.size())) << "writing " << path;
   }
   std::function<void()> on_fence;
 

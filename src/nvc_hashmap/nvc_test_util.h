@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -17,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "pm/image_file.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
@@ -108,8 +108,7 @@ class DurableImage : public pm::Observer {
     return std::memcmp(img.data(), base_, img.size()) == 0;
   }
   static void Write(const std::vector<char>& img, const std::string& path) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    f.write(img.data(), std::streamsize(img.size()));
+    EXPECT_TRUE(pm::WriteImageFile(path, img.data(), img.size())) << "writing " << path;
   }
 
  private:

@@ -4,8 +4,16 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
+#include <unistd.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pm/image_file.h"
 #include "pmindex/pm/fault.h"
 
 namespace pmindex::pm {
@@ -132,6 +140,44 @@ TEST(Fault, Switches) {
   DisableAllFaults();
   EXPECT_FALSE(PMINDEX_FAULT("x.z"));
   EXPECT_TRUE(EnabledFaults().empty());
+}
+
+// The crash simulators' image writer: whatever the file held before (an
+// older image, bytes a verifying open wrote, a longer or shorter file), it
+// holds exactly the new image afterwards.
+TEST(ImageFile, FileHoldsExactlyTheImage) {
+  const std::string path = "/dev/shm/pmindex-image-file-test-" + std::to_string(::getpid());
+  auto read_back = [&] {
+    std::ifstream f(path, std::ios::binary);
+    return std::vector<char>(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  std::mt19937_64 rng(7);
+  std::vector<char> img(300 * 1024 + 100);  // not a whole number of pages or chunks
+  for (char& c : img) c = char(rng() % 3 ? 0 : rng());
+  ::unlink(path.c_str());
+  ASSERT_TRUE(WriteImageFile(path, img.data(), img.size()));
+  EXPECT_EQ(read_back(), img);
+  // A verifying open wrote to the file; the next image differs elsewhere.
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(5000);
+    f.write("garbage", 7);
+    f.seekp(std::streamoff(img.size() - 3));
+    f.write("xyz", 3);
+  }
+  img[200 * 1024] ^= 1;
+  img[8] ^= 0x40;
+  ASSERT_TRUE(WriteImageFile(path, img.data(), img.size()));
+  EXPECT_EQ(read_back(), img);
+  // Shorter and longer images than the file.
+  std::vector<char> small(img.begin(), img.begin() + 4097);
+  ASSERT_TRUE(WriteImageFile(path, small.data(), small.size()));
+  EXPECT_EQ(read_back(), small);
+  img.resize(img.size() + 70000, 'q');
+  ASSERT_TRUE(WriteImageFile(path, img.data(), img.size()));
+  EXPECT_EQ(read_back(), img);
+  ::unlink(path.c_str());
+  EXPECT_FALSE(WriteImageFile("/nonexistent-dir/x", img.data(), img.size()));
 }
 
 }  // namespace
