@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds one flavour of pmindex.
-#   scripts/build.sh [release|asan|tsan]   (default release)
+#   scripts/build.sh [release|asan|tsan] [ninja targets...]   (default: release, everything)
 # release: GCC, build/      asan: clang ASan+UBSan, build-asan/      tsan: clang TSan, build-tsan/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +13,5 @@ case "$flavour" in
   *) echo "usage: $0 [release|asan|tsan]" >&2; exit 2 ;;
 esac
 cmake -S . -B "$dir" "${common[@]}" "${args[@]}" >/dev/null
-ninja -C "$dir" -j"$(nproc)" >&2
+ninja -C "$dir" -j"$(nproc)" "${@:2}" >&2
 echo "$dir"

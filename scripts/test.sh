@@ -25,7 +25,7 @@ for f in $flavours; do
       ;;
     tsan)
       stamp "building tsan"
-      dir=$(bash scripts/build.sh tsan)
+      dir=$(bash scripts/build.sh tsan concurrency_tests)  # what the concurrency tests need
       stamp "testing tsan (concurrency tests)"
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
         ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L concurrency --timeout 1200
