@@ -1191,6 +1191,7 @@ class FastFair final : public FastFairBase {
         uint64_t prev = Ld(&n->lk);
         const uint64_t lk = prev;
         const fastfair::TestHooks* const hooks = hooks_;
+        if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_forward_start) hooks->lf_forward_start(n);
         for (uint32_t j = 0; j < CountLF(n, lag); j++) {
           uint64_t k1 = Ld(&e[j].k);
           if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_forward_key) hooks->lf_forward_key(n, j);
@@ -1217,6 +1218,17 @@ class FastFair final : public FastFairBase {
             break;
           }
         }
+        // lk is loaded once, before the scan: an insert of a key equal to
+        // lk (FixLk raises lk to a free value, with no shift and so no sw
+        // flip when the leaf has no prefix, then the right shift stores
+        // k[0] = the new lk before its commit) can show slot 0 holding a
+        // new lk above key, which the loop above took for a larger key and
+        // stopped at, with sw unchanged: Find(3) in {1, 2, 3, 5} while 0 is
+        // inserted answered NotFound (found by review, session 6; the code
+        // before the session 6 descent change had it too). FixLk's release
+        // store of lk precedes that k[0] store, so a reader that saw it
+        // sees the new lk here, and scans again.
+        if (!found && Ld(&n->lk) != lk) continue;
       } else {
         for (int64_t j = int64_t(CountLF(n, lag)) - 1; j >= 0; j--) {
           uint64_t k1 = Ld(&e[j].k);
@@ -1401,6 +1413,7 @@ class FastFair final : public FastFairBase {
         count_unfenced = false;
       }
       St(&e[j].k, j ? e[j - 1].k : n->lk);  // slot j ignored, its copy at j+1 valid
+      if (__builtin_expect(j == 0 && hooks_ != nullptr, 0) && hooks_->insert_slot0_ignored) hooks_->insert_slot0_ignored(n);
       if (j > int64_t(pos)) {
         St(&e[j].v, e[j - 1].v);
       } else {

@@ -45,6 +45,12 @@ struct TestHooks {
   // The lock-free Find's left-to-right scan (sw even), after it loaded the
   // key of slot j.
   std::function<void(const void* leaf, uint32_t j)> lf_forward_key;
+  // The lock-free Find's left-to-right scan, after it loaded lk and before
+  // it loads slot 0.
+  std::function<void(const void* leaf)> lf_forward_start;
+  // A right shift (insert at slot 0 of a leaf or an internal node), right
+  // after the store k[0] = lk that makes slot 0 an ignored copy.
+  std::function<void(const void* node)> insert_slot0_ignored;
 };
 // Installs hooks (nullptr: none) on a fastfair index; not while it is in use.
 void SetTestHooks(Index* index, const TestHooks* hooks);

@@ -759,4 +759,109 @@ INSTANTIATE_TEST_SUITE_P(Kinds, FastFairConcurrency,
                                   (i.param.read_committed ? "_read_committed" : "_lockfree");
                          });
 
+// Deterministic (review, session 6): a lock-free Find in a leaf with no
+// prefix loads lk, then an insert of a key equal to lk runs FixLk (lk raised
+// to a free value: no shift, so no sw flip) and its right shift stores
+// k[0] = the new lk (slot 0 an ignored copy) and pauses there; the Find
+// then reads slot 0, a key above its own that is not the lk it loaded.
+// It must not answer NotFound for a key present throughout (it did: the
+// scan stopped at slot 0 and sw had not changed).
+TEST(FastFairInterleaving, FindWhileFixLkRaisesLk) {
+  fftest::PoolGuard g("interleave");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512), &idx).ok());
+  for (int k : {1, 2, 3, 5}) ASSERT_TRUE(idx->Insert(U64(k), U64(100 + k)).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  int phase = 0;  // 1: reader paused after loading lk, 2: writer paused after k[0] = lk, 3: reader done
+  internal::fastfair::TestHooks hooks;
+  hooks.lf_forward_start = [&](const void*) {
+    std::unique_lock<std::mutex> l(mu);
+    if (phase != 0) return;
+    phase = 1;
+    cv.notify_all();
+    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 2; });
+  };
+  hooks.insert_slot0_ignored = [&](const void*) {
+    std::unique_lock<std::mutex> l(mu);
+    if (phase != 1) return;
+    phase = 2;
+    cv.notify_all();
+    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 3; });
+  };
+  internal::fastfair::SetTestHooks(idx.get(), &hooks);
+  std::string v;
+  Status s;
+  std::thread r([&] {
+    s = idx->Find(U64(3), &v);
+    std::lock_guard<std::mutex> l(mu);
+    phase = 3;
+    cv.notify_all();
+  });
+  bool paused;
+  {
+    std::unique_lock<std::mutex> l(mu);
+    paused = cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 1; });
+  }
+  std::thread w([&] { EXPECT_TRUE(idx->Insert(U64(0), U64(100)).ok()); });
+  r.join();
+  w.join();
+  internal::fastfair::SetTestHooks(idx.get(), nullptr);
+  EXPECT_TRUE(paused) << "the reader never reached its forward scan";
+  EXPECT_EQ(phase, 3) << "the writer never made slot 0 an ignored copy while the reader waited";
+  ASSERT_TRUE(s.ok()) << "key 3 (present throughout) reported: " << s.ToString();
+  EXPECT_EQ(SliceToU64(v), 103u);
+  EXPECT_TRUE(idx->Check().ok());
+}
+
+// Deterministic (review, session 6): a lock-free descent through an internal
+// node while an insert at its slot 0 is paused right after k[0] = lk (slot
+// 0 an ignored copy whose value is still the child of the separator that
+// moved to slot 1). The descent takes slot 0 as its candidate and only
+// ReadValid's left-neighbour test rejects it; without that test the reader
+// goes to a child too far right and reports a present key missing.
+TEST(FastFairInterleaving, DescentDuringInternalSlot0Insert) {
+  fftest::PoolGuard g("interleave");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256), &idx).ok());
+  const int cap = (256 - 96) / 16;
+  for (int i = 1; i <= cap + 1; i++) ASSERT_TRUE(idx->Insert(U64(10 * i), U64(1000 + 10 * i)).ok());
+  ASSERT_EQ(internal::fastfair::Height(idx.get()), 2);
+  for (int k = 1; k <= 5; k++) ASSERT_TRUE(idx->Insert(U64(k), U64(1000 + k)).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  int phase = 0, calls = 0;
+  internal::fastfair::TestHooks hooks;
+  hooks.insert_slot0_ignored = [&](const void*) {
+    std::unique_lock<std::mutex> l(mu);
+    calls++;
+    if (phase != 0) return;
+    phase = 1;
+    cv.notify_all();
+    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 2; });
+  };
+  internal::fastfair::SetTestHooks(idx.get(), &hooks);
+  // Splits the leftmost leaf: its separator goes to slot 0 of the root.
+  std::thread w([&] { EXPECT_TRUE(idx->Insert(U64(6), U64(1006)).ok()); });
+  bool paused;
+  {
+    std::unique_lock<std::mutex> l(mu);
+    paused = cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 1; });
+  }
+  std::string v;
+  Status s = idx->Find(U64(30), &v);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    phase = 2;
+    cv.notify_all();
+  }
+  w.join();
+  internal::fastfair::SetTestHooks(idx.get(), nullptr);
+  EXPECT_TRUE(paused);
+  EXPECT_EQ(calls, 1) << "one insert at slot 0 (the root's) expected";
+  ASSERT_TRUE(s.ok()) << "key 30 reported: " << s.ToString();
+  EXPECT_EQ(SliceToU64(v), 1030u);
+  EXPECT_TRUE(idx->Check().ok());
+}
+
 }  // namespace
