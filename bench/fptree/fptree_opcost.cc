@@ -9,13 +9,19 @@
 // gives the instructions of each phase; divide by --ops. Pools are capped
 // (max_pool_size) so that valgrind can map them. Without valgrind it prints
 // wall-clock times per phase (noisy on a shared machine).
-// Usage: fptree_opcost [--index a,b,...] [--records N] [--ops N]
+// --skew h (0 < h <= 0.5) draws the finds' keys SELFSIMILAR as pmbench (a
+// share 1-h of them on the share h of the smallest ids), e.g. for
+// `valgrind --tool=callgrind --cache-sim=yes` miss counts under skew. An index
+// may carry parameters: "fptree:inner_size=512:leaf_size=32".
+// --find-only skips the other phases.
+// Usage: fptree_opcost [--index a,b:param=v,...] [--records N] [--ops N] [--skew h] [--find-only]
 #include <valgrind/callgrind.h>
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <cstdio>
 #include <cstdlib>
@@ -46,8 +52,19 @@ void Phase(const std::string& index, const char* phase, uint64_t ops, const std:
   if (!RUNNING_ON_VALGRIND) std::printf("  %-20s %8.3f us/op\n", tag.c_str(), 1e6 * t / double(ops));
 }
 
-void Run(const std::string& index, uint64_t records, uint64_t ops) {
+void Run(const std::string& spec, uint64_t records, uint64_t ops, double skew, bool find_only) {
   Options o;
+  std::stringstream specs(spec);
+  std::string index, kv;
+  std::getline(specs, index, ':');
+  while (std::getline(specs, kv, ':')) {
+    size_t e = kv.find('=');
+    if (e == std::string::npos) {
+      std::fprintf(stderr, "bad parameter '%s' (want name=value)\n", kv.c_str());
+      return;
+    }
+    o.params[kv.substr(0, e)] = kv.substr(e + 1);
+  }
   std::string path = "/dev/shm/fptree-opcost-" + index + "-" + std::to_string(getpid()) + ".pool";
   o.pool_path = path;
   o.pool_size = std::max<uint64_t>(64ull << 20, records * 96);
@@ -65,21 +82,33 @@ void Run(const std::string& index, uint64_t records, uint64_t ops) {
   std::mt19937_64 rng(7);
   std::string out;
   uint64_t next = records;
-  Phase(index, "find", ops, [&](uint64_t) { idx->Find(U64Slice(live[rng() % live.size()] * kMul), &out); });
-  Phase(index, "insert", ops, [&](uint64_t) {
+  // Find keys drawn up front (the draw's pow() stays out of the phase).
+  std::vector<uint64_t> fk(ops);
+  double expo = skew > 0 ? std::log(skew) / std::log(1 - skew) : 1;
+  std::uniform_real_distribution<double> uni(0, 1);
+  for (auto& k : fk)
+    k = skew > 0 ? std::min<uint64_t>(uint64_t(double(records) * std::pow(uni(rng), expo)), records - 1) * kMul
+                 : live[rng() % live.size()] * kMul;
+  Phase(spec, "find", ops, [&](uint64_t i) { idx->Find(U64Slice(fk[i]), &out); });
+  if (find_only) {
+    idx.reset();
+    pm::Pool::Remove(path);
+    return;
+  }
+  Phase(spec, "insert", ops, [&](uint64_t) {
     live.push_back(next);
     idx->Insert(U64Slice(next * kMul), U64Slice(next));
     next++;
   });
-  Phase(index, "update", ops, [&](uint64_t i) { idx->Update(U64Slice(live[rng() % live.size()] * kMul), U64Slice(i)); });
-  Phase(index, "delete", ops, [&](uint64_t) {
+  Phase(spec, "update", ops, [&](uint64_t i) { idx->Update(U64Slice(live[rng() % live.size()] * kMul), U64Slice(i)); });
+  Phase(spec, "delete", ops, [&](uint64_t) {
     size_t r = rng() % live.size();
     idx->Remove(U64Slice(live[r] * kMul));
     live[r] = live.back();
     live.pop_back();
   });
   uint64_t sink = 0;
-  Phase(index, "scan100", ops / 10, [&](uint64_t) {
+  Phase(spec, "scan100", ops / 10, [&](uint64_t) {
     idx->Scan(U64Slice(live[rng() % live.size()] * kMul), 100, [&](Slice k, Slice) {
       sink += k.size();
       return true;
@@ -95,19 +124,27 @@ void Run(const std::string& index, uint64_t records, uint64_t ops) {
 int main(int argc, char** argv) {
   std::vector<std::string> indexes = {"dram_btree", "fptree", "fptree_single", "ptree"};
   uint64_t records = 200000, ops = 100000;
+  double skew = 0;
+  bool find_only = false;
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--records") && i + 1 < argc) records = std::strtoull(argv[++i], nullptr, 10);
     else if (!std::strcmp(argv[i], "--ops") && i + 1 < argc) ops = std::strtoull(argv[++i], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--skew") && i + 1 < argc) skew = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--find-only")) find_only = true;
     else if (!std::strcmp(argv[i], "--index") && i + 1 < argc) {
       indexes.clear();
       std::stringstream ss(argv[++i]);
       for (std::string v; std::getline(ss, v, ',');)
         if (!v.empty()) indexes.push_back(v);
     } else {
-      std::fprintf(stderr, "usage: %s [--index a,b,...] [--records N] [--ops N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--index a,b:param=v,...] [--records N] [--ops N] [--skew h] [--find-only]\n", argv[0]);
       return 2;
     }
   }
-  for (auto& ix : indexes) Run(ix, records, ops);
+  if (skew < 0 || skew > 0.5) {
+    std::fprintf(stderr, "--skew must be in [0, 0.5]\n");
+    return 2;
+  }
+  for (auto& ix : indexes) Run(ix, records, ops, skew, find_only);
   return 0;
 }
