@@ -10,7 +10,8 @@
 // sec. 4.1), rebuilt at open. Leaf (fptree variants, m <= 56 slots):
 //   line 0      : 8-byte validity bitmap, then m one-byte fingerprints
 //   lines 1..   : m slots of {key word, value word} (16 bytes, 4 per line)
-//   trailer line: next leaf (pptr), lock/version word (never flushed),
+//   trailer line: next leaf (pptr), 8 unused bytes (the lock/version word
+//                 until session 5; fptree keeps it in DRAM now),
 //                 48-byte scan-order hint (volatile, never trusted unchecked)
 // ptree leaf (m <= 64): line 0 = bitmap only, a key array, a value array,
 // the trailer. A key word is the u64 key or the offset of a key block
@@ -52,8 +53,10 @@
 // Concurrency (fptree): no HTM. DRAM inner nodes use optimistic lock
 // coupling (a version word per node: readers validate, writers upgrade by
 // CAS and never wait for a leaf lock while holding one). Each leaf has a
-// seqlock word in its trailer line (bit 0 locked, bit 1 obsolete, +4 per
-// write): finds and scans read leaves optimistically and validate, writers
+// seqlock word (bit 0 locked, bit 1 obsolete, +4 per write) in a DRAM table
+// indexed by the leaf's pool offset (MapLeafVersions: the paper's "never
+// persisted" lock, without a third PM line per find): finds and scans read
+// leaves optimistically and validate, writers
 // lock the leaf by CAS and do the persistent work outside any inner-node
 // critical section. Deleted leaves, inner nodes removed by a leaf deletion
 // (marked obsolete: readers restart) and their byte-key separators are freed
@@ -81,6 +84,7 @@
 #include "fptree/fptree.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -291,7 +295,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
     base_ = pool_->base();
     reserved_size_ = pool_->max_size();
   }
-  ~FPTree() override { Close(); }
+  ~FPTree() override {
+    Close();
+    if (vtab_) munmap(vtab_, vtab_bytes_);
+  }
 
   std::string_view Name() const override { return VariantName(variant_); }
   KeyKind key_kind() const override { return kBytes ? KeyKind::kBytes : KeyKind::kU64; }
@@ -387,7 +394,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   uint64_t* Key(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.key_off + i * lay_.key_stride); }
   uint64_t* Val(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.val_off + i * lay_.val_stride); }
   uint64_t* Next(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer); }
-  uint64_t* Ver(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer + 8); }
+  // fptree's leaf lock/version word: in DRAM, see "Leaf versions" at MapLeafVersions.
+  // vbias_ is the table's address minus (base_ >> vshift_) words (base_ is
+  // page aligned), so that the word is found from the leaf's address alone.
+  uint64_t* Ver(char* l) const { return reinterpret_cast<uint64_t*>(vbias_ + 8 * (uintptr_t(l) >> vshift_)); }
 
   // ---- PM blocks (key/value) ------------------------------------------------
   // Block: {u64 len, data padded to 8}. Written with 8-byte atomic stores so
@@ -643,7 +653,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     n->version.fetch_add(3, std::memory_order_release);
   }
 
-  // Leaf seqlock (trailer word, never flushed).
+  // Leaf seqlock (DRAM table word, see MapLeafVersions).
   uint64_t LeafVersion(char* l) const { return kConc ? __atomic_load_n(Ver(l), __ATOMIC_ACQUIRE) : 0; }
   bool LeafValidate(char* l, uint64_t v) const {
     if constexpr (!kConc) return true;
@@ -653,18 +663,18 @@ class FPTree final : public Index, public FPTreeIntrospect {
   bool LeafTryLock(char* l, uint64_t v) {
     if constexpr (!kConc) return true;
     if (v & 3) return false;
-    return pm::CasVolatile(Ver(l), &v, v | 1, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+    return __atomic_compare_exchange_n(Ver(l), &v, v | 1, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
   }
   void LeafUnlock(char* l, bool obsolete = false) {
     if constexpr (!kConc) return;
     uint64_t v = __atomic_load_n(Ver(l), __ATOMIC_RELAXED);
-    pm::StoreVolatile(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
+    __atomic_store_n(Ver(l), uint64_t(((v & ~3ull) + 4) | (obsolete ? 2 : 0)), __ATOMIC_RELEASE);
   }
   // Unlock of a leaf locked by LeafTryLock(l, lv): only the lock holder
   // writes the word, so it still holds lv | 1 and need not be loaded.
   void LeafUnlockAt(char* l, uint64_t lv) {
     if constexpr (!kConc) return;
-    pm::StoreVolatile(Ver(l), uint64_t((lv & ~3ull) + 4), __ATOMIC_RELEASE);
+    __atomic_store_n(Ver(l), uint64_t((lv & ~3ull) + 4), __ATOMIC_RELEASE);
   }
 
   // Traverses to the leaf covering k. Returns its offset and (concurrent) an
@@ -692,12 +702,20 @@ class FPTree final : public Index, public FPTreeIntrospect {
       if (kConc && n != root_inner_.load(std::memory_order_acquire)) continue;
       for (;;) {
         uint32_t i = UpperBound(n, k);
+        // No validation of n between this load and the use of c (session 6:
+        // one version load and compare less per level): c is a child word of
+        // n, which always holds a node or leaf offset not yet freed: slots
+        // past the count keep moved or duplicated children, and a child
+        // removed from n is freed only after the grace period following its
+        // removal, which waits for every guard that could still load the
+        // removed word (a count read before the removal). So reading c's
+        // version is safe; whether c was n's child for k at version v is
+        // what the Validate(n, v) after that read checks.
         uint64_t c = n->child()[i].load(std::memory_order_relaxed);
-        if (!Validate(n, v)) goto restart;
         if (n->bottom) {
           char* l = L(c);
           // The caller reads line 0 (bitmap, fingerprints) next; start that
-          // miss now instead of after the version word's (trailer line).
+          // miss now instead of after the version word's (DRAM table).
           if constexpr (kConc) __builtin_prefetch(l);
           if (!kPath && lay_.home_lines > 1) __builtin_prefetch(HomeLineAddr(l, k));
           uint64_t lv = LeafVersion(l);
@@ -964,7 +982,8 @@ class FPTree final : public Index, public FPTreeIntrospect {
   }
   // Copy phase (alg. 3 lines 6-10): new leaf n gets all of l, keeps `upper`.
   void SplitCopy(char* l, char* n, uint64_t upper) {
-    // Everything but the trailer (whose lock word other threads CAS on).
+    // Everything but the trailer (next pointer set below; scans may store
+    // scan-order hints into l's trailer meanwhile).
     pm::Copy(n, l, lay_.trailer);
     pm::Store(Bm(n), upper);
     // SplitFinish flushes l's bitmap and next with one fence, so a crash image
@@ -973,7 +992,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
     // than set to l.next (that would make n point to itself).
     uint64_t lnext = Ld(Next(l));
     if (lnext != uint64_t(n - base_)) pm::Store(Next(n), lnext);
-    pm::StoreVolatile(Ver(n), uint64_t(1));  // born locked; the lock word is never meaningful in PM
+    if constexpr (kConc) {
+      // Born locked, and with a version no earlier leaf at this table word
+      // had (the words only grow; see MapLeafVersions).
+      uint64_t* w = Ver(n);
+      __atomic_store_n(w, uint64_t(((__atomic_load_n(w, __ATOMIC_RELAXED) & ~3ull) + 4) | 1), __ATOMIC_RELAXED);
+    }
     if (pointers_) {
       for (uint32_t i = 0; i < lay_.m; i++) {
         if (upper >> i & 1) continue;
@@ -2147,7 +2171,41 @@ class FPTree final : public Index, public FPTreeIntrospect {
   }
 
   // ---- recovery (alg. 9) -----------------------------------------------------------------
+  // Leaf versions (fptree; session 6). The paper's leaf lock byte is "never
+  // persisted"; we keep each leaf's seqlock word (bit 0 locked, bit 1
+  // obsolete, +4 per unlock) in a DRAM table instead of the leaf's trailer
+  // line, so that a find touches no third PM line per leaf (line 0, the slot
+  // line; the trailer was a miss in about 70% of self-similar finds in
+  // callgrind's cache model with a 2 MiB last level) and a write's lock
+  // CAS dirties no PM line. The word of the leaf at pool offset `off` is
+  // vtab_[off >> vshift_], 2^vshift_ being the largest power of two <= the
+  // leaf's size: two leaves that can be reached at the same time (neither
+  // freed: a leaf is freed only after the epoch grace period that follows
+  // its unlink) are at least a leaf size apart, so they never share a word.
+  // A word is shared only over time, by leaves (or bytes) at the same index
+  // one after the other; it never decreases (a split stores (old & ~3) + 4 | 1
+  // into its new leaf's word, "born locked"), so a version read of an
+  // earlier leaf there never validates against a later one. The reader
+  // protocol is unchanged: descent, version (acquire), reads, validation.
+  // The table reserves 8 bytes per 2^vshift_ bytes of the pool's reserved
+  // address space (MAP_NORESERVE: pages are backed as leaves touch them,
+  // about 8 bytes of DRAM per leaf). It is zero at open, which is all that
+  // recovery's old "reset the lock words" did; the trailer's former lock
+  // word (byte 8 of the trailer) is no longer read or written.
+  Status MapLeafVersions() {
+    if (!kConc || vtab_) return Status::OK();
+    vshift_ = 63 - __builtin_clzll(lay_.bytes);
+    vtab_bytes_ = ((reserved_size_ >> vshift_) + 1) * 8;
+    void* p = mmap(nullptr, vtab_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return Status::IOError("fptree: cannot map the leaf version table");
+    vtab_ = static_cast<uint64_t*>(p);
+    if (uintptr_t(base_) & ((uintptr_t(1) << vshift_) - 1)) return Status::Corrupt("fptree: pool base not aligned");
+    vbias_ = uintptr_t(vtab_) - 8 * (uintptr_t(base_) >> vshift_);
+    return Status::OK();
+  }
+
   Status Recover() {
+    PMINDEX_RETURN_IF_ERROR(MapLeafVersions());
     auto t0 = std::chrono::steady_clock::now();
     Root* r = root_;
     split_free_.store(~0ull);
@@ -2214,7 +2272,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       pm::Store(&lg->prev, uint64_t(0));
       pm::Persist(lg, 16);
     }
-    // Per leaf (parallel): reset the lock word, leak checks (alg. 17 for keys
+    // Per leaf (parallel): leak checks (alg. 17 for keys
     // and values), min key, emptiness.
     size_t nl = leaves.size();
     std::vector<Rec> minkey(nl);
@@ -2223,7 +2281,6 @@ class FPTree final : public Index, public FPTreeIntrospect {
     auto work = [&](size_t from, size_t to) {
       for (size_t j = from; j < to; j++) {
         char* l = L(leaves[j]);
-        pm::StoreVolatile(Ver(l), uint64_t(0));
         uint64_t bm = *Bm(l) & lay_.full;
         if (bm != *Bm(l)) pm::Store(Bm(l), bm);
         empty[j] = bm == 0;
@@ -2360,6 +2417,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::unique_ptr<pm::Pool> pool_;
   Options opts_;
   char* base_ = nullptr;
+  uint64_t* vtab_ = nullptr;  // fptree: leaf lock/version words (MapLeafVersions)
+  size_t vtab_bytes_ = 0;
+  uintptr_t vbias_ = 0;
+  uint32_t vshift_ = 0;
   Root* root_ = nullptr;
   Layout lay_{};
   uint8_t variant_ = 0;
