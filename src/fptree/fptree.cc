@@ -2152,6 +2152,9 @@ class FPTree final : public Index, public FPTreeIntrospect {
     s.records = Size();
     s.pm_bytes = pool_->allocator().BytesInUse();
     s.dram_bytes = dram_bytes_.load() + free_leaves_.capacity() * 8 + group_used_.size() * 48;
+    // fptree's leaf version table: the part covering the pool's current size
+    // (the pages leaves can have touched).
+    if (kConc) s.dram_bytes += ((pool_->size() >> vshift_) + 1) * 8;
     s.recovery_seconds = recovery_seconds_;
     return s;
   }
