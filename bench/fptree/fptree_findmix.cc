@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "index_spec.h"
 #include "pmindex/index.h"
 
 using namespace pmindex;
@@ -81,17 +82,8 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<Index>> idx(n);
   for (size_t i = 0; i < n; i++) {
     Options o;
-    std::stringstream ss(specs[i]);
-    std::string name, kv;
-    std::getline(ss, name, ':');
-    while (std::getline(ss, kv, ':')) {
-      size_t e = kv.find('=');
-      if (e == std::string::npos) {
-        std::fprintf(stderr, "bad parameter '%s' (want name=value)\n", kv.c_str());
-        return 2;
-      }
-      o.params[kv.substr(0, e)] = kv.substr(e + 1);
-    }
+    std::string name;
+    if (!ParseIndexSpec(specs[i], &name, &o)) return 2;
     Status s = OpenIndex(name, o, &idx[i]);
     if (!s.ok()) {
       std::fprintf(stderr, "%s: %s\n", specs[i].c_str(), s.ToString().c_str());

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "index_spec.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 
@@ -54,17 +55,8 @@ void Phase(const std::string& index, const char* phase, uint64_t ops, const std:
 
 void Run(const std::string& spec, uint64_t records, uint64_t ops, double skew, bool find_only) {
   Options o;
-  std::stringstream specs(spec);
-  std::string index, kv;
-  std::getline(specs, index, ':');
-  while (std::getline(specs, kv, ':')) {
-    size_t e = kv.find('=');
-    if (e == std::string::npos) {
-      std::fprintf(stderr, "bad parameter '%s' (want name=value)\n", kv.c_str());
-      return;
-    }
-    o.params[kv.substr(0, e)] = kv.substr(e + 1);
-  }
+  std::string index;
+  if (!benchutil::ParseIndexSpec(spec, &index, &o)) return;
   std::string path = "/dev/shm/fptree-opcost-" + index + "-" + std::to_string(getpid()) + ".pool";
   o.pool_path = path;
   o.pool_size = std::max<uint64_t>(64ull << 20, records * 96);
