@@ -281,6 +281,7 @@ static_assert(sizeof(Inner) % 8 == 0);
 struct FPTreeIntrospect {
   virtual void Shape(uint64_t* inner_nodes, uint64_t* leaves) = 0;
   virtual void HomeShare(uint64_t* at_home, uint64_t* records) = 0;
+  virtual bool LeafVersionWords(std::string* why) = 0;
 };
 
 template <bool kConc, bool kBytes>
@@ -2146,6 +2147,31 @@ class FPTree final : public Index, public FPTreeIntrospect {
     }
   }
 
+  // fptree's leaf version table (MapLeafVersions): the leaves in the list have
+  // pairwise distinct words inside the table, none locked or obsolete.
+  bool LeafVersionWords(std::string* why) override {
+    if (!kConc) return true;
+    std::vector<uint64_t*> words;
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) {
+      uint64_t* w = Ver(L(x));
+      if (w < vtab_ || w >= vtab_ + vtab_bytes_ / 8) {
+        *why = "leaf at " + std::to_string(x) + ": version word outside the table";
+        return false;
+      }
+      if (*w & 3) {
+        *why = "leaf at " + std::to_string(x) + ": version word locked or obsolete";
+        return false;
+      }
+      words.push_back(w);
+    }
+    std::sort(words.begin(), words.end());
+    if (std::adjacent_find(words.begin(), words.end()) != words.end()) {
+      *why = "two leaves share a version word";
+      return false;
+    }
+    return true;
+  }
+
   IndexStats Stats() override {
     IndexStats s;
     if (closed_) return s;
@@ -2192,9 +2218,11 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // protocol is unchanged: descent, version (acquire), reads, validation.
   // The table reserves 8 bytes per 2^vshift_ bytes of the pool's reserved
   // address space (MAP_NORESERVE: pages are backed as leaves touch them,
-  // about 8 bytes of DRAM per leaf). It is zero at open, which is all that
-  // recovery's old "reset the lock words" did; the trailer's former lock
-  // word (byte 8 of the trailer) is no longer read or written.
+  // about 8 bytes of DRAM per leaf). It is zero at open; recovery clears the
+  // lock bits of every leaf's word (a split redone by recovery leaves its new
+  // leaf born locked; pmcheck found this when the reset was first dropped).
+  // The trailer's former lock word (byte 8 of the trailer) is no longer read
+  // or written.
   Status MapLeafVersions() {
     if (!kConc || vtab_) return Status::OK();
     vshift_ = 63 - __builtin_clzll(lay_.bytes);
@@ -2275,7 +2303,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       pm::Store(&lg->prev, uint64_t(0));
       pm::Persist(lg, 16);
     }
-    // Per leaf (parallel): leak checks (alg. 17 for keys
+    // Per leaf (parallel): unlock the version word, leak checks (alg. 17 for keys
     // and values), min key, emptiness.
     size_t nl = leaves.size();
     std::vector<Rec> minkey(nl);
@@ -2284,6 +2312,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
     auto work = [&](size_t from, size_t to) {
       for (size_t j = from; j < to; j++) {
         char* l = L(leaves[j]);
+        // The table is zero at open, but a split redone above (SplitCopy)
+        // left its new leaf's word "born locked": clear the lock bits (the
+        // word keeps growing).
+        if constexpr (kConc) __atomic_store_n(Ver(l), __atomic_load_n(Ver(l), __ATOMIC_RELAXED) & ~3ull, __ATOMIC_RELAXED);
         uint64_t bm = *Bm(l) & lay_.full;
         if (bm != *Bm(l)) pm::Store(Bm(l), bm);
         empty[j] = bm == 0;
@@ -2520,6 +2552,15 @@ bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves) {
   if (!t) return false;
   t->Shape(inner_nodes, leaves);
   return true;
+}
+
+bool FPTreeLeafVersionWords(Index* idx, std::string* why) {
+  auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
+  if (!t) {
+    *why = "not an FPTree";
+    return false;
+  }
+  return t->LeafVersionWords(why);
 }
 
 bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records) {

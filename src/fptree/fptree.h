@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace pmindex {
 class Index;
@@ -20,6 +21,12 @@ bool FPTreeShape(Index* idx, uint64_t* inner_nodes, uint64_t* leaves);
 // (fptree, fptree_single; always 0 for ptree), and all records. Not
 // thread-safe against writers.
 bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records);
+
+// fptree's leaf lock/version words (a DRAM table indexed by leaf offset):
+// true if every leaf in the list has its own word inside the table, none
+// locked or obsolete (a quiescent tree); else false and *why. Always true for
+// fptree_single and ptree. Not thread-safe against writers.
+bool FPTreeLeafVersionWords(Index* idx, std::string* why);
 
 // Per-thread number of in-leaf key comparisons (fingerprint hits that were
 // compared against the search key, or every valid key for ptree) since the

@@ -604,6 +604,81 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
     }
 }
 
+// fptree's leaf lock/version words live in a DRAM table indexed by the
+// leaf's pool offset >> s, 2^s the largest power of two <= the leaf size
+// (docs/fptree.md "Session 6"). Every leaf must own its word: with any
+// larger divisor two neighbouring leaves (a leaf size apart) would share one
+// (leaf_size 2: 192-byte leaves; a 256 divisor makes about one neighbour pair
+// in four collide), and a split's "born locked" store would then lock
+// another leaf. Splits, leaf deletions (freed offsets reused by later
+// splits) and a reopen, for several leaf sizes and both key kinds; the
+// records must stay exact too.
+TEST(FPTreeMisc, LeafVersionWordsAreDistinct) {
+  for (int m : {2, 3, 4, 5, 8, 13, 56})
+    for (bool bytes : {false, true}) {
+      SCOPED_TRACE("leaf_size " + std::to_string(m) + (bytes ? " byte keys" : " u64 keys"));
+      std::string path = PoolPath("vtab");
+      Options o;
+      o.pool_path = path;
+      o.key_kind = bytes ? KeyKind::kBytes : KeyKind::kU64;
+      o.params["leaf_size"] = std::to_string(m);
+      o.params["inner_size"] = "8";
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+      auto key = [&](uint64_t k) {
+        if (!bytes) return std::string(U64Slice(k * 0x9E3779B97F4A7C15ull));
+        return "k" + std::to_string(k * 0x9E3779B97F4A7C15ull);
+      };
+      auto check = [&] {
+        std::string why;
+        EXPECT_TRUE(internal::FPTreeLeafVersionWords(idx.get(), &why)) << why;
+      };
+      std::map<std::string, std::string> model;
+      std::mt19937_64 rng(m);
+      const uint64_t n = 3000;
+      for (uint64_t i = 0; i < n; i++) {
+        uint64_t k = rng() % (4 * n);
+        if (model.emplace(key(k), std::string(U64Slice(k))).second) {
+          ASSERT_TRUE(idx->Insert(key(k), std::string(U64Slice(k))).ok());
+        }
+      }
+      check();
+      for (auto it = model.begin(); it != model.end();) {  // empties whole leaves
+        if (rng() % 4 != 0) {
+          ASSERT_TRUE(idx->Remove(it->first).ok());
+          it = model.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      check();
+      for (uint64_t i = 0; i < n; i++) {  // new leaves on freed offsets
+        uint64_t k = 4 * n + rng() % (4 * n);
+        if (model.emplace(key(k), std::string(U64Slice(k))).second) {
+          ASSERT_TRUE(idx->Insert(key(k), std::string(U64Slice(k))).ok());
+        }
+      }
+      check();
+      idx.reset();
+      ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+      check();
+      std::string v;
+      for (auto& [k, val] : model) {
+        ASSERT_TRUE(idx->Find(k, &v).ok());
+        EXPECT_EQ(v, val);
+      }
+      size_t seen = 0;
+      std::string start = bytes ? std::string("k") : std::string(U64Slice(0));
+      ASSERT_TRUE(idx->Scan(start, model.size() + 1, [&](Slice, Slice) {
+        seen++;
+        return true;
+      }).ok());
+      EXPECT_EQ(seen, model.size());
+      idx.reset();
+      pm::Pool::Remove(path);
+    }
+}
+
 // Home-line placement (docs/fptree.md): most records of a randomly loaded
 // tree sit in the slot line the descent prefetches for their key, also
 // after algorithm-8 updates (update=flip moves every record to another
