@@ -85,6 +85,7 @@
 
 #include <immintrin.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -2178,9 +2179,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
     s.records = Size();
     s.pm_bytes = pool_->allocator().BytesInUse();
     s.dram_bytes = dram_bytes_.load() + free_leaves_.capacity() * 8 + group_used_.size() * 48;
-    // fptree's leaf version table: the part covering the pool's current size
-    // (the pages leaves can have touched).
-    if (kConc) s.dram_bytes += ((pool_->size() >> vshift_) + 1) * 8;
+    // fptree's leaf version table: its resident pages (mincore), i.e. the
+    // pages leaves have touched (about 8 bytes per 2^vshift_ bytes of the
+    // pool's used range). Counting the whole range the pool's current size
+    // covers instead overstated it by the unused part of the pool (13.55
+    // vs 7.5 MiB of DRAM at 10M records in a 1 GiB pool).
+    if (kConc && vtab_) s.dram_bytes += VtabResidentBytes();
     s.recovery_seconds = recovery_seconds_;
     return s;
   }
@@ -2223,6 +2227,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // leaf born locked; pmcheck found this when the reset was first dropped).
   // The trailer's former lock word (byte 8 of the trailer) is no longer read
   // or written.
+  uint64_t VtabResidentBytes() const {
+    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> in((vtab_bytes_ + page - 1) / page);
+    if (::mincore(vtab_, vtab_bytes_, in.data()) != 0) return vtab_bytes_;  // cannot tell: all of it
+    uint64_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n * page;
+  }
   Status MapLeafVersions() {
     if (!kConc || vtab_) return Status::OK();
     vshift_ = 63 - __builtin_clzll(lay_.bytes);
