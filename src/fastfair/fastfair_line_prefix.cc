@@ -2,13 +2,14 @@
 // tests (see fastfair_line_prefix.h).
 #include "fastfair/fastfair_line_prefix.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
+
+#include "pm/image_file.h"
 
 namespace fftest {
 
@@ -39,38 +40,29 @@ LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
   std::map<uint64_t, size_t> flushed;              // line -> pieces covered by a flush, not fenced
   LinePrefixRun run;
   std::mt19937_64 rng(42);
-  // Only the pages that are not zero in `durable` or that an event stores
-  // to are written (the rest of the file is a hole, i.e. zeros): writing
-  // the whole pool per image was most of the tests' time.
-  constexpr uint64_t kPage = 4096;
-  std::vector<uint64_t> pages;
-  {
-    std::vector<bool> want((durable.size() + kPage - 1) / kPage, false);
-    static const char zero[kPage] = {};
-    for (uint64_t p = 0; p < durable.size(); p += kPage)
-      want[p / kPage] = std::memcmp(&durable[p], zero, std::min<uint64_t>(kPage, durable.size() - p)) != 0;
-    for (const auto& ev : events)
-      if (ev.type == 0) want[ev.p.off / kPage] = true;
-    for (uint64_t i = 0; i < want.size(); i++)
-      if (want[i]) pages.push_back(i * kPage);
-  }
+  // `cur` is the image last written: durable plus the pieces a crash state
+  // keeps, taken back out after each image. pm::WriteImageFile rewrites
+  // only the pages that differ from the file (writing the whole pool per
+  // image was most of the tests' time).
+  std::string cur = durable;
+  cur.resize(std::max<uint64_t>(file_size, durable.size()), '\0');
   auto check = [&](const std::vector<uint64_t>& lines, const std::vector<size_t>& choice) {
-    std::map<uint64_t, std::string> img;  // page -> bytes
-    for (uint64_t p : pages) img[p] = durable.substr(p, kPage);
     std::string desc;
     for (size_t i = 0; i < lines.size(); i++) {
       for (size_t j = 0; j < choice[i]; j++) {
         const Piece& p = pending[lines[i]][j];
-        std::memcpy(&img[p.off / kPage * kPage][p.off % kPage], p.bytes.data(), p.bytes.size());
+        std::memcpy(&cur[p.off], p.bytes.data(), p.bytes.size());
       }
       desc += " line@" + std::to_string(lines[i]) + ":" + std::to_string(choice[i]) + "/" +
               std::to_string(pending[lines[i]].size());
     }
-    pm::Pool::Remove(image_path);
-    const int fd = ::open(image_path.c_str(), O_CREAT | O_TRUNC | O_RDWR, 0644);
-    bool io = fd >= 0 && ::ftruncate(fd, off_t(file_size)) == 0;
-    for (const auto& [p, b] : img) io = io && ::pwrite(fd, b.data(), b.size(), off_t(p)) == ssize_t(b.size());
-    if (fd >= 0) ::close(fd);
+    const bool io = pm::WriteImageFile(image_path, cur.data(), file_size);
+    for (size_t i = 0; i < lines.size(); i++) {
+      for (size_t j = 0; j < choice[i]; j++) {
+        const Piece& p = pending[lines[i]][j];
+        std::memcpy(&cur[p.off], &durable[p.off], p.bytes.size());
+      }
+    }
     run.images++;
     const std::string err = io ? verify() : std::string("cannot write the image");
     if (!err.empty() && ++run.bad <= 3) ADD_FAILURE() << name << ": crash image " << run.images << " (" << desc << "):" << err;
@@ -114,7 +106,10 @@ LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
     } else {
       for (auto& [l, n] : flushed) {
         auto& v = pending[l];
-        for (size_t j = 0; j < n; j++) std::memcpy(&durable[v[j].off], v[j].bytes.data(), v[j].bytes.size());
+        for (size_t j = 0; j < n; j++) {
+          std::memcpy(&durable[v[j].off], v[j].bytes.data(), v[j].bytes.size());
+          std::memcpy(&cur[v[j].off], v[j].bytes.data(), v[j].bytes.size());
+        }
         v.erase(v.begin(), v.begin() + n);
       }
       flushed.clear();
