@@ -11,7 +11,7 @@
 namespace pmindex::pm {
 
 namespace detail {
-thread_local Counters tl_counters __attribute__((tls_model("initial-exec")));
+constinit thread_local Counters tl_counters __attribute__((tls_model("initial-exec"))) = {};
 std::atomic<Observer*> g_observer{nullptr};
 PersistMode g_mode = PersistMode::kFlush;
 uint32_t g_extra_latency_ns = 0;

@@ -24,6 +24,14 @@
 #include <string>
 #include <type_traits>
 
+// The primitives below are forced inline: their memory-order arguments must
+// be compile-time constants at the call site. An out-of-line copy (GCC does
+// not inline every call in large functions) receives the order at run time,
+// and GCC then compiles __atomic_store as seq_cst (an xchg, a full barrier
+// that also waits for earlier clwb): session 7 found fptree's insert paying
+// for that. always_inline also keeps Fence and Flush off the PLT.
+#define PMINDEX_PM_INLINE inline __attribute__((always_inline))
+
 namespace pmindex::pm {
 
 inline constexpr size_t kCacheLine = 64;
@@ -76,7 +84,7 @@ namespace detail {
 // (general-dynamic) model costs a __tls_get_addr call per access from a
 // shared library. The 64 bytes come from glibc's static TLS reserve, which
 // also covers libpmindex loaded by dlopen (the PiBench plugins; tested).
-extern thread_local Counters tl_counters __attribute__((tls_model("initial-exec")));
+extern constinit thread_local Counters tl_counters __attribute__((tls_model("initial-exec")));
 }
 inline Counters& ThreadCounters() { return detail::tl_counters; }
 inline void ResetThreadCounters() { detail::tl_counters = Counters{}; }
@@ -126,7 +134,7 @@ inline Observer* GetObserver() { return detail::g_observer.load(std::memory_orde
 
 // A plain (non-atomic) store of a trivially copyable value.
 template <typename T>
-inline void Store(T* dst, const T& v) {
+PMINDEX_PM_INLINE void Store(T* dst, const T& v) {
   static_assert(std::is_trivially_copyable_v<T>);
   *dst = v;
   detail::tl_counters.stores++;
@@ -138,7 +146,7 @@ inline void Store(T* dst, const T& v) {
 // 1/2/4/8-byte integer or pointer-sized type; 8-byte aligned 8-byte stores are
 // failure-atomic.
 template <typename T>
-inline void StoreAtomic(T* dst, T v, int order = __ATOMIC_RELEASE) {
+PMINDEX_PM_INLINE void StoreAtomic(T* dst, T v, int order = __ATOMIC_RELEASE) {
   static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8));
   __atomic_store(dst, &v, order);
   detail::tl_counters.stores++;
@@ -148,7 +156,7 @@ inline void StoreAtomic(T* dst, T v, int order = __ATOMIC_RELEASE) {
 
 // Compare-and-swap on a PM word. On failure *expected gets the current value.
 template <typename T>
-inline bool Cas(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
+PMINDEX_PM_INLINE bool Cas(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
   static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1 || sizeof(T) == 2);
   bool ok = __atomic_compare_exchange(dst, expected, &desired, false, success, failure);
   if (ok) {
@@ -161,7 +169,7 @@ inline bool Cas(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, 
 
 // Atomic read-modify-write of a PM word; return the previous value.
 template <typename T>
-inline T FetchOr(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
+PMINDEX_PM_INLINE T FetchOr(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_or(dst, bits, order);
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += sizeof(T);
@@ -169,7 +177,7 @@ inline T FetchOr(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   return old;
 }
 template <typename T>
-inline T FetchAnd(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
+PMINDEX_PM_INLINE T FetchAnd(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_and(dst, bits, order);
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += sizeof(T);
@@ -177,7 +185,7 @@ inline T FetchAnd(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   return old;
 }
 template <typename T>
-inline T FetchAdd(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
+PMINDEX_PM_INLINE T FetchAdd(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_add(dst, v, order);
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += sizeof(T);
@@ -190,7 +198,7 @@ inline T FetchAdd(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
 // They may still reach PM in any state at a crash: recovery must cope. The
 // durability lint does not count them as missing flushes.
 template <typename T>
-inline void StoreVolatile(T* dst, T v, int order = __ATOMIC_RELEASE) {
+PMINDEX_PM_INLINE void StoreVolatile(T* dst, T v, int order = __ATOMIC_RELEASE) {
   static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
   __atomic_store(dst, &v, order);
   detail::tl_counters.stores++;
@@ -198,7 +206,7 @@ inline void StoreVolatile(T* dst, T v, int order = __ATOMIC_RELEASE) {
   PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
 }
 template <typename T>
-inline bool CasVolatile(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
+PMINDEX_PM_INLINE bool CasVolatile(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
   static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1 || sizeof(T) == 2);
   bool ok = __atomic_compare_exchange(dst, expected, &desired, false, success, failure);
   if (ok) {
@@ -209,7 +217,7 @@ inline bool CasVolatile(T* dst, T* expected, T desired, int success = __ATOMIC_A
   return ok;
 }
 template <typename T>
-inline T FetchAddVolatile(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
+PMINDEX_PM_INLINE T FetchAddVolatile(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_add(dst, v, order);
   detail::tl_counters.stores++;
   detail::tl_counters.store_bytes += sizeof(T);
@@ -219,14 +227,14 @@ inline T FetchAddVolatile(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
 
 // A load the caller will act on durably (see Observer::OnLoad).
 template <typename T>
-inline T LoadAcquire(const T* src) {
+PMINDEX_PM_INLINE T LoadAcquire(const T* src) {
   T v;
   __atomic_load(src, &v, __ATOMIC_ACQUIRE);
   PMINDEX_OBSERVE(OnLoad(src, sizeof(T)));
   return v;
 }
 template <typename T>
-inline T LoadRelaxed(const T* src) {
+PMINDEX_PM_INLINE T LoadRelaxed(const T* src) {
   T v;
   __atomic_load(src, &v, __ATOMIC_RELAXED);
   return v;
@@ -251,7 +259,7 @@ void SetAtomicLineWriteEmulation(bool on);  // tests / pmcheck only
 // ---------------------------------------------------------------------------
 // Flush and fence.
 namespace detail {
-inline void FlushLineInstr(const void* p) {
+PMINDEX_PM_INLINE void FlushLineInstr(const void* p) {
   switch (g_flush_instr) {
     case FlushInstr::kClwb:
       asm volatile("clwb %0" : "+m"(*(volatile char*)p));
@@ -267,7 +275,7 @@ inline void FlushLineInstr(const void* p) {
 }  // namespace detail
 
 // Writes back every cache line overlapping [addr, addr+len).
-inline void Flush(const void* addr, size_t len) {
+PMINDEX_PM_INLINE void Flush(const void* addr, size_t len) {
   if (len == 0) return;
   uintptr_t p = LineOf(addr);
   const uintptr_t end = reinterpret_cast<uintptr_t>(addr) + len;
@@ -281,20 +289,20 @@ inline void Flush(const void* addr, size_t len) {
   }
 }
 
-inline void Fence() {
+PMINDEX_PM_INLINE void Fence() {
   detail::tl_counters.fences++;
   asm volatile("sfence" ::: "memory");
   PMINDEX_OBSERVE(OnFence());
 }
 
-inline void Persist(const void* addr, size_t len) {
+PMINDEX_PM_INLINE void Persist(const void* addr, size_t len) {
   Flush(addr, len);
   Fence();
 }
 
 // Store + flush + fence of one value: the common "commit" step.
 template <typename T>
-inline void StorePersist(T* dst, const T& v) {
+PMINDEX_PM_INLINE void StorePersist(T* dst, const T& v) {
   StoreAtomic(dst, v);
   Persist(dst, sizeof(T));
 }
