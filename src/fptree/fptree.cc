@@ -401,6 +401,16 @@ class FPTree final : public Index, public FPTreeIntrospect {
   uint64_t* Key(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.key_off + i * lay_.key_stride); }
   uint64_t* Val(char* l, int i) const { return reinterpret_cast<uint64_t*>(l + lay_.val_off + i * lay_.val_stride); }
   uint64_t* Next(char* l) const { return reinterpret_cast<uint64_t*>(l + lay_.trailer); }
+  // The next pointer for an unlocked reader that goes on to read the next
+  // leaf (its version word, bitmap or slots). Acquire, paired with the
+  // release store that published the pointer (SplitFinish; an unlink's
+  // StorePersist): the new leaf's SplitCopy (plain copy and bitmap stores,
+  // its "born locked" version word) then happens before the reads. Relaxed,
+  // Size() loaded a new leaf's bitmap racing with SplitCopy's plain stores
+  // (TSan, session 7 review), and a scan could in the C++ model see the new
+  // leaf's table word from before SplitCopy (unlocked) and read the leaf
+  // while it was copied. A plain move on x86.
+  uint64_t NextAcquire(char* l) const { return __atomic_load_n(Next(l), __ATOMIC_ACQUIRE); }
   // fptree's leaf lock/version word: in DRAM, see "Leaf versions" at MapLeafVersions.
   // vbias_ is the table's address minus (base_ >> vshift_) words (base_ is
   // page aligned), so that the word is found from the leaf's address alone.
@@ -1678,7 +1688,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
             nout = before;
             break;  // changed: re-traverse from the last key collected
           }
-          uint64_t nx = Ld(Next(l));
+          uint64_t nx = NextAcquire(l);  // the loop reads that leaf next (NextAcquire)
           if (!LeafValidate(l, lv)) {
             nout = before;
             break;
@@ -1872,7 +1882,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     // review finding). A stale offset only wastes the prefetch: the leaf it
     // names is not freed while this scan's epoch guard is held.
     if (room > size_t(cnt)) {
-      if (next_header_fetched) PrefetchRecords(__atomic_load_n(Next(l), __ATOMIC_ACQUIRE));
+      if (next_header_fetched) PrefetchRecords(NextAcquire(l));
       else PrefetchLeaf(Ld(Next(l)));
     }
     // Layout values in locals: the loops below store to `out`, which the
@@ -1986,7 +1996,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       recs->push_back(std::move(a.first));
       if (!ReadSlotVal(l, a.second, &recs->back())) return false;
     }
-    *next = Ld(Next(l));
+    *next = NextAcquire(l);  // the caller reads that leaf next
     return LeafValidate(l, lv);
   }
 
@@ -1994,7 +2004,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (closed_) return 0;
     EpochGuard g(epoch_, kConc);
     uint64_t n = 0;
-    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) n += __builtin_popcountll(Ld(Bm(L(x))));
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = NextAcquire(L(x))) n += __builtin_popcountll(Ld(Bm(L(x))));
     return n;
   }
 
@@ -2131,12 +2141,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
       *inner_nodes = nodes_.size();
     }
     *leaves = 0;
-    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) ++*leaves;
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = NextAcquire(L(x))) ++*leaves;
   }
   // Records whose slot is in their home line (home-line placement).
   void HomeShare(uint64_t* at_home, uint64_t* records) override {
     *at_home = *records = 0;
-    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) {
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = NextAcquire(L(x))) {
       char* l = L(x);
       for (uint64_t m = Ld(Bm(l)) & lay_.full; m; m &= m - 1) {
         int i = __builtin_ctzll(m);
@@ -2158,7 +2168,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   bool LeafVersionWords(std::string* why) override {
     if (!kConc) return true;
     std::vector<uint64_t*> words;
-    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = Ld(Next(L(x)))) {
+    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = NextAcquire(L(x))) {
       uint64_t* w = Ver(L(x));
       if (w < vtab_ || w >= vtab_ + vtab_bytes_ / 8) {
         *why = "leaf at " + std::to_string(x) + ": version word outside the table";
