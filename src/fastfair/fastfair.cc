@@ -551,9 +551,21 @@ class FastFair final : public FastFairBase {
   uint64_t Size() override {
     EpochGuard eg(epoch_);  // walks nodes a concurrent merge may retire
     uint64_t total = 0;
-    for (Node* n = LeftmostAt(0); n; n = At(Ld(&n->sibling))) {
+    // Each leaf under its read lock, as the locked scan reads it: LiveCount
+    // reads the links, the high key and keys with plain loads (written for
+    // quiescent or locked callers) and compares byte keys, whose blocks a
+    // delete frees at once. Unlocked, a Size() (or Stats()) concurrent with
+    // writers was a data race: TSan reported those plain loads against the
+    // writers' St stores, and key-block reads against AllocBlock reusing a
+    // freed block (session 7 review, SizeDuringSplitsAndMerges). A count
+    // taken while writers run is approximate; a quiescent one is exact.
+    for (Node* n = LeftmostAt(0); n;) {
+      RLock(n);
       const uint32_t c = LiveCount(n);
       for (uint32_t j = 0; j < c; j++) total += !Ignored(n, j);
+      Node* next = At(n->sibling);
+      RUnlock(n);
+      n = next;
     }
     return total;
   }
