@@ -29,6 +29,16 @@ namespace {
 using namespace pmindex;
 using fftest::U64;
 
+// The deterministic interleaving tests' waits for a hook's phase are
+// bounded: a build that never reaches (or never leaves) a paused point
+// fails with `what` after 20 s instead of hanging the suite.
+template <typename Pred>
+bool WaitPhase(std::condition_variable& cv, std::unique_lock<std::mutex>& l, Pred pred, const char* what) {
+  if (cv.wait_for(l, std::chrono::seconds(20), pred)) return true;
+  ADD_FAILURE() << "timed out after 20 s waiting for " << what;
+  return false;
+}
+
 struct Case {
   KeyKind kk;
   ValueKind vk;
@@ -511,7 +521,7 @@ TEST(FastFairInterleaving, FindDuringLeftShift) {
         w_j = j;
         phase = 1;
         cv.notify_all();
-        cv.wait(l, [&] { return phase >= 2; });
+        WaitPhase(cv, l, [&] { return phase >= 2; }, "the reader to release the paused left shift");
       };
       hooks.lf_forward_key = [&](const void* leaf, uint32_t j) {
         std::unique_lock<std::mutex> l(mu);
@@ -519,7 +529,7 @@ TEST(FastFairInterleaving, FindDuringLeftShift) {
         reader_paused = true;
         phase = 2;  // let the writer store k[j] = k[j+1] and finish
         cv.notify_all();
-        cv.wait(l, [&] { return phase == 3; });
+        WaitPhase(cv, l, [&] { return phase == 3; }, "the left-shift insert to finish");
       };
       internal::fastfair::SetTestHooks(idx.get(), &hooks);
       std::thread w([&] {
@@ -530,7 +540,7 @@ TEST(FastFairInterleaving, FindDuringLeftShift) {
       });
       {
         std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return phase != 0; });
+        WaitPhase(cv, l, [&] { return phase != 0; }, "the insert to pause before a left move (or finish)");
       }
       const uint64_t key = first + 10 * step;  // the record being moved
       std::string v;
@@ -761,17 +771,19 @@ TEST(FastFairInterleaving, FindDuringDropPrefix) {
     armed = false;
     phase = 1;
     cv.notify_all();
-    cv.wait(l, [&] { return phase == 2; });
+    WaitPhase(cv, l, [&] { return phase == 2; }, "the writer's DropPrefix and insert while the reader is paused");
   };
   internal::fastfair::SetTestHooks(idx.get(), &hooks);
   Status fs;
   std::string v;
   std::thread r([&] { fs = idx->Find(U64(30), &v); });
+  bool paused;
   {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return phase == 1; });
+    paused = WaitPhase(cv, l, [&] { return phase == 1; }, "the reader to pause after loading slot 1");
   }
-  ASSERT_TRUE(idx->Insert(U64(65), U64(1065)).ok());  // FixLk: DropPrefix, then the insert
+  // (No ASSERT before the join: the reader may be waiting in the hook.)
+  const Status is = idx->Insert(U64(65), U64(1065));  // FixLk: DropPrefix, then the insert
   {
     std::lock_guard<std::mutex> l(mu);
     phase = 2;
@@ -779,6 +791,8 @@ TEST(FastFairInterleaving, FindDuringDropPrefix) {
   }
   r.join();
   internal::fastfair::SetTestHooks(idx.get(), nullptr);
+  ASSERT_TRUE(is.ok()) << is.ToString();
+  EXPECT_TRUE(paused) << "the reader never reached slot 1 of its forward scan";
   EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->prefix_drops, drops0 + 1);
   ASSERT_TRUE(fs.ok()) << "Find(30) during DropPrefix: " << fs.ToString();
   EXPECT_EQ(SliceToU64(v), 1030u);
