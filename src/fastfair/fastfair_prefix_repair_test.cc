@@ -72,6 +72,8 @@ struct Case {
   // If >= 0: prefixes the final operation must drop / merges it must make
   // (asserts that the crashed operation takes the path under test).
   int fin_drops = -1, fin_merges = -1, fin_prefix_splits = -1;
+  // Optional: more about the final operation's path ("" if it was taken).
+  std::function<std::string(const DebugCounters&)> fin_path = nullptr;
 };
 
 // Counters summed over the images of a case (after each read-write open).
@@ -321,6 +323,10 @@ Sums RunCase(const Case& c) {
   if (c.fin_merges >= 0) {
     EXPECT_EQ(GetDebugCounters(idx.get())->merges, uint64_t(c.fin_merges)) << c.name;
   }
+  if (c.fin_path) {
+    const std::string e = c.fin_path(*GetDebugCounters(idx.get()));
+    EXPECT_TRUE(e.empty()) << c.name << ": the final operation did not take the path under test: " << e;
+  }
   const fftest::LinePrefixRun run = fftest::ForEachLinePrefixImage(
       durable, uint64_t(st.st_size), rec.events, gi.path, c.name,
       [&] { return VerifyImage(gi.path, o, c, must, &sums); }, c.max_per_point);
@@ -405,6 +411,18 @@ TEST(FastFairPrefixRepair, CrashMadePrefixInOneLeaf) {
 // (DoMerge), then lk changes; the root collapses. Then inserts (one at the
 // new lk) and a tail. Byte keys: no lk clash, r's records go behind l's
 // prefix.
+// A tree of keys 1000.. grown to 3 * cap records and emptied again
+// (merges, root collapses): the limbo block (16 KiB, zeroed at the first
+// merge) exists before the crashed operation, whose stores would otherwise
+// be mostly its zeroing (150,000 images instead of a few thousand). Leaves
+// one empty root leaf, the first one (never centred: no lk prefix).
+std::vector<Op> LimboFirst(const Kinds& k, int cap) {
+  std::vector<Op> pre;
+  for (int i = 1000; i < 1000 + 3 * cap; i++) pre.push_back(k.I(i));
+  for (int i = 1000; i < 1000 + 3 * cap; i++) pre.push_back(k.R(i));
+  return pre;
+}
+
 struct MergeSetup {
   std::vector<Op> pre, removes;  // removes: those that underfill l after the first record's
   std::vector<std::string> tail;
@@ -415,11 +433,7 @@ MergeSetup TwoLeaves(const Kinds& k, int ns) {
   const int cap = (ns - 96) / 16, m = cap / 2;  // the append split cuts at m
   const int thr = std::max(1, cap / 3), limit = cap * 3 / 4;
   const int rn = cap - m + 1, keep = std::min(rn, limit - thr + 1);
-  // First a tree grown and emptied again (merges, root collapses): the
-  // limbo block (16 KiB, zeroed at the first merge) exists before the
-  // crashed operation, whose stores would otherwise be mostly its zeroing.
-  for (int i = 1000; i < 1000 + 3 * cap; i++) s.pre.push_back(k.I(i));
-  for (int i = 1000; i < 1000 + 3 * cap; i++) s.pre.push_back(k.R(i));
+  s.pre = LimboFirst(k, cap);
   for (int i = 0; i <= cap; i++) s.pre.push_back(k.I(i));
   for (int i = m + 1; i < m + 1 + (rn - keep); i++) s.pre.push_back(k.R(i));  // (not cap: l's lk)
   for (int i = 1; i <= m - thr; i++) s.removes.push_back(k.R(i));
@@ -519,6 +533,110 @@ TEST(FastFairPrefixRepair, SplitOfLeafWithPrefixCrashStates) {
       c.fin_prefix_splits = 1;
       RunCase(c);
     }
+  }
+}
+
+// ---- Split, merge and rebalance paths at pm-model states ------------------
+// (review of session 6: paths the every-fence tests of fastfair_crash_test
+// reach only with whole lines). Same harness: the final operation crashed
+// at every pm-model state (sampled where a point has more combinations),
+// each image opened read-only, then read-write, checked against the model
+// with the operation in flight applied or not, then scripted writes and a
+// pseudo-random tail with the checks after every write.
+
+// A rebalance (Rebalance: a split of the donor at the balancing point, its
+// separator into the parent, then a merge of the pair that is now small),
+// crashed at pm-model states. 10-record leaves: keys 10..100 fill the root
+// leaf, 95 splits it (L = 10..50, S centred: an lk prefix of 3, then
+// 60..100 and 95). From the right: L loses 10 and 20, the crashed removal
+// of 30 underfills it (2 records), L + S = 8 > 7 records: S is cut after
+// 70 (S keeps 60, 70, the new node 80..100), then S merges into L. From
+// the left: L gets 11..13 (8 records), S loses 60..90, the crashed removal
+// of 95 underfills S (2 records): L is cut after its 5th record, then S
+// merges into the new node.
+TEST(FastFairPathCrashStates, RebalanceCrashStates) {
+  const int ns = 256;
+  for (const Kinds k : {Kinds{false, false}, Kinds{true, true}}) {
+    for (const bool from_right : {true, false}) {
+      if (k.bk && !from_right) continue;  // (time)
+      std::vector<Op> pre = LimboFirst(k, 10);
+      for (int i = 10; i <= 100; i += 10) pre.push_back(k.I(i));
+      pre.push_back(k.I(95));
+      Op fin;
+      std::vector<Op> then;
+      if (from_right) {
+        pre.push_back(k.R(10));
+        pre.push_back(k.R(20));
+        fin = k.R(30);
+        then = {k.I(75), k.I(65), k.R(80), k.I(30), k.R(60), k.I(101)};
+      } else {
+        for (int i : {11, 12, 13, 60, 70, 80}) pre.push_back(i > 50 ? k.R(i) : k.I(i));
+        fin = k.R(90);
+        then = {k.I(45), k.I(96), k.R(40), k.I(90), k.R(11), k.I(60)};
+      }
+      Case c{std::string("rebalance from the ") + (from_right ? "right " : "left ") + k.Tag(ns), k.bk, k.bv, ns, pre,
+             nullptr, fin, then, k.Keys(5, 105), 20, 64};
+      c.fin_merges = 1;  // (a rebalance's merge counts)
+      c.fin_path = [from_right](const DebugCounters& d) {
+        std::string e;
+        if (d.rebalances != 1) e += " rebalances " + std::to_string(d.rebalances) + " != 1;";
+        if (d.rebalances_from_right != (from_right ? 1u : 0u)) e += " wrong donor;";
+        return e;
+      };
+      RunCase(c);
+    }
+  }
+}
+
+// DoMerge's room-based DropPrefix (l->count + n > cap: l's lk prefix leaves
+// too little room behind its records, so they move to the front first)
+// with byte keys (no lk clash: the prefix is dropped only for room),
+// crashed at pm-model states. 26-record leaves: keys 10..260 fill the root
+// leaf, 255 splits it (S centred: a prefix of 8, then 140..260 and 255),
+// appends 270..300 fill S, 310 splits it at its middle record (S keeps its
+// prefix and 140..220; R = 230..310, no prefix), 221..223 go to S (count
+// 20: 8 + 12 records), R loses 230 and 240, and the crashed removal of 250
+// underfills R (7 records): S + R = 19 records fit (3/4 of 26) but S's
+// count 20 + 7 > 26, so S's prefix is dropped before R's records are
+// appended.
+TEST(FastFairPathCrashStates, MergeRoomDropWithByteKeysCrashStates) {
+  const int ns = 512;
+  for (const Kinds k : {Kinds{true, false}, Kinds{true, true}}) {
+    std::vector<Op> pre = LimboFirst(k, 26);
+    for (int i = 10; i <= 260; i += 10) pre.push_back(k.I(i));
+    for (int i : {255, 270, 280, 290, 300, 310, 221, 222, 223}) pre.push_back(k.I(i));
+    pre.push_back(k.R(230));
+    pre.push_back(k.R(240));
+    Case c{"merge room drop " + k.Tag(ns), k.bk, k.bv, ns, pre, nullptr, k.R(250),
+           {k.I(250), k.I(135), k.R(221), k.I(315), k.I(139)}, k.Keys(130, 320), 20, 64};
+    c.fin_drops = 1;
+    c.fin_merges = 1;
+    c.fin_path = [](const DebugCounters& d) {
+      return d.rebalances ? std::string(" a rebalance, not a plain merge") : std::string();
+    };
+    RunCase(c);
+  }
+}
+
+// The cut node's I2 copies (SplitAt: slots m and m+1 of the cut node get
+// copies of record m-1, with their own fence after the link). The crashed
+// insert splits the full root leaf (10..100, 10-record leaves: the cut
+// node keeps 10..50) and goes into the cut node right below its last
+// record (45: a right shift from slot 5, on the line of the copy at slot
+// 5, under the count's fence). Without the copies' fence a crash keeps the
+// grown count but not that line: slot 5 still holds the median 60 (the
+// cut node's new high) inside the count.
+TEST(FastFairPathCrashStates, SplitThenInsertIntoCutNodeCrashStates) {
+  const int ns = 256;
+  for (const Kinds k : {Kinds{false, false}, Kinds{true, true}}) {
+    std::vector<Op> pre;
+    for (int i = 10; i <= 100; i += 10) pre.push_back(k.I(i));
+    Case c{"split, insert into the cut node " + k.Tag(ns), k.bk, k.bv, ns, pre, nullptr, k.I(45),
+           {k.I(46), k.I(55), k.R(50), k.I(47), k.R(60), k.I(44)}, k.Keys(5, 105), 20, 64};
+    c.fin_path = [](const DebugCounters& d) {
+      return d.root_grows == 1 ? std::string() : " root grows " + std::to_string(d.root_grows) + " (no split)";
+    };
+    RunCase(c);
   }
 }
 
