@@ -5,15 +5,47 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "pm/image_file.h"
 
 namespace fftest {
 
 using namespace pmindex;
+
+namespace {
+
+// verify() of one crash image, bounded: on a broken build an image can make
+// recovery or a read loop forever (with SplitAt's new node persisted only
+// after the link, a read-only Scan of a rebalance's image spun in Descend).
+// A stuck thread cannot be stopped and holds references into the caller's
+// frame, so after kVerifyBound (thousands of times an image's check, also
+// under ASan) the image is reported and the process exits with a failure.
+constexpr auto kVerifyBound = std::chrono::seconds(60);
+std::string BoundedVerify(const std::function<std::string()>& verify, const std::string& name, int image,
+                          const std::string& desc) {
+  std::packaged_task<std::string()> task(verify);
+  std::future<std::string> fut = task.get_future();
+  std::thread t(std::move(task));
+  if (fut.wait_for(kVerifyBound) != std::future_status::ready) {
+    std::fprintf(stderr, "%s: crash image %d (%s): not verified within %lld s (recovery or a read loops?); exiting\n",
+                 name.c_str(), image, desc.c_str(), static_cast<long long>(kVerifyBound.count()));
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  t.join();
+  return fut.get();
+}
+
+}  // namespace
 
 void LineRecorder::OnStore(const void* a, size_t n) {
   const char* c = static_cast<const char*>(a);
@@ -64,7 +96,7 @@ LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
       }
     }
     run.images++;
-    const std::string err = io ? verify() : std::string("cannot write the image");
+    const std::string err = io ? BoundedVerify(verify, name, run.images, desc) : std::string("cannot write the image");
     if (!err.empty() && ++run.bad <= 3) ADD_FAILURE() << name << ": crash image " << run.images << " (" << desc << "):" << err;
   };
   // Every combination of per-line prefixes of the pending stores (or a sample).

@@ -575,7 +575,7 @@ TEST(FastFairPathCrashStates, RebalanceCrashStates) {
         then = {k.I(45), k.I(96), k.R(40), k.I(90), k.R(11), k.I(60)};
       }
       Case c{std::string("rebalance from the ") + (from_right ? "right " : "left ") + k.Tag(ns), k.bk, k.bv, ns, pre,
-             nullptr, fin, then, k.Keys(5, 105), 20, 64};
+             nullptr, fin, then, k.Keys(5, 105), 10, 64};
       c.fin_merges = 1;  // (a rebalance's merge counts)
       c.fin_path = [from_right](const DebugCounters& d) {
         std::string e;
@@ -601,14 +601,15 @@ TEST(FastFairPathCrashStates, RebalanceCrashStates) {
 // appended.
 TEST(FastFairPathCrashStates, MergeRoomDropWithByteKeysCrashStates) {
   const int ns = 512;
-  for (const Kinds k : {Kinds{true, false}, Kinds{true, true}}) {
+  {
+    const Kinds k{true, true};  // (bytes/u64 took the same path and failed the same mutations: time)
     std::vector<Op> pre = LimboFirst(k, 26);
     for (int i = 10; i <= 260; i += 10) pre.push_back(k.I(i));
     for (int i : {255, 270, 280, 290, 300, 310, 221, 222, 223}) pre.push_back(k.I(i));
     pre.push_back(k.R(230));
     pre.push_back(k.R(240));
     Case c{"merge room drop " + k.Tag(ns), k.bk, k.bv, ns, pre, nullptr, k.R(250),
-           {k.I(250), k.I(135), k.R(221), k.I(315), k.I(139)}, k.Keys(130, 320), 20, 64};
+           {k.I(250), k.I(135), k.R(221), k.I(315), k.I(139)}, k.Keys(130, 320), 10, 64};
     c.fin_drops = 1;
     c.fin_merges = 1;
     c.fin_path = [](const DebugCounters& d) {
@@ -632,7 +633,7 @@ TEST(FastFairPathCrashStates, SplitThenInsertIntoCutNodeCrashStates) {
     std::vector<Op> pre;
     for (int i = 10; i <= 100; i += 10) pre.push_back(k.I(i));
     Case c{"split, insert into the cut node " + k.Tag(ns), k.bk, k.bv, ns, pre, nullptr, k.I(45),
-           {k.I(46), k.I(55), k.R(50), k.I(47), k.R(60), k.I(44)}, k.Keys(5, 105), 20, 64};
+           {k.I(46), k.I(55), k.R(50), k.I(47), k.R(60), k.I(44)}, k.Keys(5, 105), 10, 64};
     c.fin_path = [](const DebugCounters& d) {
       return d.root_grows == 1 ? std::string() : " root grows " + std::to_string(d.root_grows) + " (no split)";
     };
