@@ -53,9 +53,9 @@ struct LinePrefixRun {
 // state is written to `image_path` (a file of `file_size` bytes, the pool
 // file's size) and verify() is called; a non-empty result is a bad image
 // (the first three are reported as test failures, tagged with `name` and
-// the per-line prefix lengths). verify() runs in a thread bounded by 60 s:
-// past that (a broken build looping on an image) the image is reported and
-// the process exits with status 1. max_per_point > 0 bounds the combinations
+// the per-line prefix lengths). Each verify() is bounded by 60 s (a
+// watchdog thread): past that (a broken build looping on an image) the
+// image is reported and the process exits with status 1. max_per_point > 0 bounds the combinations
 // checked at one point: beyond it, a fixed pseudo-random sample of that
 // many (always including "none" and "all").
 LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
