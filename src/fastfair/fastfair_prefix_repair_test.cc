@@ -29,6 +29,11 @@
 // SplitOfLeafWithPrefixCrashStates does the same (sampled) for a split of
 // a leaf with a prefix. FFDUMP=1 appends the leaves of a bad image to its
 // message.
+//
+// FastFairPathCrashStates (session 7) uses the same harness for paths the
+// whole-line every-fence tests reached only: a rebalance (split, then
+// merge), a byte-key merge whose DropPrefix is for room, and a split whose
+// insert goes into the cut node (the fence of its I2 copies).
 #include <sys/stat.h>
 
 #include <cstring>
@@ -551,8 +556,8 @@ TEST(FastFairPrefixRepair, SplitOfLeafWithPrefixCrashStates) {
 // 60..100 and 95). From the right: L loses 10 and 20, the crashed removal
 // of 30 underfills it (2 records), L + S = 8 > 7 records: S is cut after
 // 70 (S keeps 60, 70, the new node 80..100), then S merges into L. From
-// the left: L gets 11..13 (8 records), S loses 60..90, the crashed removal
-// of 95 underfills S (2 records): L is cut after its 5th record, then S
+// the left: L gets 11..13 (8 records), S loses 60..80, the crashed removal
+// of 90 underfills S (95, 100 left): L is cut after its 5th record, then S
 // merges into the new node.
 TEST(FastFairPathCrashStates, RebalanceCrashStates) {
   const int ns = 256;
