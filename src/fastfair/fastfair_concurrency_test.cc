@@ -39,6 +39,17 @@ bool WaitPhase(std::condition_variable& cv, std::unique_lock<std::mutex>& l, Pre
   return false;
 }
 
+// A hook's pause at a phase boundary: if the phase is `from`, moves it to
+// from + 1, wakes the test thread and waits (bounded, WaitPhase) until the
+// phase reaches `until`. Other calls of the hook pass straight through.
+void PauseAt(std::mutex& mu, std::condition_variable& cv, int& phase, int from, int until, const char* what) {
+  std::unique_lock<std::mutex> l(mu);
+  if (phase != from) return;
+  phase = from + 1;
+  cv.notify_all();
+  WaitPhase(cv, l, [&] { return phase >= until; }, what);
+}
+
 struct Case {
   KeyKind kk;
   ValueKind vk;
@@ -826,20 +837,8 @@ TEST(FastFairInterleaving, FindWhileFixLkRaisesLk) {
   std::condition_variable cv;
   int phase = 0;  // 1: reader paused after loading lk, 2: writer paused after k[0] = lk, 3: reader done
   internal::fastfair::TestHooks hooks;
-  hooks.lf_forward_start = [&](const void*) {
-    std::unique_lock<std::mutex> l(mu);
-    if (phase != 0) return;
-    phase = 1;
-    cv.notify_all();
-    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 2; });
-  };
-  hooks.insert_slot0_ignored = [&](const void*) {
-    std::unique_lock<std::mutex> l(mu);
-    if (phase != 1) return;
-    phase = 2;
-    cv.notify_all();
-    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 3; });
-  };
+  hooks.lf_forward_start = [&](const void*) { PauseAt(mu, cv, phase, 0, 2, "the writer to make slot 0 an ignored copy"); };
+  hooks.insert_slot0_ignored = [&](const void*) { PauseAt(mu, cv, phase, 1, 3, "the paused reader's Find to finish"); };
   internal::fastfair::SetTestHooks(idx.get(), &hooks);
   std::string v;
   Status s;
@@ -884,12 +883,11 @@ TEST(FastFairInterleaving, DescentDuringInternalSlot0Insert) {
   int phase = 0, calls = 0;
   internal::fastfair::TestHooks hooks;
   hooks.insert_slot0_ignored = [&](const void*) {
-    std::unique_lock<std::mutex> l(mu);
-    calls++;
-    if (phase != 0) return;
-    phase = 1;
-    cv.notify_all();
-    cv.wait_for(l, std::chrono::seconds(10), [&] { return phase >= 2; });
+    {
+      std::lock_guard<std::mutex> l(mu);
+      calls++;
+    }
+    PauseAt(mu, cv, phase, 0, 2, "the Find during the paused slot-0 insert");
   };
   internal::fastfair::SetTestHooks(idx.get(), &hooks);
   // Splits the leftmost leaf: its separator goes to slot 0 of the root.
