@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/index_util.h"
+#include "core/test_watchdog.h"
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/index.h"
@@ -265,16 +266,7 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
   auto key = [&](uint64_t id) { return u64k ? U64(id + 1) : Key(id); };
   auto stable = [](uint64_t id) { return id % 8 == 0; };
   for (uint64_t id = 0; id < kIds; id += 8) ASSERT_TRUE(idx_->Insert(key(id), Value(id, 0)).ok());
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  bool done = false;
-  std::thread watchdog([&] {
-    std::unique_lock<std::mutex> l(wd_mu);
-    if (!wd_cv.wait_for(l, std::chrono::seconds(300), [&] { return done; })) {
-      std::fprintf(stderr, "SplitsAndMergesWithReadersAndScans: no progress for 300 s (deadlock?)\n");
-      std::_Exit(1);
-    }
-  });
+  pmindex::test::TestWatchdog wd("SplitsAndMergesWithReadersAndScans", 300);
   std::atomic<int> writers_left{2};
   std::atomic<uint64_t> errors{0}, missing{0}, scan_gaps{0}, reads{0};
   std::barrier sync(2);
@@ -367,12 +359,7 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
   ts.emplace_back(reader, 3);
   ts.emplace_back(reader, 4);
   for (auto& t : ts) t.join();
-  {
-    std::lock_guard<std::mutex> l(wd_mu);
-    done = true;
-  }
-  wd_cv.notify_all();
-  watchdog.join();
+  wd.Disarm();
   EXPECT_EQ(errors.load(), 0u);
   EXPECT_EQ(missing.load(), 0u) << "a never-written key was not found";
   EXPECT_EQ(scan_gaps.load(), 0u) << "a scan skipped a never-written key";

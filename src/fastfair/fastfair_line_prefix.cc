@@ -5,81 +5,24 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <random>
-#include <thread>
+#include <string>
 
+#include "core/test_watchdog.h"
 #include "pm/image_file.h"
 
 namespace fftest {
 
 using namespace pmindex;
 
-namespace {
-
-// Bounds each crash image's verify(): on a broken build an image can make
-// recovery or a read loop forever (with SplitAt's new node persisted only
-// after the link, a read-only Scan of a rebalance's image spun in Descend).
-// A stuck check cannot be stopped, so a watchdog thread (one per
-// enumeration; verify() itself runs in the caller's thread, no per-image
-// thread) reports the image and exits the process with status 1 once one
-// image has been checked for kVerifyBound (thousands of times an image's
-// check, also under ASan on a loaded machine).
-constexpr auto kVerifyBound = std::chrono::seconds(60);
-class Watchdog {
- public:
-  explicit Watchdog(const std::string& name) : name_(name), t_([this] { Run(); }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    t_.join();
-  }
-  void Begin(int image, const std::string& desc) {
-    std::lock_guard<std::mutex> g(mu_);
-    image_ = image;
-    desc_ = desc;
-    since_ = std::chrono::steady_clock::now();
-    busy_ = true;
-  }
-  void End() {
-    std::lock_guard<std::mutex> g(mu_);
-    busy_ = false;
-  }
-
- private:
-  void Run() {
-    std::unique_lock<std::mutex> l(mu_);
-    while (!stop_) {
-      cv_.wait_for(l, std::chrono::seconds(1));
-      if (busy_ && std::chrono::steady_clock::now() - since_ > kVerifyBound) {
-        std::fprintf(stderr, "%s: crash image %d (%s): not verified within %lld s (recovery or a read loops?); exiting\n",
-                     name_.c_str(), image_, desc_.c_str(), static_cast<long long>(kVerifyBound.count()));
-        std::fflush(stdout);
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-    }
-  }
-  const std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false, busy_ = false;
-  int image_ = 0;
-  std::string desc_;
-  std::chrono::steady_clock::time_point since_;
-  std::thread t_;  // last: started after the members it uses
-};
-
-}  // namespace
+// Each crash image's verify() is bounded: on a broken build an image can
+// make recovery or a read loop forever (with SplitAt's new node persisted
+// only after the link, a read-only Scan of a rebalance's image spun in
+// Descend). One watchdog per enumeration, re-armed per image; 60 s is
+// thousands of times an image's check, also under ASan on a loaded machine.
+constexpr int kVerifyBoundSeconds = 60;
 
 void LineRecorder::OnStore(const void* a, size_t n) {
   const char* c = static_cast<const char*>(a);
@@ -105,7 +48,7 @@ LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
   std::map<uint64_t, std::vector<Piece>> pending;  // line -> stores since its last flush+fence
   std::map<uint64_t, size_t> flushed;              // line -> pieces covered by a flush, not fenced
   LinePrefixRun run;
-  Watchdog watchdog(name);
+  pmindex::test::TestWatchdog watchdog;
   std::mt19937_64 rng(42);
   // `cur` is the image last written: durable plus the pieces a crash state
   // keeps, taken back out after each image. pm::WriteImageFile rewrites
@@ -133,9 +76,9 @@ LinePrefixRun ForEachLinePrefixImage(std::string durable, uint64_t file_size,
     run.images++;
     std::string err = "cannot write the image";
     if (io) {
-      watchdog.Begin(run.images, desc);
+      watchdog.Arm(name + ": crash image " + std::to_string(run.images) + " (" + desc + "): verify()", kVerifyBoundSeconds);
       err = verify();
-      watchdog.End();
+      watchdog.Disarm();
     }
     if (!err.empty() && ++run.bad <= 3) ADD_FAILURE() << name << ": crash image " << run.images << " (" << desc << "):" << err;
   };

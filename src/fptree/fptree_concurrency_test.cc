@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "core/epoch.h"
+#include "core/test_watchdog.h"
 #include "fptree/fptree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
@@ -32,31 +33,7 @@ namespace {
 
 bool Long() { return std::getenv("PMINDEX_LONG") != nullptr; }
 
-// Fails the whole test binary if not disarmed within `secs`.
-class Watchdog {
- public:
-  Watchdog(const char* what, int secs) : t_([this, what, secs] {
-      std::unique_lock l(mu_);
-      if (!cv_.wait_for(l, std::chrono::seconds(secs), [this] { return done_; })) {
-        std::fprintf(stderr, "WATCHDOG: %s did not finish in %d s (deadlock?)\n", what, secs);
-        std::_Exit(1);
-      }
-    }) {}
-  ~Watchdog() {
-    {
-      std::lock_guard l(mu_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    t_.join();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread t_;
-};
+using test::TestWatchdog;
 
 struct Cfg {
   bool bytes;
@@ -135,7 +112,7 @@ class FPTreeConc : public testing::TestWithParam<Cfg> {
 // Each thread owns the keys id % T == t and keeps its own model; all threads
 // also scan and find across the whole key space.
 TEST_P(FPTreeConc, DisjointKeysMatchModel) {
-  Watchdog wd("DisjointKeysMatchModel", 240);
+  TestWatchdog wd("DisjointKeysMatchModel", 240);
   const int T = 4;
   const int ops = Long() ? 200000 : (GetParam().small ? 20000 : 30000);
   const uint64_t space = 4000;
@@ -205,7 +182,7 @@ TEST_P(FPTreeConc, DisjointKeysMatchModel) {
 
 // All threads hammer the same small key range (high contention, skew).
 TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
-  Watchdog wd("OverlappingKeysStayConsistent", 240);
+  TestWatchdog wd("OverlappingKeysStayConsistent", 240);
   const int T = 4;
   const int ops = Long() ? 200000 : 25000;
   const uint64_t space = GetParam().small ? 300 : 2000;
@@ -269,7 +246,7 @@ TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
 // The public-FPTree deadlock: one thread inserts (splitting leaves) while
 // another scans. Ours takes no lock in scans, so this must finish.
 TEST_P(FPTreeConc, InsertsAndScansDoNotDeadlock) {
-  Watchdog wd("InsertsAndScansDoNotDeadlock", 120);
+  TestWatchdog wd("InsertsAndScansDoNotDeadlock", 120);
   const uint64_t n = Long() ? 400000 : 40000;
   std::atomic<bool> done{false};
   std::atomic<uint64_t> scanned{0};
@@ -320,7 +297,7 @@ TEST_P(FPTreeConc, InsertsAndScansDoNotDeadlock) {
 // concurrent walk may count a record twice (a leaf read before a split's
 // cut, then the new leaf), so only the final count is checked.
 TEST_P(FPTreeConc, SizeDuringSplitsAndDeletions) {
-  Watchdog wd("SizeDuringSplitsAndDeletions", 300);
+  TestWatchdog wd("SizeDuringSplitsAndDeletions", 300);
   const uint64_t n = Long() ? 200000 : 20000;
   std::atomic<bool> done{false};
   std::atomic<int> errors{0};
@@ -359,7 +336,7 @@ TEST_P(FPTreeConc, SizeDuringSplitsAndDeletions) {
 // the grace period), and deletions deferred under lock contention are carried
 // out by later Removes (a few Removes of absent keys drain the queue).
 TEST_P(FPTreeConc, EmptyAndRefillFallsBack) {
-  Watchdog wd("EmptyAndRefillFallsBack", 300);
+  TestWatchdog wd("EmptyAndRefillFallsBack", 300);
   const int T = 4;
   const int cycles = Long() ? 12 : 3;
   const uint64_t space = GetParam().small ? 4000 : 12000;
@@ -422,7 +399,7 @@ TEST_P(FPTreeConc, EmptyAndRefillFallsBack) {
 // Value 0 stored concurrently reads back as found.
 TEST_P(FPTreeConc, ZeroValuesAreFound) {
   if (GetParam().bytes) GTEST_SKIP();
-  Watchdog wd("ZeroValuesAreFound", 60);
+  TestWatchdog wd("ZeroValuesAreFound", 60);
   std::vector<std::thread> ts;
   std::atomic<int> errors{0};
   for (int t = 0; t < 2; t++)
@@ -447,7 +424,7 @@ TEST_P(FPTreeConc, ZeroValuesAreFound) {
 // load was reported in 2 of 3 runs at 200,000 operations (checked); this
 // runs 400,000 (about 6 s under TSan).
 TEST(FPTreeConcMisc, ScansRacingSplitsU64) {
-  Watchdog wd("ScansRacingSplitsU64", 300);
+  TestWatchdog wd("ScansRacingSplitsU64", 300);
   std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-scansplit.pool";
   Options o;
   o.pool_path = path;
@@ -510,7 +487,7 @@ TEST(FPTreeConcMisc, ScansRacingSplitsU64) {
 // the published one, and not below the last version this reader saw for the
 // key. Both update modes (in place and algorithm 8's bitmap flip).
 TEST(FPTreeConcMisc, FindsSeeOnlyValuesTheKeyHad) {
-  Watchdog wd("FindsSeeOnlyValuesTheKeyHad", 300);
+  TestWatchdog wd("FindsSeeOnlyValuesTheKeyHad", 300);
   for (const char* mode : {"inplace", "flip"}) {
     SCOPED_TRACE(mode);
     std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-findaba.pool";
@@ -608,7 +585,7 @@ struct ExitUser {
 };
 thread_local ExitUser tl_exit_user;
 TEST(FPTreeConcMisc, OperationsFromThreadExitDestructors) {
-  Watchdog wd("OperationsFromThreadExitDestructors", 300);
+  TestWatchdog wd("OperationsFromThreadExitDestructors", 300);
   std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-exit.pool";
   Options o;
   o.pool_path = path;
@@ -648,7 +625,7 @@ TEST(FPTreeConcMisc, OperationsFromThreadExitDestructors) {
 // done theirs. Then the slots come back when the threads exit: as many
 // sequential threads again do not raise the manager's slot count.
 TEST(FPTreeConcMisc, MoreLiveThreadsThanOldEpochSlotLimit) {
-  Watchdog wd("MoreLiveThreadsThanOldEpochSlotLimit", 300);
+  TestWatchdog wd("MoreLiveThreadsThanOldEpochSlotLimit", 300);
   std::string path = "/dev/shm/fptree-conc-" + std::to_string(getpid()) + "-busy.pool";
   Options o;
   o.pool_path = path;
