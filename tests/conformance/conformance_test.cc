@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "conformance_cases.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
@@ -24,40 +25,15 @@
 namespace pmindex {
 namespace {
 
-struct Case {
-  std::string index;
-  KeyKind kk;
-  ValueKind vk;
-  bool persistent;
-  bool ordered;
-  bool concurrent;
-};
-
-void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.index << (c.kk == KeyKind::kU64 ? "/u64 keys" : "/byte keys") << (c.vk == ValueKind::kU64 ? "/u64 values" : "/byte values");
-}
-
-std::string CaseName(const testing::TestParamInfo<Case>& i) {
-  return i.param.index + (i.param.kk == KeyKind::kU64 ? "_u64key" : "_byteskey") +
-         (i.param.vk == ValueKind::kU64 ? "_u64val" : "_bytesval");
-}
-
-std::vector<Case> AllCases() {
-  std::vector<Case> v;
-  for (const auto& info : ListIndexes())
-    for (KeyKind kk : {KeyKind::kU64, KeyKind::kBytes})
-      for (ValueKind vk : {ValueKind::kU64, ValueKind::kBytes}) v.push_back({info.name, kk, vk, info.persistent, info.ordered, info.concurrent});
-  return v;
-}
+using conformance::AllCases;
+using conformance::Case;
+using conformance::CaseName;
 
 class Conformance : public testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     const Case& c = GetParam();
-    path_ = "/dev/shm/pmindex-conf-" + c.index + "-" + std::to_string(::getpid()) + "-" +
-            testing::UnitTest::GetInstance()->current_test_info()->name() + ".pool";
-    for (char& ch : path_)
-      if (ch == '/' && &ch > &path_[9]) ch = '_';
+    path_ = conformance::CasePoolPath(c);
     pm::Pool::Remove(path_);
     opts_.pool_path = path_;
     opts_.pool_size = 32ull << 20;
@@ -70,29 +46,8 @@ class Conformance : public testing::TestWithParam<Case> {
     pm::Pool::Remove(path_);
   }
 
-  // Keys: u64 ids spread over the domain; byte keys of varying length that
-  // sort differently from the ids (exercise memcmp order, shared prefixes).
-  std::string Key(uint64_t id) const {
-    if (GetParam().kk == KeyKind::kU64) {
-      uint64_t k = id * 0x9E3779B97F4A7C15ull;
-      return std::string(reinterpret_cast<const char*>(&k), 8);
-    }
-    std::string s = "k" + std::to_string(id * 7919 % 100003);
-    s.append(id % 5 * 7, char('a' + id % 26));
-    return s;
-  }
-  std::string Value(uint64_t id, uint64_t version) const {
-    if (GetParam().vk == ValueKind::kU64) {
-      uint64_t v = (id << 16) ^ version;
-      if (id % 13 == 0) v = 0;  // zero values must read back as found
-      if (id % 17 == 0) v = 42;  // equal values across keys must not collide
-      return std::string(reinterpret_cast<const char*>(&v), 8);
-    }
-    size_t len = (id * 31 + version) % 300;  // includes empty values
-    std::string s(len, char('A' + (id + version) % 26));
-    if (len >= 8) std::memcpy(s.data(), &id, 8);
-    return s;
-  }
+  std::string Key(uint64_t id) const { return conformance::CaseKey(GetParam().kk, id); }
+  std::string Value(uint64_t id, uint64_t version) const { return conformance::CaseValue(GetParam().vk, id, version); }
 
   // The model in index order.
   std::vector<std::pair<std::string, std::string>> ModelInOrder() const { return {model_.begin(), model_.end()}; }
