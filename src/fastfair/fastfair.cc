@@ -285,6 +285,7 @@ class FastFair final : public FastFairBase {
         vk_(vk), locked_reads_(BK || vk == ValueKind::kBytes || rc) {
     lock_chunks_ = size_t(pool_->max_size() / node_size_ >> kLockChunkBits) + 1;
     max_off_ = pool_->max_size();
+    walk_cap_.store(pool_->size() / node_size_ + 1, std::memory_order_relaxed);
     lock_dir_.reset(new std::atomic<std::atomic<uint32_t>*>[lock_chunks_]());
   }
   ~FastFair() override {
@@ -375,13 +376,16 @@ class FastFair final : public FastFairBase {
     EpochGuard eg(epoch_);
     const SK sk = MakeSK(key);
     Node* n = Descend(0, sk, nullptr);
+    if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
     uint64_t v = 0;
     if (!locked_reads_) {
-      if (!SearchLeafLF(n, sk, &v)) return Status::NotFound();
+      bool bad = false;
+      if (!SearchLeafLF(n, sk, &v, &bad)) return bad ? CorruptWalk("move right") : Status::NotFound();
       if (value) value->assign(reinterpret_cast<const char*>(&v), 8);
       return Status::OK();
     }
     n = ReadLockLeaf(n, sk);
+    if (n == Bad()) return CorruptWalk("leaf walk");
     uint32_t pos;
     bool found = FindInLocked(n, sk, &pos);
     if (found && value) {
@@ -457,7 +461,8 @@ class FastFair final : public FastFairBase {
         // the successor of the last key handed out, or the start key).
         uint64_t lo = sk;
         Node* n = DescendForScan(sk, limit);
-        while (n && c < limit) {
+        if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
+        for (uint64_t steps = 0; n && c < limit;) {
           // Every leaf goes through a validated snapshot before anything is
           // emitted. (Emitting records while scanning in insert mode, as
           // before, lost records: a delete that starts during the scan
@@ -482,6 +487,10 @@ class FastFair final : public FastFairBase {
             }
             lo = k + 1;
           }
+          if (__builtin_expect(WalkTooLong(++steps), 0)) {
+            if (count) *count = c;
+            return CorruptWalk("leaf chain");
+          }
           n = next;
         }
       }
@@ -489,13 +498,14 @@ class FastFair final : public FastFairBase {
       return Status::OK();
     }
     Node* n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
+    if (n == Bad()) return CorruptWalk("descent");
     std::vector<std::pair<std::string, std::string>> buf;
     bool emitted = false;  // the last key handed out, across leaves
     uint64_t last_emitted = 0;  // (u64 keys)
     std::string last_key;       // (byte keys)
     std::string restart_key;    // (byte keys) sk's storage after a restart
     bool excl = false;          // skip keys <= sk (restart after last_key)
-    while (c < limit) {
+    for (uint64_t steps = 0; c < limit;) {
       buf.clear();
       Entry* e = n->ents();
       const uint32_t cnt = LiveCount(n);
@@ -520,6 +530,12 @@ class FastFair final : public FastFairBase {
         }
       }
       if (!next || c >= limit) break;
+      // Leaves visited, restarts included: each leaf once, and a restart
+      // (on a distinct dead leaf) revisits at most one: <= 2x the nodes.
+      if (WalkTooLong(++steps / 2)) {
+        if (count) *count = c;
+        return CorruptWalk("leaf chain");
+      }
       n = At(next);
       RLock(n);
       if (Ld(&n->dead)) {
@@ -542,6 +558,10 @@ class FastFair final : public FastFairBase {
           }
         }
         n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
+        if (n == Bad()) {
+          if (count) *count = c;
+          return CorruptWalk("descent");
+        }
       }
     }
     if (count) *count = c;
@@ -557,9 +577,15 @@ class FastFair final : public FastFairBase {
     // delete frees at once. Unlocked, a Size() (or Stats()) concurrent with
     // writers was a data race: TSan reported those plain loads against the
     // writers' St stores, and key-block reads against AllocBlock reusing a
-    // freed block (session 7 review, SizeDuringSplitsAndMerges). A count
-    // taken while writers run is approximate; a quiescent one is exact.
-    for (Node* n = LeftmostAt(0); n;) {
+    // freed block (session 7 review, test now conformance_concurrency_test
+    // SizeDuringSplitsAndDeletions). A count taken while writers run is
+    // approximate; a quiescent one is exact. On a corrupt pool whose leaf
+    // chain cannot be walked (no leftmost leaf, a cycle: WalkTooLong) it
+    // is 0: Size() has no error channel, Check() reports the corruption.
+    Node* n = LeftmostAt(0);
+    if (n == Bad()) return 0;
+    for (uint64_t steps = 0; n;) {
+      if (WalkTooLong(++steps)) return 0;
       RLock(n);
       const uint32_t c = LiveCount(n);
       for (uint32_t j = 0; j < c; j++) total += !Ignored(n, j);
@@ -630,6 +656,37 @@ class FastFair final : public FastFairBase {
 
   Node* At(uint64_t off) const { return off ? reinterpret_cast<Node*>(base_ + off) : nullptr; }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
+
+  // ---- walk bounds (corrupt pools; docs/fastfair.md, Bad input) ---------
+  // In a healthy tree a walk never comes back to a node: levels strictly
+  // decrease on a descent (a node's level is fixed at its creation, a
+  // child is one level below its parent), links go right in key order
+  // (splits and merges, dead nodes included, keep that), and no node is
+  // freed, so none reused, while the walker's epoch guard is open. So a
+  // descent with its moves right, a leaf chain, or a run of restarts on
+  // dead nodes (each a node merged away, still allocated) visits at most
+  // as many nodes as the pool holds, concurrent splits and merges
+  // included. A walk longer than that went round a cycle of a corrupt pool
+  // (a sibling link back, a child pointer to an ancestor): it ends with
+  // Corrupt instead of spinning. The fast path is an increment and a
+  // compare with walk_cap_, the pool's node capacity at open; the pool
+  // grows in place, so past it the current size decides (cold).
+  __attribute__((always_inline)) bool WalkTooLong(uint64_t steps) const {
+    return __builtin_expect(steps > walk_cap_.load(std::memory_order_relaxed), 0) && WalkTooLongSlow(steps);
+  }
+  __attribute__((noinline, cold)) bool WalkTooLongSlow(uint64_t steps) const {
+    const uint64_t cap = pool_->size() / node_size_ + 1;
+    uint64_t old = walk_cap_.load(std::memory_order_relaxed);
+    while (old < cap && !walk_cap_.compare_exchange_weak(old, cap, std::memory_order_relaxed)) {
+    }
+    return steps > cap;
+  }
+  // What a walk returns when it found the pool corrupt: the pool's first
+  // byte (offset 0 is the pool header, never a node; At(0) is nullptr).
+  Node* Bad() const { return reinterpret_cast<Node*>(base_); }
+  __attribute__((noinline, cold)) static Status CorruptWalk(const char* what) {
+    return Status::Corrupt(std::string("fastfair: ") + what + " (a cycle of node links, or a child on the wrong level)");
+  }
 
   Status Writable() const {
     return pool_->read_only() ? Status::Unsupported("fastfair opened read-only") : Status::OK();
@@ -934,10 +991,14 @@ class FastFair final : public FastFairBase {
   // Lock-free child choice in an internal node: the child of the last valid
   // key <= key. A stale choice is always to the left of the right child, and
   // the B-link move right fixes it.
-  __attribute__((always_inline)) Node* NavChild(Node* n, const SK& key, Pending* pend, Node** from = nullptr) {
+  // Returns nullptr after more moves right than the pool has nodes
+  // (`steps` counts them across the descent: WalkTooLong).
+  __attribute__((always_inline)) Node* NavChild(Node* n, const SK& key, Pending* pend, uint64_t& steps,
+                                                Node** from = nullptr) {
     for (;;) {
       uint64_t s;
       if (MoveRight(n, key, &s)) {
+        if (WalkTooLong(++steps)) return nullptr;
         if (pend) pend->Add(n->level, s);
         n = At(s);
         continue;
@@ -1021,14 +1082,19 @@ class FastFair final : public FastFairBase {
   }
 
   // Descends to the node of `level` whose range should hold key (without
-  // locking; the caller moves right under its lock).
+  // locking; the caller moves right under its lock). nullptr if the tree
+  // is not that high; Bad() on a corrupt pool (a child not one level below
+  // its parent, a cycle of moves right).
   Node* Descend(uint32_t level, const SK& key, Pending* pend) {
-    for (;;) {
-      Node* n = At(Ld(&meta_->root));
-      if (n->level < level) return nullptr;
-      while (n->level > level) n = NavChild(n, key, pend);
-      return n;
+    Node* n = At(Ld(&meta_->root));
+    uint32_t lv = n->level;
+    if (lv < level) return nullptr;
+    uint64_t steps = 0;
+    while (lv > level) {
+      n = NavChild(n, key, pend, steps);
+      if (__builtin_expect(!n || n->level != --lv, 0)) return Bad();
     }
+    return n;
   }
 
   // Descend(0, key) for a lock-free scan of `limit` records. The scan
@@ -1043,9 +1109,11 @@ class FastFair final : public FastFairBase {
   // torn word costs a useless prefetch (prefetches never fault).
   Node* DescendForScan(const SK& key, size_t limit) {
     Node* n = At(Ld(&meta_->root));
-    while (n->level > 0) {
+    uint64_t steps = 0;
+    for (uint32_t lv = n->level; lv > 0; lv--) {
       Node* from = n;
-      Node* c = NavChild(n, key, nullptr, &from);
+      Node* c = NavChild(n, key, nullptr, steps, &from);
+      if (__builtin_expect(!c || c->level != lv - 1, 0)) return Bad();
       if (from->level == 1) {
         Entry* e = from->ents();
         const uint32_t cnt = std::min(Ld(&from->count), cap_);
@@ -1072,18 +1140,24 @@ class FastFair final : public FastFairBase {
     return n;
   }
 
+  // nullptr if the tree is not that high, Bad() on a corrupt pool.
   Node* LeftmostAt(uint32_t level) {
     Node* n = At(Ld(&meta_->root));
-    if (n->level < level) return nullptr;
-    while (n->level > level) n = At(Ld(&n->leftmost));
+    uint32_t lv = n->level;
+    if (lv < level) return nullptr;
+    while (lv > level) {
+      n = At(Ld(&n->leftmost));
+      if (!n || n->level != --lv) return Bad();
+    }
     return n;
   }
 
   // Write-locks the node of `level` covering key, repairing it if needed.
   // grow=false: *out = nullptr if the tree is not that high.
   Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out, bool grow = true) {
-    for (;;) {
+    for (uint64_t restarts = 0;;) {
       Node* n = Descend(level, key, pend);
+      if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
       if (!n) {
         if (!grow) {
           *out = nullptr;
@@ -1093,17 +1167,22 @@ class FastFair final : public FastFairBase {
         continue;
       }
       WLock(n);
-      for (;;) {
+      for (uint64_t steps = 0;;) {
         // A node merged away while we waited (or reached through a stale
         // link): restart from the root (epochs keep its memory valid).
         if (Ld(&n->dead)) {
           WUnlock(n);
+          if (WalkTooLong(++restarts)) return CorruptWalk("restarts on dead nodes");
           n = nullptr;
           break;
         }
         Prepare(n, pend);
         uint64_t s = n->sibling;
         if (s && Cmp(n->high, key) <= 0) {
+          if (WalkTooLong(++steps)) {
+            WUnlock(n);
+            return CorruptWalk("move right");
+          }
           pend->Add(level, s);
           WUnlock(n);
           n = At(s);
@@ -1116,12 +1195,18 @@ class FastFair final : public FastFairBase {
     }
   }
 
+  // Bad() (nothing locked) on a corrupt pool, or if n is Bad().
   Node* ReadLockLeaf(Node* n, const SK& key) {
+    if (__builtin_expect(n == Bad(), 0)) return n;
     RLock(n);
-    for (;;) {
+    // Restarts (each on a distinct node merged away) and the moves right
+    // of one attempt are bounded separately (WalkTooLong).
+    for (uint64_t restarts = 0, steps = 0;;) {
       if (Ld(&n->dead)) {
         RUnlock(n);
         n = Descend(0, key, nullptr);
+        if (n == Bad() || WalkTooLong(++restarts)) return Bad();
+        steps = 0;
         RLock(n);
         continue;
       }
@@ -1131,6 +1216,7 @@ class FastFair final : public FastFairBase {
       uint64_t s = n->sibling;
       if (s && n->high && Cmp(n->high, key) <= 0) {
         RUnlock(n);
+        if (WalkTooLong(++steps)) return Bad();
         n = At(s);
         RLock(n);
         continue;
@@ -1173,11 +1259,16 @@ class FastFair final : public FastFairBase {
   }
 
   // Lock-free leaf search (u64 keys and values), Algorithm 3 with the
-  // mirrored validity rule. Returns with the value of key, or false.
-  bool SearchLeafLF(Node* n, const SK& key, uint64_t* out) {
-    for (;;) {
+  // mirrored validity rule. Returns with the value of key, or false (and
+  // *bad set if the moves right went round a cycle: WalkTooLong).
+  bool SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad) {
+    for (uint64_t steps = 0;;) {
       uint64_t s;
       if (MoveRight(n, key, &s)) {
+        if (WalkTooLong(++steps)) {
+          *bad = true;
+          return false;
+        }
         n = At(s);
         continue;
       }
@@ -1275,6 +1366,10 @@ class FastFair final : public FastFairBase {
       // and key >= high sends the reader right. (Found once in CI as a
       // never-touched key reported missing by SplitRacingWithDelete.)
       if (MoveRight(n, key, &s)) {
+        if (WalkTooLong(++steps)) {
+          *bad = true;
+          return false;
+        }
         n = At(s);
         continue;
       }
@@ -2314,6 +2409,8 @@ class FastFair final : public FastFairBase {
   static constexpr int kLockChunkBits = 14;
   size_t lock_chunks_ = 0;
   uint64_t max_off_ = 0;  // the pool's reserved address range (scan prefetch bound)
+  // Nodes the pool could hold when last looked at (WalkTooLong; only grows).
+  mutable std::atomic<uint64_t> walk_cap_{0};
   std::unique_ptr<std::atomic<std::atomic<uint32_t>*>[]> lock_dir_;
   // Limbo (DRAM side): slots in use, and retired slots with their epochs.
   std::mutex limbo_mu_;
@@ -2348,7 +2445,7 @@ Status FastFair<BK>::Check() {
     Node* prev = nullptr;
     uint64_t nodes = 0;
     for (Node* n = first; n; prev = n, n = At(n->sibling)) {
-      if (++nodes > (uint64_t(1) << 40)) return corrupt("sibling cycle");
+      if (WalkTooLong(++nodes)) return corrupt("sibling cycle on level " + std::to_string(level));
       const std::string where = "node " + std::to_string(Off(n)) + " (level " + std::to_string(level) + ")";
       if (n->level != level) return corrupt(where + " on the wrong level chain");
       if (n->count > cap_) return corrupt(where + " count exceeds capacity");
@@ -2400,6 +2497,7 @@ Status FastFair<BK>::Check() {
     upper = std::move(children);
     first = At(first->leftmost);
     if (!first) return corrupt("internal node without leftmost child");
+    if (first->level + 1 != level) return corrupt("leftmost child of level " + std::to_string(level) + " on the wrong level");
   }
   // Every record reachable from the root exactly where the chain has it.
   for (Node* n = LeftmostAt(0); n; n = At(n->sibling)) {
@@ -2409,6 +2507,7 @@ Status FastFair<BK>::Check() {
       if (Ignored(n, j)) continue;
       const SK key = KeyOf(e[j].k);
       Node* l = Descend(0, key, nullptr);
+      if (l == Bad()) return corrupt("descent to a record fails (a cycle of links, or a child on the wrong level)");
       while (l->sibling && Cmp(EffectiveHigh(l), key) <= 0) l = At(l->sibling);
       if (l != n) {
         // Only allowed where a crash interrupted a split before the old
@@ -2438,8 +2537,11 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
       }
   }
   std::vector<uint64_t> blocks;
-  for (Node* first = At(meta_->root); first; first = first->level ? At(first->leftmost) : nullptr) {
+  for (Node* first = At(meta_->root); first;) {
+    const uint32_t level = first->level;
+    uint64_t steps = 0;
     for (Node* n = first; n; n = At(n->sibling)) {
+      if (WalkTooLong(++steps) || n->level != level) return CorruptWalk("block enumeration");
       fn(Off(n));
       if (n->spare_node && n->spare_node != n->sibling) fn(n->spare_node);
       blocks.clear();
@@ -2459,6 +2561,8 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
       blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
       for (uint64_t b : blocks) fn(b);
     }
+    first = level ? At(first->leftmost) : nullptr;
+    if (first && first->level + 1 != level) return CorruptWalk("block enumeration");
   }
   return Status::OK();
 }

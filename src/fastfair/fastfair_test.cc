@@ -5,13 +5,16 @@
 // constant-time open.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "core/epoch.h"
+#include "core/test_watchdog.h"
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/index.h"
@@ -564,6 +567,104 @@ TEST(FastFair, LaggingCountBehindPrefixIsCounted) {
   EXPECT_EQ(internal::fastfair::GetDebugCounters(idx.get())->left_inserts, 1u);
   model[U64(450)] = U64(7);
   verify(idx.get());
+}
+
+// Bad input: a corrupt pool whose links make a walk go round forever (a
+// sibling cycle, a child pointer to an ancestor, a node on the wrong level)
+// makes reads return Corrupt in bounded time instead of spinning (the walk
+// bounds, docs/fastfair.md "Bad input"). The pool is built by the index,
+// closed, patched through the pool's bytes, reopened (read-only, then
+// writable for the write). Fails (the watchdog exits) without the bounds:
+// Find, Scan, Size and Check spun forever on each of these pools.
+TEST(FastFair, CorruptLinksFailInBoundedTime) {
+  enum Damage { kSiblingCycle, kChildIsAncestor, kLeafLevel };
+  const char* const names[] = {"sibling cycle", "child pointer to the root", "leaf on level 5"};
+  test::TestWatchdog wd;
+  for (KeyKind kk : {KeyKind::kU64, KeyKind::kBytes}) {
+    for (Damage d : {kSiblingCycle, kChildIsAncestor, kLeafLevel}) {
+      const std::string what = std::string(names[d]) + (kk == KeyKind::kU64 ? ", u64 keys" : ", byte keys");
+      SCOPED_TRACE(what);
+      wd.Arm("CorruptLinksFailInBoundedTime: " + what, 120);
+      fftest::PoolGuard g("corruptlinks");
+      Options o = fftest::MakeOptions(g.path, kk, ValueKind::kU64, 512);
+      o.pool_size = o.max_pool_size = 8ull << 20;  // walk bound: 16Ki nodes
+      auto key = [&](uint64_t i) {
+        if (kk == KeyKind::kU64) return U64(i);
+        char b[16];
+        std::snprintf(b, sizeof b, "k%06llu", static_cast<unsigned long long>(i));
+        return std::string(b);
+      };
+      const uint64_t n = 3000;  // ~150 leaves of 26 slots: height 3
+      std::string bad_key;      // a key whose walk goes round the damage
+      {
+        std::unique_ptr<Index> idx;
+        ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+        for (uint64_t i = 1; i <= n; i++) ASSERT_TRUE(idx->Insert(key(i), U64(i)).ok());
+        ASSERT_TRUE(idx->Check().ok());
+      }
+      {
+        std::unique_ptr<pm::Pool> pool;
+        ASSERT_TRUE(pm::Pool::Open(g.path, "fastfair", pm::PoolOptions{}, &pool).ok());
+        char* const base = pool->base();
+        char* const meta = base + *pool->root_slot();
+        // Node words (fastfair.cc Node): sibling 0, high 8, count 16,
+        // level 20, low 64, leftmost 72.
+        auto u64 = [](char* node, size_t off) { return reinterpret_cast<uint64_t*>(node + off); };
+        char* const root = base + *u64(meta, 64);
+        ASSERT_GE(*reinterpret_cast<uint32_t*>(root + 20), 2u);
+        char* leaf0 = root;
+        while (*reinterpret_cast<uint32_t*>(leaf0 + 20) > 0) leaf0 = base + *u64(leaf0, 72);
+        char* const leaf1 = base + *u64(leaf0, 0);
+        switch (d) {
+          case kSiblingCycle: {
+            // The second leaf links back to the first, with a high key at
+            // its own low key: a key at or above it moves right forever.
+            const uint64_t low = *u64(leaf1, 64);
+            if (kk == KeyKind::kU64) bad_key = U64(low);
+            else bad_key.assign(base + low + 4, *reinterpret_cast<uint32_t*>(base + low));  // {u32 len, bytes}
+            pm::StorePersist(u64(leaf1, 8), low);
+            pm::StorePersist(u64(leaf1, 0), uint64_t(leaf0 - base));
+            break;
+          }
+          case kChildIsAncestor:
+            pm::StorePersist(u64(root, 72), uint64_t(root - base));
+            break;
+          case kLeafLevel:
+            pm::StorePersist(reinterpret_cast<uint32_t*>(leaf0 + 20), uint32_t(5));
+            break;
+        }
+        if (d != kSiblingCycle) bad_key = key(1);  // on the leftmost path
+      }
+      for (const bool ro : {true, false}) {
+        SCOPED_TRACE(ro ? "read-only" : "writable");
+        Options oo = o;
+        oo.read_only = ro;
+        std::unique_ptr<Index> idx;
+        Status s = OpenIndex("fastfair", oo, &idx);
+        if (s.IsCorrupt()) continue;  // (an open that checks more would be fine too)
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        std::string v;
+        s = idx->Find(bad_key, &v);
+        EXPECT_TRUE(s.IsCorrupt()) << "Find: " << s.ToString();
+        s = idx->Find(key(n - 1), &v);  // a path the damage is not on
+        EXPECT_TRUE(s.ok()) << "Find(n - 1): " << s.ToString();
+        size_t count = 0;
+        s = idx->Scan(key(1), ~size_t(0), [](Slice, Slice) { return true; }, &count);
+        EXPECT_TRUE(s.IsCorrupt()) << "Scan: " << s.ToString() << " after " << count << " records";
+        EXPECT_EQ(idx->Size(), 0u) << "Size: 0 when the leaf chain cannot be walked";
+        s = idx->Check();
+        EXPECT_TRUE(s.IsCorrupt()) << "Check: " << s.ToString();
+        std::set<uint64_t> blocks;
+        s = idx->ForEachOwnedBlock([&](uint64_t b) { blocks.insert(b); });
+        EXPECT_TRUE(s.IsCorrupt()) << "ForEachOwnedBlock: " << s.ToString();
+        if (!ro) {
+          s = idx->Insert(bad_key, U64(1));
+          EXPECT_TRUE(s.IsCorrupt()) << "Insert: " << s.ToString();
+        }
+      }
+    }
+  }
+  wd.Disarm();
 }
 
 // Check rejects an ignored slot past the lk prefix of a node repaired in
