@@ -1,7 +1,8 @@
 // conformance_cases.h: what the cross-index suites (conformance_test,
 // conformance_concurrency_test) share: one case per registered index x key
 // kind x value kind (ListIndexes: a new index is picked up without a change
-// here), the key and value generators, and the pool path of a case.
+// here), the key and value generators, and the pool path and options of a
+// case.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "pmindex/index.h"
+#include "pmindex/pm/pool.h"
 
 namespace pmindex::conformance {
 
@@ -43,13 +45,24 @@ inline std::vector<Case> AllCases() {
   return v;
 }
 
-// A pool path in /dev/shm unique to this process, index and test.
+// A pool path in /dev/shm unique to this process, index and test (removed first).
 inline std::string CasePoolPath(const Case& c) {
   std::string p = "/dev/shm/pmindex-conf-" + c.index + "-" + std::to_string(::getpid()) + "-" +
                   testing::UnitTest::GetInstance()->current_test_info()->name() + ".pool";
   for (char& ch : p)
     if (ch == '/' && &ch > &p[9]) ch = '_';
+  pm::Pool::Remove(p);
   return p;
+}
+
+// The options of a case: its pool (32 MiB) and key/value kinds.
+inline Options CaseOptions(const Case& c, const std::string& pool_path) {
+  Options o;
+  o.pool_path = pool_path;
+  o.pool_size = 32ull << 20;
+  o.key_kind = c.kk;
+  o.value_kind = c.vk;
+  return o;
 }
 
 // Keys: u64 ids spread over the domain; byte keys of varying length that

@@ -121,13 +121,7 @@ class ConformanceConcurrency : public testing::TestWithParam<Case> {
     const Case& c = GetParam();
     if (!c.concurrent) GTEST_SKIP() << "not concurrent";
     path_ = conformance::CasePoolPath(c);
-    pm::Pool::Remove(path_);
-    Options o;
-    o.pool_path = path_;
-    o.pool_size = 32ull << 20;
-    o.key_kind = c.kk;
-    o.value_kind = c.vk;
-    ASSERT_TRUE(OpenIndex(c.index, o, &idx_).ok());
+    ASSERT_TRUE(OpenIndex(c.index, conformance::CaseOptions(c, path_), &idx_).ok());
   }
   void TearDown() override {
     idx_.reset();

@@ -34,11 +34,7 @@ class Conformance : public testing::TestWithParam<Case> {
   void SetUp() override {
     const Case& c = GetParam();
     path_ = conformance::CasePoolPath(c);
-    pm::Pool::Remove(path_);
-    opts_.pool_path = path_;
-    opts_.pool_size = 32ull << 20;
-    opts_.key_kind = c.kk;
-    opts_.value_kind = c.vk;
+    opts_ = conformance::CaseOptions(c, path_);
     ASSERT_TRUE(OpenIndex(c.index, opts_, &idx_).ok());
   }
   void TearDown() override {
