@@ -2023,7 +2023,30 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if (closed_) return 0;
     EpochGuard g(epoch_, kConc);
     uint64_t n = 0;
-    for (uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE); x; x = NextAcquire(L(x))) n += __builtin_popcountll(Ld(Bm(L(x))));
+    uint64_t x = __atomic_load_n(&root_->head, __ATOMIC_ACQUIRE);
+    while (x) {
+      char* l = L(x);
+      // fptree: a split cuts the old leaf's bitmap before it links the new
+      // leaf (both under the leaf's lock), so an unvalidated walk could read
+      // the cut bitmap and the old next pointer and miss the moved half
+      // (found by tests/conformance SizeDuringSplitsAndDeletions). The pair
+      // (bitmap, next) is read under the leaf's version: either both from
+      // before the split or both after it. Unlocked leaves only: a leaf is
+      // locked for one write at a time (deferred deletions leave it unlocked).
+      uint64_t bm = 0, nx = 0;
+      for (int spins = 0;; spins++) {
+        const uint64_t lv = LeafVersion(l);
+        if (!(lv & 1)) {
+          bm = Ld(Bm(l));
+          nx = NextAcquire(l);
+          if (LeafValidate(l, lv)) break;
+        }
+        if (spins < 256) Pause();
+        else std::this_thread::yield();
+      }
+      n += __builtin_popcountll(bm);
+      x = nx;
+    }
     return n;
   }
 

@@ -47,21 +47,19 @@ using conformance::CaseValue;
 // writer its own). A walking Size() (a leaf chain read leaf by leaf,
 // fptree.cc and fastfair.cc) is off by the records a split moves while it
 // walks: it counts a record twice if it read the leaf before the split cut
-// it and the new right leaf after; and fptree's Size (no leaf validation;
-// SplitFinish cuts the bitmap before it links the new leaf) misses the
-// moved records if it reads the cut bitmap and then the old link: 28 below
-// the lower bound = half a 56-slot leaf, in 3 of 9 TSan runs of this
-// test (session 8; reported, fptree.cc is not changed here). Each split is
+// it and the new right leaf after. No record may be missed: fptree's Size
+// once did (it read a leaf's bitmap and next pointer without validating the
+// leaf, and SplitFinish cuts the bitmap before it links the new leaf, so a
+// walk could read the cut bitmap and then the old link: 28 below the lower
+// bound = half a 56-slot leaf, in 3 of 9 TSan runs of this test; fixed in
+// session 8 by reading both under the leaf's version). Each split is
 // made by one writer op (an insert, or fastfair's rebalance on a delete)
 // and moves at most one leaf's records, at most kMovedPerOp (fptree: 56
 // slots, ptree 64; fastfair at its default 512-byte nodes: 26), so the
 // upper bound gets kMovedPerOp per overlapping op of slack, and the lower
-// bound kMissedPerOp. A count taken with no op overlapping it must be exact.
+// bound kMissedPerOp (0). A count taken with no op overlapping it must be exact.
 constexpr uint64_t kMovedPerOp = 64;
-// Only for fptree's miss above: 0 once fptree's Size validates each leaf
-// (or SplitFinish links the new leaf before it cuts the bitmap), and this
-// test then fails on such a miss (3 of 9 TSan runs before the slack).
-constexpr uint64_t kMissedPerOp = 64;
+constexpr uint64_t kMissedPerOp = 0;
 
 // Writer w owns the ids kStable + w * kChurn + P_w[i], i < kChurn (P_w a
 // permutation), and runs cycles of 2 * kChurn ops: insert P_w[0], P_w[1],
