@@ -49,6 +49,10 @@
 // logs (alg. 7, unlinks of all logs before any free), then one pass over the
 // leaf list (parallel per leaf): reset locks, leak checks of alg. 17 for keys
 // and values, drop empty leaves, then a bulk build of the inner nodes.
+// Corrupt pools: open range-checks everything recovery dereferences (root
+// config, log offsets, the leaf and group lists, bitmaps, block words) and
+// returns Status::Corrupt naming the word; a root that is not initialised is
+// formatted again only if it is a crashed initialisation (ClassifyRoot).
 //
 // Concurrency (fptree): no HTM. DRAM inner nodes use optimistic lock
 // coupling (a version word per node: readers validate, writers upgrade by
@@ -90,7 +94,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -177,6 +183,87 @@ struct alignas(64) Root {
   SplitLog split[kLogs];
   DeleteLog del[kLogs];
 };
+
+// ---------------------------------------------------------------------------
+// Corrupt pools (docs/fptree.md "Corrupt pools"). Open validates the PM state
+// that recovery trusts and returns Status::Corrupt naming it, before
+// recovery stores anything where it can: the root's config words here
+// (CheckConfig, ClassifyRoot), every offset recovery dereferences in the
+// class (CheckLogs, CheckGroups, CollectLeaves, the per-leaf pass).
+Status Bad(const std::string& what) { return Status::Corrupt("fptree: " + what); }
+std::string Num(uint64_t x) { return std::to_string(x); }
+
+// Leaf geometry from the variant and the slot count (LoadConfig's layout).
+uint32_t LeafTrailer(bool fp, uint32_t m) {
+  return fp ? 64 + ((16 * m + 63) / 64) * 64 : 64 + 2 * (((8 * m + 63) / 64) * 64);
+}
+uint32_t LeafBytes(bool fp, uint32_t m) { return LeafTrailer(fp, m) + 64; }
+
+// The root's config words are within the ranges Make accepts at creation.
+Status CheckConfig(const Root* r, uint8_t v) {
+  const uint32_t maxm = v == kPTree ? 64 : 56;
+  if (r->variant != v) return Bad("root variant " + Num(r->variant) + ", expected " + Num(v));
+  if (r->key_kind > 1 || r->value_kind > 1 || r->inplace_update > 1)
+    return Bad("root key/value kind or update mode out of range (" + Num(r->key_kind) + "/" + Num(r->value_kind) + "/" +
+               Num(r->inplace_update) + ")");
+  if (r->leaf_slots < 2 || r->leaf_slots > maxm)
+    return Bad("root leaf_slots " + Num(r->leaf_slots) + " out of range [2, " + Num(maxm) + "]");
+  if (r->inner_size < 3 || r->inner_size > 65536) return Bad("root inner_size " + Num(r->inner_size) + " out of range [3, 65536]");
+  if (v == kSingle && (r->group_size < 1 || r->group_size > 64))
+    return Bad("root group_size " + Num(r->group_size) + " out of range [1, 64]");
+  if (r->max_key == 0 || r->max_key > (1u << 20)) return Bad("root max_key " + Num(r->max_key) + " out of range");
+  if (r->max_value > (64u << 20)) return Bad("root max_value " + Num(r->max_value) + " out of range");
+  if (r->leaf_bytes != LeafBytes(v != kPTree, r->leaf_slots))
+    return Bad("root leaf_bytes " + Num(r->leaf_bytes) + " does not match leaf_slots " + Num(r->leaf_slots));
+  return Status::OK();
+}
+
+// What an existing pool's root object is. Format writes, in this order: the
+// root block (allocated zeroed) into the root slot; line 0 (magic, config)
+// persisted with one fence; the first leaf (fptree_single: its group, via
+// get_log) into head; initialized = 1. So a crash inside Format leaves
+// initialized == 0, magic 0 or kMagic, and, once anything beyond the root
+// is allocated, magic and a valid config durable, head 0 or one empty leaf
+// that ends the list, and no split/delete/free-group log in use. Such a
+// root is formatted again (alg. 9 line 1: *fresh = true; *pm_config: with
+// the root's own config, the one its first leaf was allocated for). Every
+// other root that is not initialised (initialized == 1, magic kMagic) is
+// Corrupt: formatting it again would drop every record, and reading it as
+// initialised would trust damaged words.
+Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
+  *fresh = *pm_config = false;
+  const uint64_t ro = *pool->root_slot();
+  if (ro == 0) {
+    *fresh = true;
+    return Status::OK();
+  }
+  if (ro % 8 || pool->size() < sizeof(Root) || ro > pool->size() - sizeof(Root))
+    return Bad("root object offset " + Num(ro) + " outside the pool");
+  const Root* r = pool->root<Root>();
+  if (r->magic == kMagic && r->initialized == 1) return CheckConfig(r, v);
+  if (r->initialized != 0 || (r->magic != 0 && r->magic != kMagic))
+    return Bad("root magic/initialized words damaged (initialized = " + Num(r->initialized) + ")");
+  for (int i = 0; i < kLogs; i++)
+    if (r->split[i].cur || r->split[i].nw || r->del[i].cur || r->del[i].prev)
+      return Bad("root not initialised but micro-log " + Num(i) + " in use");
+  if (r->free_log.cur) return Bad("root not initialised but the free-group log is in use");
+  *fresh = true;
+  if (!r->head && !r->groups_head && !r->get_log.new_group) return Status::OK();
+  if (r->magic != kMagic) return Bad("root not initialised, without magic, but leaves allocated");
+  PMINDEX_RETURN_IF_ERROR(CheckConfig(r, v));
+  *pm_config = true;
+  if (r->head) {
+    const uint64_t h = r->head;
+    if (h % 64 || h > pool->size() - r->leaf_bytes) return Bad("root head " + Num(h) + " is not a leaf offset");
+    const char* l = pool->base() + h;
+    uint64_t bm, next;
+    std::memcpy(&bm, l, 8);
+    std::memcpy(&next, l + LeafTrailer(v != kPTree, r->leaf_slots), 8);
+    if (bm || next)
+      return Bad("root says initialisation never finished (initialized = 0) but the tree holds records or more than one leaf");
+  }
+  return Status::OK();
+}
 
 // ---------------------------------------------------------------------------
 // Epoch-based reclamation (core/epoch.h), one manager per tree: finds, scans
@@ -290,6 +377,7 @@ struct FPTreeIntrospect {
   virtual void Shape(uint64_t* inner_nodes, uint64_t* leaves) = 0;
   virtual void HomeShare(uint64_t* at_home, uint64_t* records) = 0;
   virtual bool LeafVersionWords(std::string* why) = 0;
+  virtual void PmWords(FPTreePmWords* out) = 0;
 };
 
 template <bool kConc, bool kBytes>
@@ -333,7 +421,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
     LoadConfig();
     pm::Store(&r->leaf_bytes, lay_.bytes);
     pm::Persist(r, 64);
-    if (groups_) RecoverGetLog();  // crashed inside GetLeaf
+    if (groups_) {
+      PMINDEX_RETURN_IF_ERROR(CheckGroups());
+      RecoverGetLog();  // crashed inside GetLeaf
+    }
     if (r->head == 0) {
       if (groups_) {
         // One group holding the first leaf (alg. 10 path without a free vector).
@@ -381,15 +472,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
       lay_.key_stride = 16;
       lay_.val_off = 72;
       lay_.val_stride = 16;
-      lay_.trailer = 64 + ((16 * m + 63) / 64) * 64;
     } else {
       lay_.key_off = 64;
       lay_.key_stride = 8;
       lay_.val_off = 64 + ((8 * m + 63) / 64) * 64;
       lay_.val_stride = 8;
-      lay_.trailer = lay_.val_off + ((8 * m + 63) / 64) * 64;
     }
-    lay_.bytes = lay_.trailer + 64;
+    lay_.trailer = LeafTrailer(lay_.fp, m);
+    lay_.bytes = LeafBytes(lay_.fp, m);
     lay_.home_lines = lay_.fp ? (m + 3) / 4 : 0;
     pointers_ = kBytes || vbytes_;
   }
@@ -1618,7 +1708,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
         while (out.size() < want) {
           char* l = L(loff);
           uint64_t nx = 0;
-          if (!ReadLeafRecs(l, lv, k, incl, &leafrecs, &scratch, &nx)) break;  // changed: re-traverse
+          bool corrupt = false;
+          if (!ReadLeafRecs(l, lv, k, incl, &leafrecs, &scratch, &nx, &corrupt)) {
+            if (corrupt) {
+              if (count) *count = done;
+              return Status::Corrupt("fptree: unreadable key or value block in leaf " + Num(loff));
+            }
+            break;  // changed: re-traverse
+          }
           for (auto& r : leafrecs) out.push_back(std::move(r));
           // Later leaves are filtered by the last key collected: a leaf we
           // passed may have emptied and been deleted meanwhile, its range
@@ -1983,9 +2080,11 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // or byte values). Reads the keys in the hinted order and checks it as it
   // goes; a stale hint is replaced after a sort. `all` is scratch space
   // (kept between calls so its strings keep their buffers). False if the
-  // leaf changed meanwhile (the caller re-traverses).
+  // leaf changed meanwhile (the caller re-traverses), or, with *corrupt set,
+  // if a key/value block of the unchanged leaf is unreadable (a damaged
+  // pool: re-traversing would read it again forever).
   bool ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bool inclusive, std::vector<Rec>* recs,
-                    std::vector<std::pair<Rec, int>>* all, uint64_t* next) {
+                    std::vector<std::pair<Rec, int>>* all, uint64_t* next, bool* corrupt) {
     recs->clear();
     uint64_t bm = Ld(Bm(l)) & lay_.full;
     int cnt = __builtin_popcountll(bm);
@@ -1999,7 +2098,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
     for (int j = 0; j < cnt; j++) {
       auto& a = (*all)[j];
       a.second = ord[j];
-      if (!ReadSlotKey(l, ord[j], &a.first)) return false;  // stale key pointer: the leaf changed
+      if (!ReadSlotKey(l, ord[j], &a.first)) {  // stale key pointer: the leaf changed, or a damaged block
+        *corrupt = LeafValidate(l, lv);
+        return false;
+      }
       if (sorted && j > 0 && CmpRec((*all)[j - 1].first, a.first) >= 0) sorted = false;
     }
     if (!sorted) {
@@ -2013,7 +2115,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
       int c = CmpRecKey(a.first, k);
       if (c < 0 || (c == 0 && !inclusive)) continue;
       recs->push_back(std::move(a.first));
-      if (!ReadSlotVal(l, a.second, &recs->back())) return false;
+      if (!ReadSlotVal(l, a.second, &recs->back())) {
+        *corrupt = LeafValidate(l, lv);
+        return false;
+      }
     }
     *next = NextAcquire(l);  // the caller reads that leaf next
     return LeafValidate(l, lv);
@@ -2054,12 +2159,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   Status Check() override {
     if (closed_) return Status::InvalidArgument("index closed");
     std::vector<uint64_t> leaves;
-    for (uint64_t x = root_->head; x; x = *Next(L(x))) {
-      if (x % 64 || x + lay_.bytes > pool_->size()) return Status::Corrupt("leaf offset out of range");
-      leaves.push_back(x);
-      if (leaves.size() > (pool_->size() / lay_.bytes) + 1) return Status::Corrupt("leaf list has a cycle");
-    }
-    if (leaves.empty()) return Status::Corrupt("no leaves");
+    PMINDEX_RETURN_IF_ERROR(CollectLeaves(&leaves));
     Rec prev_max;
     bool have_prev = false;
     for (uint64_t off : leaves) {
@@ -2230,6 +2330,30 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return true;
   }
 
+  void PmWords(FPTreePmWords* w) override {
+    const uint64_t ro = *pool_->root_slot();
+    w->root = ro;
+    w->magic = ro + offsetof(Root, magic);
+    w->initialized = ro + offsetof(Root, initialized);
+    w->head = ro + offsetof(Root, head);
+    w->leaf_slots = ro + offsetof(Root, leaf_slots);
+    w->inner_size = ro + offsetof(Root, inner_size);
+    w->split0_cur = ro + offsetof(Root, split) + offsetof(SplitLog, cur);
+    w->split0_new = ro + offsetof(Root, split) + offsetof(SplitLog, nw);
+    w->del0_cur = ro + offsetof(Root, del) + offsetof(DeleteLog, cur);
+    w->del0_prev = ro + offsetof(Root, del) + offsetof(DeleteLog, prev);
+    w->groups_head = ro + offsetof(Root, groups_head);
+    w->get_log = ro + offsetof(Root, get_log);
+    w->leaf_bytes = lay_.bytes;
+    w->next_in_leaf = lay_.trailer;
+    w->slot0_key_in_leaf = lay_.key_off;
+    w->key_stride = lay_.key_stride;
+    w->slot0_val_in_leaf = lay_.val_off;
+    w->val_stride = lay_.val_stride;
+    w->leaves.clear();
+    for (uint64_t x = root_->head; x; x = *Next(L(x))) w->leaves.push_back(x);
+  }
+
   IndexStats Stats() override {
     IndexStats s;
     if (closed_) return s;
@@ -2304,14 +2428,103 @@ class FPTree final : public Index, public FPTreeIntrospect {
     return Status::OK();
   }
 
+  // ---- validation of the PM state recovery trusts (docs/fptree.md "Corrupt pools") ----
+  // A word recovery follows to a leaf: 64-byte aligned, the whole leaf inside the pool.
+  bool LeafOk(uint64_t x) const {
+    const uint64_t ps = pool_->size();
+    return x && x % 64 == 0 && ps >= lay_.bytes && x <= ps - lay_.bytes;
+  }
+  Status LeafWord(const std::string& what, uint64_t x) const {
+    if (LeafOk(x)) return Status::OK();
+    return Bad(what + " = " + Num(x) + " is not a leaf offset (64-byte aligned, inside the " + Num(pool_->size()) + "-byte pool)");
+  }
+  // The leaf list from head, in order: every offset a leaf (LeafOk), at most
+  // one leaf per leaf size of pool (a longer walk is a cycle), not empty.
+  // Shared by Recover and Check.
+  Status CollectLeaves(std::vector<uint64_t>* out) const {
+    out->clear();
+    const uint64_t bound = pool_->size() / lay_.bytes;
+    uint64_t prev = 0;
+    for (uint64_t x = root_->head; x; prev = x, x = *Next(L(x))) {
+      if (!LeafOk(x)) return LeafWord(prev ? "next pointer of the leaf at " + Num(prev) : std::string("root head"), x);
+      if (out->size() >= bound) return Bad("leaf list has a cycle (more than " + Num(bound) + " leaves)");
+      out->push_back(x);
+    }
+    if (out->empty()) return Bad("leaf list is empty (root head is 0)");
+    return Status::OK();
+  }
+  // Split and delete micro-logs: every offset recovery dereferences is a
+  // leaf; a split's leaves have no bitmap bit beyond the leaf size (the redo
+  // reads the slots of the set bits).
+  Status CheckLogs() const {
+    const Root* r = root_;
+    for (int i = 0; i < kLogs; i++) {
+      const SplitLog& sl = r->split[i];
+      const std::string sn = "split log " + Num(i);
+      if (sl.cur && sl.nw) {
+        PMINDEX_RETURN_IF_ERROR(LeafWord(sn + " cur", sl.cur));
+        PMINDEX_RETURN_IF_ERROR(LeafWord(sn + " new", sl.nw));
+        if (sl.cur == sl.nw) return Bad(sn + ": cur and new are the same leaf");
+        // The new leaf's bitmap is read only if the cut was made (cur not
+        // full); before the copy it may hold anything (a reused block).
+        const uint64_t cb = *Bm(L(sl.cur));
+        if ((cb & ~lay_.full) || ((cb & lay_.full) != lay_.full && (*Bm(L(sl.nw)) & ~lay_.full)))
+          return Bad(sn + ": bitmap has bits beyond the leaf size");
+      }
+      const DeleteLog& dl = r->del[i];
+      if (dl.cur) {
+        PMINDEX_RETURN_IF_ERROR(LeafWord("delete log " + Num(i) + " cur", dl.cur));
+        if (dl.prev) PMINDEX_RETURN_IF_ERROR(LeafWord("delete log " + Num(i) + " prev", dl.prev));
+      }
+    }
+    return Status::OK();
+  }
+  // fptree_single's group list and group logs: every offset a whole group
+  // inside the pool, the list without a cycle.
+  bool GroupOk(uint64_t g) const {
+    const uint64_t ps = pool_->size(), gb = GroupBytes();
+    return g && g % 64 == 0 && ps >= gb && g <= ps - gb;
+  }
+  Status GroupWord(const std::string& what, uint64_t g) const {
+    if (!g || GroupOk(g)) return Status::OK();
+    return Bad(what + " = " + Num(g) + " is not a leaf group offset inside the pool");
+  }
+  Status CheckGroups() const {
+    const Root* r = root_;
+    PMINDEX_RETURN_IF_ERROR(GroupWord("get-leaf log", r->get_log.new_group));
+    PMINDEX_RETURN_IF_ERROR(GroupWord("free-group log cur", r->free_log.cur));
+    if (r->free_log.cur) PMINDEX_RETURN_IF_ERROR(GroupWord("free-group log prev", r->free_log.prev));
+    PMINDEX_RETURN_IF_ERROR(GroupWord("root groups_tail", r->groups_tail));
+    const uint64_t bound = pool_->size() / GroupBytes();
+    uint64_t n = 0;
+    for (uint64_t g = r->groups_head; g; g = *reinterpret_cast<uint64_t*>(L(g))) {
+      PMINDEX_RETURN_IF_ERROR(GroupWord("group list entry", g));
+      if (++n > bound) return Bad("leaf group list has a cycle");
+    }
+    return Status::OK();
+  }
+  // fptree_single: the group a listed leaf belongs to (it must be one of a
+  // group's leaves), or group_used_.end().
+  std::map<uint64_t, uint32_t>::iterator GroupOfChecked(uint64_t leaf) {
+    auto it = group_used_.upper_bound(leaf);
+    if (it == group_used_.begin()) return group_used_.end();
+    --it;
+    const uint64_t rel = leaf - it->first;
+    if (rel < 64 || (rel - 64) % lay_.bytes || (rel - 64) / lay_.bytes >= group_size_) return group_used_.end();
+    return it;
+  }
+
   Status Recover() {
     PMINDEX_RETURN_IF_ERROR(MapLeafVersions());
     auto t0 = std::chrono::steady_clock::now();
     Root* r = root_;
     split_free_.store(~0ull);
     del_free_.store(~0ull);
+    // Everything the log passes below dereference, before they store.
+    PMINDEX_RETURN_IF_ERROR(CheckLogs());
     // Leaf groups: rebuild the DRAM map first (logs may need it).
     if (groups_) {
+      PMINDEX_RETURN_IF_ERROR(CheckGroups());
       RecoverGetLog();
       FinishFreeGroup();  // alg. 13 (no-op if the log is clear)
       group_used_.clear();
@@ -2357,9 +2570,13 @@ class FPTree final : public Index, public FPTreeIntrospect {
     }
     // Collect the leaf list.
     std::vector<uint64_t> leaves;
-    for (uint64_t x = r->head; x; x = *Next(L(x))) leaves.push_back(x);
+    PMINDEX_RETURN_IF_ERROR(CollectLeaves(&leaves));
     if (groups_) {
-      for (uint64_t x : leaves) GroupOf(x)->second++;
+      for (uint64_t x : leaves) {
+        auto it = GroupOfChecked(x);
+        if (it == group_used_.end()) return Bad("listed leaf " + Num(x) + " is not a leaf of a listed group");
+        it->second++;
+      }
     }
     for (int i = 0; i < kLogs; i++) {
       DeleteLog* lg = &r->del[i];
@@ -2378,6 +2595,18 @@ class FPTree final : public Index, public FPTreeIntrospect {
     std::vector<Rec> minkey(nl);
     std::vector<uint8_t> empty(nl, 0);
     std::vector<std::vector<std::pair<uint64_t*, bool>>> fixes(nl);  // (word, free?)
+    // The per-leaf pass checks what it reads (range checks only, no extra
+    // PM reads): the first problem found, by any thread, fails the open.
+    std::mutex bad_mu;
+    std::string bad;
+    const uint64_t psize = pool_->size();
+    auto fail = [&](size_t j, int i, const char* what) {
+      std::lock_guard<std::mutex> g(bad_mu);
+      if (bad.empty()) bad = "leaf at " + Num(leaves[j]) + (i >= 0 ? " slot " + Num(uint64_t(i)) : std::string()) + ": " + what;
+    };
+    // A block word recovery may free or a reader may follow: an 8-aligned
+    // block header inside the pool (ReadBlock bounds the length at reads).
+    auto block_ok = [psize](uint64_t w) { return w % 8 == 0 && psize >= 8 && w <= psize - 8; };
     auto work = [&](size_t from, size_t to) {
       for (size_t j = from; j < to; j++) {
         char* l = L(leaves[j]);
@@ -2385,20 +2614,34 @@ class FPTree final : public Index, public FPTreeIntrospect {
         // left its new leaf's word "born locked": clear the lock bits (the
         // word keeps growing).
         if constexpr (kConc) __atomic_store_n(Ver(l), __atomic_load_n(Ver(l), __ATOMIC_RELAXED) & ~3ull, __ATOMIC_RELAXED);
-        uint64_t bm = *Bm(l) & lay_.full;
-        if (bm != *Bm(l)) pm::Store(Bm(l), bm);
+        uint64_t bm = *Bm(l);
+        if (bm & ~lay_.full) {
+          fail(j, -1, "bitmap has bits beyond the leaf size");
+          return;
+        }
         empty[j] = bm == 0;
         bool first = true;
         for (uint64_t m = bm; m; m &= m - 1) {
           int i = __builtin_ctzll(m);
           Rec rr;
-          if (!ReadSlotKey(l, i, &rr)) continue;
+          if (!ReadSlotKey(l, i, &rr) || (kBytes && rr.ks.empty())) {
+            fail(j, i, "key block offset or length out of range");
+            return;
+          }
+          if (vbytes_ && (!*Val(l, i) || !block_ok(*Val(l, i)))) {
+            fail(j, i, "value block offset out of range");
+            return;
+          }
           if (first || CmpRec(rr, minkey[j]) < 0) minkey[j] = std::move(rr);
           first = false;
         }
         if (!pointers_) continue;
         for (uint32_t i = 0; i < lay_.m; i++) {
           if (bm >> i & 1) continue;
+          if ((kBytes && !block_ok(*Key(l, i))) || (vbytes_ && !block_ok(*Val(l, i)))) {
+            fail(j, int(i), "block pointer of a free slot out of range");
+            return;
+          }
           if (kBytes && *Key(l, i)) {
             bool shared = false;
             for (uint64_t m = bm; m; m &= m - 1)
@@ -2428,6 +2671,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
       }
       for (auto& t : ts) t.join();
     }
+    if (!bad.empty()) return Bad(bad);
     for (auto& fl : fixes)
       for (auto& [w, fr] : fl) {
         if (fr) pool_->allocator().Free(w);
@@ -2563,20 +2807,20 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
                                        : p.Expect({"leaf_size", "inner_size", "update"}));
   KeyKind kk = o.key_kind;
   ValueKind vk = o.value_kind;
-  const Root* existing = nullptr;
+  const Root* existing = nullptr;  // the root whose config is used (an initialised tree, or pm_config)
+  bool pm_config = false;
   if (!create) {
-    existing = pool->root<Root>();
-    if (existing && existing->magic == kMagic && existing->initialized == 1) {
-      kk = KeyKind(existing->key_kind);
-      vk = ValueKind(existing->value_kind);
-    } else {
-      create = true;  // crashed during initialisation (alg. 9 line 1)
-    }
+    PMINDEX_RETURN_IF_ERROR(ClassifyRoot(pool.get(), V, &create, &pm_config));
+    if (!create || pm_config) existing = pool->root<Root>();
+  }
+  if (existing) {
+    kk = KeyKind(existing->key_kind);
+    vk = ValueKind(existing->value_kind);
   }
   Options eff = o;
   eff.key_kind = kk;
   eff.value_kind = vk;
-  if (existing && !create) {
+  if (existing) {
     eff.max_key_size = existing->max_key;
     eff.max_value_size = existing->max_value;
   }
@@ -2592,6 +2836,14 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   std::string upd;
   PMINDEX_RETURN_IF_ERROR(p.GetString("update", "inplace", &upd));
   if (upd != "inplace" && upd != "flip") return Status::InvalidArgument("parameter update must be 'inplace' or 'flip'");
+  if (pm_config) {
+    // A crashed initialisation that had allocated its first leaf: finish it
+    // with the config that leaf (group) was allocated for.
+    leaf = existing->leaf_slots;
+    inner = existing->inner_size;
+    group = existing->group_size;
+    upd = existing->inplace_update ? "inplace" : "flip";
+  }
   std::unique_ptr<Index> idx;
   auto build = [&](auto* t) -> Status {
     idx.reset(t);
@@ -2634,6 +2886,13 @@ bool FPTreeLeafVersionWords(Index* idx, std::string* why) {
     return false;
   }
   return t->LeafVersionWords(why);
+}
+
+bool FPTreeGetPmWords(Index* idx, FPTreePmWords* out) {
+  auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
+  if (!t) return false;
+  t->PmWords(out);
+  return true;
 }
 
 bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pmindex {
 class Index;
@@ -27,6 +28,22 @@ bool FPTreeHomeShare(Index* idx, uint64_t* at_home, uint64_t* records);
 // locked or obsolete (a quiescent tree); else false and *why. Always true for
 // fptree_single and ptree. Not thread-safe against writers.
 bool FPTreeLeafVersionWords(Index* idx, std::string* why);
+
+// Pool offsets (= pool file offsets) of an open tree's PM words, for the
+// corrupt-pool tests (fptree_corrupt_test.cc patches them in the pool file
+// after Close). Word offsets are absolute; next_in_leaf and slot0_key_in_leaf
+// are offsets inside a leaf (slot i's key word: + i * key_stride, its value
+// word: slot0_val_in_leaf + i * val_stride). False if
+// idx is not an FPTree. Not thread-safe against writers.
+struct FPTreePmWords {
+  uint64_t root = 0, magic = 0, initialized = 0, head = 0;
+  uint64_t leaf_slots = 0, inner_size = 0;  // u32 words
+  uint64_t split0_cur = 0, split0_new = 0, del0_cur = 0, del0_prev = 0;
+  uint64_t groups_head = 0, get_log = 0;  // fptree_single
+  uint32_t leaf_bytes = 0, next_in_leaf = 0, slot0_key_in_leaf = 0, key_stride = 0, slot0_val_in_leaf = 0, val_stride = 0;
+  std::vector<uint64_t> leaves;  // leaf offsets in list order
+};
+bool FPTreeGetPmWords(Index* idx, FPTreePmWords* out);
 
 // Per-thread number of in-leaf key comparisons (fingerprint hits that were
 // compared against the search key, or every valid key for ptree) since the
