@@ -236,6 +236,39 @@ TEST_P(FPTreeCorruptTest, DamagedWordsGiveCorrupt) {
   wd.Disarm();
 }
 
+// The legitimate case next to initialized_zero: a crash inside creation
+// after the first leaf was allocated (initialized still 0, one empty leaf)
+// is finished on open, with the root's config (the leaf was allocated for
+// it), whatever parameters the caller passes.
+TEST_P(FPTreeCorruptTest, CrashedCreationIsFinishedWithTheRootsConfig) {
+  test::TestWatchdog wd(GetParam().label + " crashed creation", 120);
+  internal::FPTreePmWords w;
+  {
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex(GetParam().name, Opts(), &idx).ok());
+    ASSERT_TRUE(internal::FPTreeGetPmWords(idx.get(), &w));
+    ASSERT_EQ(w.leaves.size(), 1u);
+    ASSERT_TRUE(idx->Close().ok());
+  }
+  {
+    File f(path_);
+    ASSERT_GE(f.fd, 0);
+    f.Put<uint64_t>(w.initialized, 0);
+  }
+  Options o = Opts();
+  o.params["leaf_size"] = "12";  // ignored: the root's 6 stays
+  std::unique_ptr<Index> idx;
+  Status s = OpenIndex(GetParam().name, o, &idx);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  internal::FPTreePmWords w2;
+  ASSERT_TRUE(internal::FPTreeGetPmWords(idx.get(), &w2));
+  EXPECT_EQ(w2.leaf_bytes, w.leaf_bytes);
+  EXPECT_EQ(w2.leaves, w.leaves);
+  for (uint64_t i = 0; i < 30; i++) ASSERT_TRUE(idx->Insert(Key(i), Val(i)).ok());
+  EXPECT_EQ(Dump(idx.get(), GetParam().kk).size(), 30u);
+  EXPECT_TRUE(idx->Check().ok());
+}
+
 // A value block's length is not read at open (that would cost a PM read per
 // record); a damaged one makes the reads that reach it fail with Corrupt
 // instead of retrying forever (Scan re-traversed while the leaf's version
