@@ -2430,10 +2430,8 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   // ---- validation of the PM state recovery trusts (docs/fptree.md "Corrupt pools") ----
   // A word recovery follows to a leaf: 64-byte aligned, the whole leaf inside the pool.
-  bool LeafOk(uint64_t x) const {
-    const uint64_t ps = pool_->size();
-    return x && x % 64 == 0 && ps >= lay_.bytes && x <= ps - lay_.bytes;
-  }
+  bool LeafOk(uint64_t x, uint64_t ps) const { return x && x % 64 == 0 && ps >= lay_.bytes && x <= ps - lay_.bytes; }
+  bool LeafOk(uint64_t x) const { return LeafOk(x, pool_->size()); }
   Status LeafWord(const std::string& what, uint64_t x) const {
     if (LeafOk(x)) return Status::OK();
     return Bad(what + " = " + Num(x) + " is not a leaf offset (64-byte aligned, inside the " + Num(pool_->size()) + "-byte pool)");
@@ -2443,10 +2441,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // Shared by Recover and Check.
   Status CollectLeaves(std::vector<uint64_t>* out) const {
     out->clear();
-    const uint64_t bound = pool_->size() / lay_.bytes;
+    const uint64_t ps = pool_->size(), bound = ps / lay_.bytes;
     uint64_t prev = 0;
     for (uint64_t x = root_->head; x; prev = x, x = *Next(L(x))) {
-      if (!LeafOk(x)) return LeafWord(prev ? "next pointer of the leaf at " + Num(prev) : std::string("root head"), x);
+      if (!LeafOk(x, ps)) return LeafWord(prev ? "next pointer of the leaf at " + Num(prev) : std::string("root head"), x);
       if (out->size() >= bound) return Bad("leaf list has a cycle (more than " + Num(bound) + " leaves)");
       out->push_back(x);
     }
