@@ -222,8 +222,9 @@ Status CheckConfig(const Root* r, uint8_t v) {
 // root block (allocated zeroed) into the root slot; line 0 (magic, config)
 // persisted with one fence; the first leaf (fptree_single: its group, via
 // get_log) into head; initialized = 1. So a crash inside Format leaves
-// initialized == 0, magic 0 or kMagic, and, once anything beyond the root
-// is allocated, magic and a valid config durable, head 0 or one empty leaf
+// initialized == 0, magic 0 or kMagic, at most two allocated blocks (the
+// root, one leaf or group), and, once anything beyond the root is
+// allocated, magic and a valid config durable, head 0 or one empty leaf
 // that ends the list, and no split/delete/free-group log in use. Such a
 // root is formatted again (alg. 9 line 1: *fresh = true; *pm_config: with
 // the root's own config, the one its first leaf was allocated for). Every
@@ -247,8 +248,16 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
     if (r->split[i].cur || r->split[i].nw || r->del[i].cur || r->del[i].prev)
       return Bad("root not initialised but micro-log " + Num(i) + " in use");
   if (r->free_log.cur) return Bad("root not initialised but the free-group log is in use");
+  // Creation allocates the root and at most one leaf or one group before
+  // initialized = 1; the allocator counts blocks at pool open. More blocks
+  // are a damaged initialised tree (e.g. initialized and head both lost).
+  const uint64_t blocks = pool->allocator().BlocksInUse();
+  const bool allocated = r->head || r->groups_head || r->get_log.new_group;
+  if (blocks > (allocated ? 2u : 1u))
+    return Bad("root not initialised (initialized = 0, head " + Num(r->head) + ") but the pool holds " + Num(blocks) +
+               " blocks: more than a crashed creation allocates");
   *fresh = true;
-  if (!r->head && !r->groups_head && !r->get_log.new_group) return Status::OK();
+  if (!allocated) return Status::OK();
   if (r->magic != kMagic) return Bad("root not initialised, without magic, but leaves allocated");
   PMINDEX_RETURN_IF_ERROR(CheckConfig(r, v));
   *pm_config = true;
@@ -260,7 +269,7 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
     std::memcpy(&bm, l, 8);
     std::memcpy(&next, l + LeafTrailer(v != kPTree, r->leaf_slots), 8);
     if (bm || next)
-      return Bad("root says initialisation never finished (initialized = 0) but the tree holds records or more than one leaf");
+      return Bad("root not initialised (initialized = 0) but its first leaf holds records or has a next leaf");
   }
   return Status::OK();
 }

@@ -164,7 +164,11 @@ std::vector<Case> Cases() {
   v.push_back({"bitmap_bit_beyond_leaf", "bitmap has bits beyond the leaf size", [](const W& w, File& f) {
                  f.Put<uint64_t>(w.leaves[2], f.Get<uint64_t>(w.leaves[2]) | (1ull << 40));
                }});
-  v.push_back({"initialized_zero", "initialisation never finished", [](const W& w, File& f) { f.Put<uint64_t>(w.initialized, 0); }});
+  v.push_back({"initialized_zero", "root not initialised", [](const W& w, File& f) { f.Put<uint64_t>(w.initialized, 0); }});
+  v.push_back({"initialized_and_head_zero", "more than a crashed creation allocates", [](const W& w, File& f) {
+                 f.Put<uint64_t>(w.initialized, 0);
+                 f.Put<uint64_t>(w.head, 0);
+               }});
   v.push_back({"initialized_garbage", "magic/initialized", [](const W& w, File& f) { f.Put<uint64_t>(w.initialized, 5); }});
   v.push_back({"magic_garbage", "magic/initialized",
                [](const W& w, File& f) { f.Put<uint64_t>(w.magic, f.Get<uint64_t>(w.magic) ^ 0x100); }});
