@@ -875,7 +875,15 @@ class FPTree final : public Index, public FPTreeIntrospect {
   // keys) are not prefetched: their top probes stay cached anyway.
   void PrefetchInner(const Inner* n) const {
     const char* p = reinterpret_cast<const char*>(n);
-    for (uint32_t o = 0; o < inner_pf_bytes_; o += 64) __builtin_prefetch(p + o);
+    // Four lines a step (a third of the loop's instructions): up to three
+    // lines past the keys are prefetched too, the node's first children
+    // (harmless: a prefetch never faults).
+    for (uint32_t o = 0; o < inner_pf_bytes_; o += 256) {
+      __builtin_prefetch(p + o);
+      __builtin_prefetch(p + o + 64);
+      __builtin_prefetch(p + o + 128);
+      __builtin_prefetch(p + o + 192);
+    }
   }
 
   // Inserts separator sep -> right leaf (whose left neighbour is `left_leaf`)
