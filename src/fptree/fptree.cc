@@ -2156,15 +2156,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
       // before the split or both after it. Unlocked leaves only: a leaf is
       // locked for one write at a time (deferred deletions leave it unlocked).
       uint64_t bm = 0, nx = 0;
-      for (int spins = 0;; spins++) {
+      for (Backoff bo;; bo.Wait()) {
         const uint64_t lv = LeafVersion(l);
-        if (!(lv & 1)) {
-          bm = Ld(Bm(l));
-          nx = NextAcquire(l);
-          if (LeafValidate(l, lv)) break;
-        }
-        if (spins < 256) Pause();
-        else std::this_thread::yield();
+        if (lv & 1) continue;
+        bm = Ld(Bm(l));
+        nx = NextAcquire(l);
+        if (LeafValidate(l, lv)) break;
       }
       n += __builtin_popcountll(bm);
       x = nx;
