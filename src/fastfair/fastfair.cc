@@ -131,7 +131,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/epoch.h"
+#include "kit/backoff.h"
+#include "kit/epoch.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -237,14 +238,14 @@ constexpr uint32_t kMergeBelowDiv = 3;
 // share a word (they do not overlap, so their offsets / node_size differ).
 constexpr uint32_t kWriter = 1u << 31;
 
-// Epoch-based reclamation (core/epoch.h), one manager per tree. Every public
+// Epoch-based reclamation (kit/epoch.h), one manager per tree. Every public
 // operation runs inside a guard; a node unlinked by a merge or a root
 // collapse stays in its persistent limbo slot (retired_) until its grace
 // period passed, then FreeLimboNode frees it. DRAM bookkeeping only: the
 // limbo slots, their persist order and the PM format are as before.
 using EpochGuard = EpochManager::Guard;
 inline void Pause(int& spins) {
-  if (++spins < 64) _mm_pause();
+  if (++spins < 64) kit::CpuRelax();
   else std::this_thread::yield();
 }
 

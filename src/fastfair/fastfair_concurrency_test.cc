@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/index_util.h"
-#include "core/test_watchdog.h"
+#include "kit/test_watchdog.h"
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/index.h"

@@ -10,7 +10,7 @@
 #include <random>
 #include <string>
 
-#include "core/test_watchdog.h"
+#include "kit/test_watchdog.h"
 #include "pm/image_file.h"
 
 namespace fftest {

@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "core/epoch.h"
-#include "core/test_watchdog.h"
+#include "kit/epoch.h"
+#include "kit/test_watchdog.h"
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
 #include "pmindex/index.h"
@@ -845,7 +845,7 @@ TEST(FastFair, OpenIsConstantWork) {
 // exit order: thread_local destructors run in the reverse order of
 // construction, this one is built before the thread's first operation). It
 // must still find or get an epoch slot, and every slot must come back: the
-// tree's epoch manager (core/epoch.h, unbounded) then keeps reusing one or
+// tree's epoch manager (kit/epoch.h, unbounded) then keeps reusing one or
 // two slots over 600 sequential threads, while a slot not given back at exit
 // makes its slot count grow with every thread. (Before session 5 a leaked
 // slot of the 512 fixed ones made the 513th thread spin forever.)

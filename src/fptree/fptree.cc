@@ -102,7 +102,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/epoch.h"
+#include "kit/backoff.h"
+#include "kit/epoch.h"
+#include "kit/hash.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -139,21 +141,8 @@ constexpr int kLogs = 64;
 enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
 const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
 
-inline void Pause() { _mm_pause(); }
-// Spin-wait backoff for the concurrent tree's retry loops (leaf locks,
-// inner-node versions, OLC restarts): a few pause spins, then yield, so a
-// lock holder that was preempted gets the CPU. Review finding: 96 threads on
-// 2 cores under TSan (conformance ManyThreadsOnDisjointKeys) convoyed for
-// minutes behind preempted holders while the waiters only paused. An
-// uncontended operation never waits, so it never yields.
-struct Backoff {
-  static constexpr int kSpins = 32;
-  int n = 0;
-  void Wait() {
-    if (++n > kSpins) std::this_thread::yield();
-    else Pause();
-  }
-};
+inline void Pause() { kit::CpuRelax(); }
+using kit::Backoff;
 
 // ---------------------------------------------------------------------------
 // PM root object.
@@ -275,7 +264,7 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
 }
 
 // ---------------------------------------------------------------------------
-// Epoch-based reclamation (core/epoch.h), one manager per tree: finds, scans
+// Epoch-based reclamation (kit/epoch.h), one manager per tree: finds, scans
 // and writers run inside a guard; a leaf deletion waits for the grace period
 // (EpochManager::Synchronize, outside any guard) before it frees the unlinked
 // leaf (FinishDeleteLog), the removed inner nodes and their separators. DRAM
@@ -284,30 +273,11 @@ using EpochGuard = EpochManager::Guard;
 
 // ---------------------------------------------------------------------------
 // Hashes for fingerprints.
-inline uint64_t Fmix(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ull;
-  k ^= k >> 33;
-  return k;
-}
-// A key's 64-bit hash: the fingerprint is its top byte, the home line (see
-// FreeSlotFor) comes from bits 8..23.
-inline uint64_t HashU64(uint64_t k) { return Fmix(k); }
+// A key's 64-bit hash (kit/hash.h): the fingerprint is its top byte, the
+// home line (see FreeSlotFor) comes from bits 8..23.
+inline uint64_t HashU64(uint64_t k) { return kit::FingerprintHashU64(k); }
 inline uint8_t FpU64(uint64_t k) { return uint8_t(HashU64(k) >> 56); }
-inline uint64_t HashBytes(Slice s) {
-  uint64_t h = 0xcbf29ce484222325ull ^ s.size();
-  size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    h = Fmix(h ^ w);
-  }
-  uint64_t w = 0;
-  std::memcpy(&w, s.data() + i, s.size() - i);
-  return Fmix(h ^ w ^ 0x9e3779b97f4a7c15ull);
-}
+inline uint64_t HashBytes(Slice s) { return kit::FingerprintHashBytes(s); }
 inline uint8_t FpBytes(Slice s) { return uint8_t(HashBytes(s) >> 56); }
 
 // Fingerprint match mask over the 56 bytes following the bitmap (bit i set

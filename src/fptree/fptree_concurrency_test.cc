@@ -21,8 +21,8 @@
 
 #include <gtest/gtest.h>
 
-#include "core/epoch.h"
-#include "core/test_watchdog.h"
+#include "kit/epoch.h"
+#include "kit/test_watchdog.h"
 #include "fptree/fptree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
@@ -583,7 +583,7 @@ TEST(FPTreeConcMisc, OperationsFromThreadExitDestructors) {
 
 // More threads using a tree at once than the former fixed epoch slots (256,
 // process-wide; the surplus got Busy): the shared epoch manager
-// (core/epoch.h) has no thread limit, so every operation succeeds. Each
+// (kit/epoch.h) has no thread limit, so every operation succeeds. Each
 // thread does one insert and then waits (keeping its slot) until all have
 // done theirs. Then the slots come back when the threads exit: as many
 // sequential threads again do not raise the manager's slot count.

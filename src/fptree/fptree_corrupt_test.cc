@@ -17,7 +17,7 @@
 
 #include <gtest/gtest.h>
 
-#include "core/test_watchdog.h"
+#include "kit/test_watchdog.h"
 #include "fptree/fptree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"

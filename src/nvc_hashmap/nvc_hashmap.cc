@@ -27,7 +27,7 @@
 // Invariants: the list is strictly sorted by (split-order key, key); dummies
 // are never removed and sit in their own bucket's slot; a slot is published
 // only after its dummy's link is durable; a node is freed only after it was unlinked,
-// the unlink was persisted, and its epoch grace period passed (core/epoch.h:
+// the unlink was persisted, and its epoch grace period passed (kit/epoch.h:
 // no reader can hold it).
 // Buckets are initialised on demand by inserts and eagerly, in batches, by a
 // cursor over the new half after each doubling (MaybeGrow/InitBatch).
@@ -98,7 +98,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "core/epoch.h"
+#include "kit/epoch.h"
+#include "kit/hash.h"
 #include "core/index_util.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
@@ -256,35 +257,9 @@ inline int ClassOf(uint64_t size) {
 
 inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
-inline uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-// A stable hash (it decides where records live in PM, so it must never change).
-uint64_t HashKey(KeyKind kind, Slice key) {
-  if (kind == KeyKind::kU64) return Mix64(SliceToU64(key));
-  uint64_t h = 0x6a09e667f3bcc909ull ^ (uint64_t(key.size()) * 0x9e3779b97f4a7c15ull);
-  const char* p = key.data();
-  size_t n = key.size();
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    h = Mix64(h ^ w) + 0x9e3779b97f4a7c15ull;
-    p += 8;
-    n -= 8;
-  }
-  if (n) {
-    uint64_t w = 0;
-    std::memcpy(&w, p, n);
-    h = Mix64(h ^ w ^ (uint64_t(n) << 56));
-  }
-  return Mix64(h);
-}
+// A stable hash (it decides where records live in PM, so it must never
+// change): kit/hash.h.
+inline uint64_t HashKey(KeyKind kind, Slice key) { return kit::StableKeyHash(kind, key); }
 
 inline uint64_t Reverse64(uint64_t x) {
   x = ((x >> 1) & 0x5555555555555555ull) | ((x & 0x5555555555555555ull) << 1);
@@ -314,7 +289,7 @@ class BucketSet {
 };
 
 // ---------------------------------------------------------------------------
-// Thread -> slot binding: the index's epoch manager (core/epoch.h, bounded to
+// Thread -> slot binding: the index's epoch manager (kit/epoch.h, bounded to
 // kMaxSlots) binds each thread using the index to one slot number until the
 // thread exits (an operation run during thread exit, after the binding was
 // released, takes a slot for its own duration). The slot number indexes the
@@ -1236,7 +1211,7 @@ Status NvcHashmap::Remove(Slice key) {
 }
 
 // ---------------------------------------------------------------------------
-// Epoch-based reclamation (core/epoch.h). A node or value record is retired
+// Epoch-based reclamation (kit/epoch.h). A node or value record is retired
 // by the operation that unlinked (replaced) it, after that was persisted,
 // into its slot's list; every kRetireBatch retirements the slot's owner
 // stamps the new ones with one epoch advance and frees those whose grace

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "conformance_cases.h"
-#include "core/test_watchdog.h"
+#include "kit/test_watchdog.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
 

@@ -1,4 +1,4 @@
-// epoch_index_test.cc: the shared epoch manager (core/epoch.h) is per index
+// epoch_index_test.cc: the shared epoch manager (kit/epoch.h) is per index
 // instance. A reader parked inside one fastfair tree's epoch guard (a scan
 // callback) does not hold back the frees of another tree (with the former
 // process-wide epoch it did: nodes_freed stayed 0), and a thread inside one

@@ -1,7 +1,7 @@
 // epoch.cc: the slow paths of EpochManager (slot binding, thread exit,
 // scans of the announcements). Design, invariants and memory-order
 // reasoning: epoch.h.
-#include "core/epoch.h"
+#include "kit/epoch.h"
 
 #include <pthread.h>
 

@@ -4,7 +4,7 @@
 // Synchronize waits for open guards, guards from exiting threads give their
 // slots back (also from thread_local and pthread_key destructors), bounded managers, nesting and several managers per thread, a
 // reader in the second chunk of slots.
-#include "core/epoch.h"
+#include "kit/epoch.h"
 
 #include <gtest/gtest.h>
 #include <pthread.h>
