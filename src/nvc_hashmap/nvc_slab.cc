@@ -2,7 +2,7 @@
 // the epoch-based reclamation of removed nodes and replaced value records.
 //
 // Paper: not in Schwalb et al. (IMDM'15 allocates every node from the PM
-// allocator); docs/nvc_hashmap.md, "Node slabs" and "Memory reclamation".
+// allocator); docs/nvc_hashmap.md, "Node slabs" and "Concurrency".
 //
 // Node slabs (node_alloc=slab, the default): nodes of <= 256 bytes are slots
 // of 32 KiB slabs (nvc_format.h) in a persistent list from root.slab_head.
