@@ -67,11 +67,15 @@ constexpr uint64_t kInitEvery = 16, kInitChunk = 16;
 enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 
 // Test hooks (nvc_hashmap.h; set in nvc_hashmap.cc). Process-wide.
-inline std::atomic<nvc_hashmap_testing::LinkHook> g_link_hook{nullptr};
-inline std::atomic<nvc_hashmap_testing::LinkHook> g_value_hook{nullptr};
-inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_value_hook{nullptr};
-inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
-inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
+// Everything of this header is internal to libpmindex: hidden visibility
+// keeps calls and accesses between the folder's files direct (no PLT or GOT
+// indirection), as within one file.
+#define PMINDEX_NVC_HIDDEN __attribute__((visibility("hidden")))
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_link_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_value_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_value_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
@@ -123,7 +127,7 @@ struct Pos {
 
 enum class PutMode { kInsert, kUpdate, kUpsert };
 
-class NvcHashmap final : public Index {
+class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
  public:
   NvcHashmap(std::unique_ptr<pm::Pool> pool, Fix fix, uint64_t lf, bool slab)
       : pool_(std::move(pool)), base_(pool_->base()), fix_(fix), lf_(lf), slab_(slab) {
