@@ -73,6 +73,12 @@ struct IndexFactory {
   Status (*open)(std::unique_ptr<pm::Pool> pool, const Options& options, std::unique_ptr<Index>* out) = nullptr;
 };
 
+// Appends one index type to the registry: the body of each Register*.
+inline void AddIndexType(std::vector<IndexFactory>* r, IndexInfo info, decltype(IndexFactory::create) create,
+                         decltype(IndexFactory::open) open = nullptr) {
+  r->push_back(IndexFactory{std::move(info), create, open});
+}
+
 // Implemented by each index folder; append the folder's index types.
 void RegisterDramBtree(std::vector<IndexFactory>* r);
 void RegisterFPTree(std::vector<IndexFactory>* r);

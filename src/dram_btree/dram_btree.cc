@@ -142,11 +142,10 @@ Status Create(std::unique_ptr<pm::Pool>, const Options& o, std::unique_ptr<Index
 }  // namespace
 
 void RegisterDramBtree(std::vector<IndexFactory>* r) {
-  IndexFactory f;
-  f.info = {"dram_btree", /*persistent=*/false, /*ordered=*/true, /*concurrent=*/true,
-            "transient baseline: absl::btree_map under a reader-writer lock"};
-  f.create = &Create;
-  r->push_back(f);
+  AddIndexType(r,
+               {"dram_btree", /*persistent=*/false, /*ordered=*/true, /*concurrent=*/true,
+                "transient baseline: absl::btree_map under a reader-writer lock"},
+               &Create);
 }
 
 }  // namespace pmindex::internal

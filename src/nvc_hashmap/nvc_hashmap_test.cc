@@ -276,8 +276,8 @@ TEST(NvcHashmap, TooSmallRootBlockIsCorrupt) {
 }
 
 // The footprint that decides find speed once the index outgrows the cache
-// (docs/nvc_hashmap.md, "Footprint"): u64 records take one 32-byte slab slot
-// and the bucket table 8 bytes per bucket (it was 64 + 32).
+// (docs/nvc_hashmap.md, "Layout"): u64 records take one 32-byte slab slot
+// and the bucket table 8 bytes per bucket.
 TEST(NvcHashmap, U64RecordsTakeCompactNodesAndSlots) {
   PoolFile pf("footprint");
   Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});

@@ -1,0 +1,184 @@
+// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 4).
+//
+// Paper: Schwalb et al., IMDM'15, section 3.3 (2) (every PM word an 8-byte
+// pool offset, changed by one CAS or failure-atomic store) and (3) (a fixed
+// entry point: bucket 0's dummy). Prose and the persist order of every
+// operation: docs/nvc_hashmap.md, "Layout". Included by the write path, by
+// recovery and by Check alike; nothing here may change without a new format
+// version.
+//
+//   pool root slot -> Root
+//   +-------------------------------------------------------------------+
+//   | line 0: magic version kinds max_key max_value seg0 head slab_head  |
+//   |         node_alloc                          (written once, magic last)
+//   | line 1: bucket_count(hint) count clean scratch slab_pending        |
+//   | seg[40]: bucket-table segments (allocator blocks of 8-byte slots)  |
+//   | slots[256]: PSlot {pending, pending_val, scratch} one line each    |
+//   +-------------------------------------------------------------------+
+//   seg[0] = buckets [0, seg0); seg[s >= 1] = [seg0 << (s-1), seg0 << s)
+//
+//   bucket-table slot (8 bytes) = bucket b's dummy = its next word
+//   slot 0 = bucket 0's dummy = the list head
+//
+//   head --> node --> node --> [bucket 4 link] --> slot 4 --> node --> ... kEnd
+//
+//   link word: | successor (offset of a Node, or b << 3) | B | D | M/U |
+//              bit 2 B = kBucketLink (successor is bucket b's dummy)
+//              bit 1 D = kDirty (the latest store may not be durable yet)
+//              bit 0 M = kMark in a node's next (deleted, word frozen)
+//                    U = kUnpub in a dummy's word (claimed, not published)
+//
+//   Node (not compact): next so value klen flags | key bytes | pad to 8 |
+//                       [byte values: u64 len | bytes]       (>= 64 bytes)
+//   CompactNode (u64 keys and values): next so value key     (32 bytes)
+//
+//   slab (32 KiB allocator block): SlabHdr (192 bytes) | slot | slot | ...
+//
+// Invariants (of a durable image, after recovery):
+//   - the list from slot 0 is strictly sorted by (split-order key, key) and
+//     ends with kEnd (a link to bucket 0);
+//   - a dummy sits in its own bucket's slot and is never removed; a slot is
+//     nonzero only if its dummy is linked, or it is being linked (kUnpub);
+//   - regular nodes have an odd split-order key, SoRegular(hash(key));
+//   - a node is either a slot of a slab in the slab list (flags say so,
+//     compact nodes in slab pools always are) or an allocator block;
+//   - Root.count is valid only when Root.clean == 1, and so are the slabs'
+//     free bitmaps.
+//
+// Thread safety: definitions only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pmindex::internal::nvc {
+
+constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
+// Format versions. 2: u64 values in the node's value word, remove marks
+// next. 3: 8-byte bucket-table slots, bucket-number links, kEnd; three
+// incompatible layouts were written as version 3, so it is refused. 4: the
+// layout of this file: 256 thread slots, compact 32-byte u64 nodes.
+constexpr uint32_t kVersion = 4;
+
+// Thread slots: a thread binds one for its lifetime (kit/epoch.h bounds the
+// epoch manager to this number; scans stop at the highest slot ever bound).
+constexpr int kMaxSlots = 256;
+constexpr int kMaxSegments = 40;
+constexpr uint64_t kMaxBuckets = 1ull << 32;
+
+// Low bits of a link word. kBucketLink: the link names bucket (word >> 3)'s
+// dummy, not a pool offset; bucket 0 (the head) is never a successor, so
+// kEnd = a link to bucket 0 ends the list. In a dummy's own word (its bucket
+// slot) bit 0 is kUnpub (claimed, not published yet): dummies are never
+// marked, and every CAS of a predecessor's word keeps that bit (KeepUnpub).
+constexpr uint64_t kMark = 1, kDirty = 2, kBucketLink = 4, kLow = 7;
+constexpr uint64_t kUnpub = kMark;
+constexpr uint64_t kEnd = kBucketLink;
+constexpr uint64_t kSlotBytes = 8;  // a bucket-table slot: the dummy's next word
+// A bucket-table slot word: 0 free; kUnpub set: claimed (being linked, or
+// linked but its link not yet durable); else published (its dummy is in the
+// list and the link to it is durable).
+
+// A regular node's header; key bytes follow it, then (8-aligned) the inline
+// value record. Non-compact nodes are >= 64 bytes, hence 64-byte aligned, so
+// next, so and value share one cache line. Dummies are not Nodes: a dummy is
+// the 8-byte word of its bucket-table slot.
+constexpr size_t kHeader = 32;
+constexpr uint32_t kSlabFlag = 2;  // flags: a node carved from a slab; class in bits 4..
+struct Node {
+  uint64_t next;
+  uint64_t so;     // split-order key (odd)
+  uint64_t value;  // u64 values: the value; byte values: the record offset; no flag bits
+  uint32_t klen;
+  uint32_t flags;
+};
+static_assert(sizeof(Node) == kHeader);
+
+// A compact node (u64 keys and u64 values): half a cache line, no
+// klen/flags (the key is 8 bytes; a compact node is a slab node iff the pool
+// uses slabs, class 0). 32-byte aligned in a slab, a 64-byte block with
+// node_alloc=allocator: it never straddles a line.
+struct CompactNode {
+  uint64_t next, so, value, key;
+};
+static_assert(sizeof(CompactNode) == 32 && offsetof(CompactNode, key) == 24);
+constexpr size_t kCompactKeyOff = 24;
+
+// Persistent per-thread slot: allocation destinations (allocate-into-
+// destination) and the word handed to Allocator::Free.
+struct alignas(64) PSlot {
+  uint64_t pending;      // a new node until it is linked (allocator nodes)
+  uint64_t pending_val;  // a new out-of-line value record until it is installed
+  uint64_t scratch;      // a block being freed
+  uint64_t pad[5];
+};
+
+struct Root {
+  // Line 0: configuration, written once at creation (magic last).
+  uint64_t magic;
+  uint32_t version;
+  uint8_t key_kind, value_kind;
+  uint16_t reserved;
+  uint64_t max_key, max_value;
+  uint64_t seg0;        // buckets in segment 0 (power of two)
+  uint64_t head;        // always 0 (bucket 0's slot is the list head); nonzero: an older format
+  uint64_t slab_head;   // first node slab (node_alloc=slab), linked by SlabHdr::next
+  uint64_t node_alloc;  // 0: one allocator block per node; 1: slabs (fixed at creation)
+  // Line 1: mutable state.
+  uint64_t bucket_count;  // a durable hint; a smaller value loses nothing
+  uint64_t count;         // records; valid only when clean == 1
+  uint64_t clean;         // 1 after a clean close
+  uint64_t scratch;       // Free() destination during recovery
+  uint64_t slab_pending;  // a new slab until it is linked into slab_head
+  uint64_t pad1[3];
+  // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
+  // holds [seg0 << (s-1), seg0 << s). Each slot is an 8-byte dummy (its next
+  // word); slot 0 is the list head.
+  uint64_t seg[kMaxSegments];
+  PSlot slots[kMaxSlots];
+};
+
+// Node slabs (node_alloc=slab): one allocator block of kSlabSize bytes holds
+// this header and fixed-size node slots of one class. 32 KiB is the
+// allocator's largest run class (larger requests take a whole 256 KiB
+// chunk): 1018 slots of 32 bytes (compact nodes), 509 of 64, 254 of 128, 127
+// of 256.
+constexpr uint64_t kSlabSize = 32 * 1024;
+constexpr uint64_t kSlabHeader = 192;
+constexpr uint64_t kSlabMagic = 0x42414c5343564e01ull;
+constexpr int kNumClasses = 4;
+constexpr uint64_t kClassSize[kNumClasses] = {32, 64, 128, 256};
+
+// next/cls/nslots/magic are written and persisted before the slab is linked;
+// the bitmap (bit set = slot free) is valid only after a clean close.
+struct SlabHdr {
+  uint64_t next;
+  uint64_t cls;  // node class index
+  uint64_t nslots;
+  uint64_t magic;
+  uint64_t pad[4];
+  uint64_t free_bits[16];  // up to 1024 slots
+};
+static_assert(sizeof(SlabHdr) == kSlabHeader);
+
+// The slab class holding a node of `size` bytes; -1: larger than any class.
+inline int ClassOf(uint64_t size) {
+  for (int k = 0; k < kNumClasses; k++)
+    if (size <= kClassSize[k]) return k;
+  return -1;
+}
+
+inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
+
+// Link-word helpers.
+// The link without its mark/kUnpub and kDirty bits: what a new node's next
+// or an unlink copies.
+inline uint64_t Succ(uint64_t raw) { return raw & ~(kMark | kDirty); }
+// The kUnpub bit of a predecessor's word, kept by every CAS of that word: a
+// dummy's word may carry it; a regular predecessor's word as loaded by a
+// search is unmarked, so this is 0 for it.
+inline uint64_t KeepUnpub(uint64_t exp) { return exp & kUnpub; }
+inline uint64_t BucketLink(uint64_t b) { return (b << 3) | kBucketLink; }
+inline bool IsPublished(uint64_t slot_word) { return slot_word && !(slot_word & kUnpub); }
+
+}  // namespace pmindex::internal::nvc

@@ -1,0 +1,258 @@
+// nvc_recovery.cc: creation, open, crash recovery and clean close of the
+// NVC-Hashmap.
+//
+// Paper: Schwalb et al., IMDM'15, section 3.3 (5) (recovery: walk the list
+// from the entry point, rebuild the volatile state). Beyond the paper,
+// recovery also completes removes and reclaims every block the structure
+// does not own (the paper leaks them).
+//
+// Open (LoadRoot) validates the root before reading past its first line
+// (block size, magic, version 4 only, kinds, segment size, the head). After
+// a clean close (root.clean == 1) it takes the record count and the slabs'
+// free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
+// list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
+// unlinks marked nodes (their remove had linearized durably), recounts,
+// frees the slot of every bucket whose dummy is unreachable, resolves the
+// per-thread pending slots (reachable -> clear, else free) and frees every
+// allocated block the structure does not own (nodes and value records of
+// unfinished operations, nodes waiting for their epoch, replaced records).
+// Every unreachable slab slot is free.
+//
+// Persist order:
+//   create: the root zeroed (allocator) -> configuration and segment 0 ->
+//           the head (kEnd) persisted -> root persisted -> magic, persisted.
+//   recover: the walk's link repairs (flushed) -> fence -> bucket slots
+//           reset (flushed) -> fence -> pending slots resolved, unowned
+//           blocks freed (allocator transactions) -> fence.
+//   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
+//           fence -> count, persisted -> clean = 1, persisted.
+//
+// Thread safety: single-threaded (Create, Open, Close with no operation in
+// flight).
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "nvc_hashmap/nvc_walk.h"
+namespace pmindex::internal::nvc {
+
+Status NvcHashmap::Close() {
+  if (closed_) return Status::OK();
+  for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  if (!slab_cls_.empty()) WriteSlabBitmaps();
+  // Slot states were published with volatile stores: make them durable so a
+  // clean open can trust them.
+  for (int s = 0; s < kMaxSegments; s++)
+    if (char* seg = segs_[s].load()) pm::Flush(seg, SegSize(s) * kSlotBytes);
+  pm::Fence();
+  pm::StoreAtomic(&root_->count, Size());
+  pm::Persist(&root_->count, 8);
+  pm::StoreAtomic(&root_->clean, uint64_t(1));
+  pm::Persist(&root_->clean, 8);
+  closed_ = true;
+  return pool_->Close();
+}
+
+Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
+  pm::Allocator& a = pool_->allocator();
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
+  root_ = pool_->root<Root>();
+  kk_ = o.key_kind;
+  vk_ = o.value_kind;
+  max_key_ = o.max_key_size;
+  max_value_ = o.max_value_size;
+  compact_ = kk_ == KeyKind::kU64 && vk_ == ValueKind::kU64;
+  seg0_ = std::max<uint64_t>(256, initial_buckets);
+  log_seg0_ = 63 - __builtin_clzll(seg0_);
+  pm::Store(&root_->version, kVersion);
+  pm::Store(&root_->key_kind, uint8_t(kk_));
+  pm::Store(&root_->value_kind, uint8_t(vk_));
+  pm::Store(&root_->max_key, uint64_t(max_key_));
+  pm::Store(&root_->max_value, uint64_t(max_value_));
+  pm::Store(&root_->seg0, seg0_);
+  pm::Store(&root_->node_alloc, uint64_t(slab_ ? 1 : 0));
+  pm::Store(&root_->bucket_count, initial_buckets);
+  bucket_count_.store(initial_buckets);
+  init_end_.store(initial_buckets);  // initialise the initial buckets eagerly
+  PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kSlotBytes));
+  segs_[0].store(base_ + root_->seg[0]);
+  uint64_t* head = BucketSlot(0, false);  // bucket 0's dummy: the list head, published, empty list
+  pm::StoreAtomic(head, kEnd);
+  pm::Persist(head, kSlotBytes);
+  pm::Persist(root_, 2 * pm::kCacheLine);
+  pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
+  pm::Persist(&root_->magic, 8);
+  return Status::OK();
+}
+
+Status NvcHashmap::LoadRoot(bool* needs_recovery) {
+  if (!root_) return Status::Corrupt("nvc_hashmap: the pool has no root object (creation interrupted?)");
+  // The root block must hold a whole Root (magic, segments, thread slots)
+  // before any field is read.
+  const uint64_t root_off = *pool_->root_slot();
+  if (!pool_->allocator().IsAllocated(root_off) || pool_->allocator().UsableSize(root_off) < sizeof(Root))
+    return Status::Corrupt("nvc_hashmap: the root block is smaller than the root object (" + std::to_string(sizeof(Root)) +
+                           " bytes): not an nvc_hashmap pool of this format");
+  if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
+  if (root_->version != kVersion)
+    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads version " +
+                           std::to_string(kVersion) + " only; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
+  if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
+  kk_ = KeyKind(root_->key_kind);
+  vk_ = ValueKind(root_->value_kind);
+  compact_ = kk_ == KeyKind::kU64 && vk_ == ValueKind::kU64;
+  max_key_ = root_->max_key;
+  max_value_ = root_->max_value;
+  seg0_ = root_->seg0;
+  if (root_->node_alloc > 1) return Status::Corrupt("nvc_hashmap: bad node_alloc in root");
+  slab_ = root_->node_alloc == 1;
+  if (!slab_ && root_->slab_head) return Status::Corrupt("nvc_hashmap: slabs in a node_alloc=allocator pool");
+  if (seg0_ == 0 || (seg0_ & (seg0_ - 1)) || seg0_ > (1ull << 30)) return Status::Corrupt("nvc_hashmap: bad segment size");
+  log_seg0_ = 63 - __builtin_clzll(seg0_);
+  if (root_->head || !root_->seg[0]) return Status::Corrupt("nvc_hashmap: missing bucket table (or a head block: an older format)");
+  for (int s = 0; s < kMaxSegments; s++)
+    if (root_->seg[s]) segs_[s].store(base_ + root_->seg[s]);
+  if (!IsPublished(*BucketSlot(0, false))) return Status::Corrupt("nvc_hashmap: the list head (bucket 0's slot) is not published");
+  uint64_t bc = root_->bucket_count;
+  if (bc == 0 || (bc & (bc - 1)) || bc > kMaxBuckets) bc = seg0_;
+  bucket_count_.store(bc);
+  // After a clean close, buckets of the last doubling may be uninitialised;
+  // after a crash any bucket may be (recovery frees every slot whose dummy
+  // link was not durable), those below bc / 2 are then initialised on demand
+  // by inserts. The cursor re-covers the upper half eagerly (initialised
+  // slots are skipped).
+  init_next_.store(bc / 2);
+  init_end_.store(bc);
+  *needs_recovery = root_->clean != 1 || pool_->recovered_from_crash();
+  if (!*needs_recovery) {
+    PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/true));
+    base_count_ = root_->count;
+    // After a clean close every slot's block is linked or freed; a nonzero
+    // word is a volatile clear that did not reach PM (DAX): drop it.
+    for (auto& ps : root_->slots)
+      for (uint64_t* w : {&ps.pending, &ps.pending_val, &ps.scratch})
+        if (*w) {
+          pm::StoreAtomic(w, uint64_t(0));
+          pm::Persist(w, 8);
+        }
+  }
+  return Status::OK();
+}
+
+Status NvcHashmap::Recover() {
+  const auto t0 = std::chrono::steady_clock::now();
+  pm::Allocator& a = pool_->allocator();
+  auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); };
+  std::vector<uint64_t> owned;
+  owned.push_back(*pool_->root_slot());
+  for (int s = 0; s < kMaxSegments; s++)
+    if (root_->seg[s]) owned.push_back(root_->seg[s]);
+  PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
+  for (auto& [off, cls] : slab_cls_) owned.push_back(off);
+  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
+  uint64_t count = 0;
+  BucketSet linked;  // buckets whose dummy is reachable
+  struct Visitor {
+    NvcHashmap* h;
+    std::vector<uint64_t>* owned;
+    BucketSet* linked;
+    uint64_t* count;
+    Status Bad(const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); }
+    // The word's owner is live (marked nodes are unlinked before we step on
+    // them): kDirty is moot now, and a reachable dummy is published (kUnpub,
+    // the mark bit of a dummy's word, cleared).
+    Status OnWord(uint64_t* w, const Node*, uint64_t* raw) {
+      if (*raw & (kDirty | kMark)) {
+        *raw &= ~(kDirty | kMark);
+        pm::StoreAtomic(w, *raw);
+        pm::Flush(w, 8);
+      }
+      return Status::OK();
+    }
+    Status OnDummy(uint64_t b, uint64_t*) {
+      linked->Insert(b);
+      return Status::OK();
+    }
+    // A remove reached its linearization point durably: complete it
+    // (unlink); the node is freed by the sweep below.
+    bool OnMarked(uint64_t* w, Node* n) {
+      if (!(n->next & kMark)) return false;
+      pm::StoreAtomic(w, Succ(n->next));
+      pm::Flush(w, 8);
+      return true;
+    }
+    Status OnNode(Node* n, uint64_t off, bool in_slab, uint64_t value_word) {
+      if (!in_slab) owned->push_back(off);
+      ++*count;
+      if (h->HasRecord(n, value_word)) owned->push_back(value_word);
+      return Status::OK();
+    }
+  } visitor{this, &owned, &linked, &count};
+  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab));
+  pm::Fence();
+  std::sort(owned.begin(), owned.end());
+  if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
+  auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
+  // Slot states: a reachable dummy is published (its word was cleaned in the
+  // walk); every other slot is reset (a claim, or a dummy whose link did not
+  // become durable).
+  for (int s = 0; s < kMaxSegments; s++) {
+    char* seg = segs_[s].load();
+    if (!seg) continue;
+    for (uint64_t i = 0; i < SegSize(s); i++) {
+      uint64_t* d = reinterpret_cast<uint64_t*>(seg) + i;
+      const uint64_t b = FirstBucket(s) + i;
+      if (*d && b != 0 && !linked.Contains(b)) {
+        pm::StoreAtomic(d, uint64_t(0));
+        pm::Flush(d, kSlotBytes);
+      }
+    }
+  }
+  pm::Fence();
+  // Blocks nobody owns: nodes and value records of unfinished inserts and
+  // updates (still in a pending slot), removed nodes that waited for their
+  // epoch, replaced value records.
+  std::vector<uint64_t> unowned;
+  a.ForEachAllocated([&](uint64_t off, size_t) {
+    if (!is_owned(off)) unowned.push_back(off);
+  });
+  std::sort(unowned.begin(), unowned.end());
+  std::vector<bool> freed(unowned.size(), false);
+  // Pending slots: reachable -> clear; unreachable -> free (into the slot).
+  auto resolve = [&](uint64_t* w) {
+    if (!*w) return;
+    auto it = std::lower_bound(unowned.begin(), unowned.end(), *w);
+    if (it != unowned.end() && *it == *w && !freed[it - unowned.begin()]) {
+      freed[it - unowned.begin()] = true;
+      a.Free(w);
+    } else {
+      pm::StoreAtomic(w, uint64_t(0));
+      pm::Persist(w, 8);
+    }
+  };
+  for (auto& ps : root_->slots) {
+    resolve(&ps.pending);
+    resolve(&ps.pending_val);
+    resolve(&ps.scratch);
+  }
+  resolve(&root_->scratch);
+  resolve(&root_->slab_pending);
+  for (size_t i = 0; i < unowned.size(); i++) {
+    if (freed[i]) continue;
+    pm::StoreAtomic(&root_->scratch, unowned[i]);
+    a.Free(&root_->scratch);
+  }
+  pm::Fence();
+  for (auto& [off, cls] : slab_cls_) {
+    const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
+    for (uint64_t i = 0; i < n; i++)
+      if (!live_slab.count(SlabSlot(off, cls, i))) gfree_[cls].push_back(SlabSlot(off, cls, i));
+  }
+  base_count_ = count;
+  recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return Status::OK();
+}
+
+}  // namespace pmindex::internal::nvc
