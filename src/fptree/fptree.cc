@@ -120,52 +120,45 @@ Status FPTree<kConc, kBytes>::Put(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
   SKey k = MakeKey(key);
   EpochGuard g(epoch_, kConc);
-  Backoff bo;
-  for (;;) {
-    uint64_t lv = 0;
-    uint64_t loff = FindLeaf(k, &lv);
-    char* l = L(loff);
-    if (!LeafTryLock(l, lv)) {
-      bo.Wait();
-      continue;
-    }
-    uint64_t bm = Ld(Bm(l));
-    int slot = FindSlot(l, bm, k);
-    if (slot >= 0 && mode == Mode::kInsert) {
-      LeafUnlock(l);
-      return Status::AlreadyExists();
-    }
-    if (slot < 0 && mode == Mode::kUpdate) {
-      LeafUnlock(l);
-      return Status::NotFound();
-    }
-    bool need_slot = slot < 0 || !inplace_;
-    uint64_t noff = 0;
-    Rec sep;
-    Status st;
-    char* target = l;
-    if (need_slot && bm == lay_.full) {
-      st = SplitLeaf(loff, &noff, &sep);
-      if (!st.ok()) {
-        LeafUnlock(l);
-        return st;
-      }
-      SKey sk = RecKey(sep);
-      int c = kBytes ? CompareKeys(KeyKind::kBytes, k.s, sep.ks) : (k.u < sep.k ? -1 : (k.u > sep.k ? 1 : 0));
-      if (c >= 0) target = L(noff);
-      // Slots keep their index in the copy, so `slot` is valid in target.
-      if (slot >= 0) st = UpdateIn(target, slot, k, value);
-      else st = InsertInto(target, FreeSlotFor(Ld(Bm(target)), HomeLine(k)), k, value);
-      InsertSeparator(sk, KeyWordForInner(sk), noff);
-      LeafUnlock(L(noff));
+  uint64_t lv = 0;
+  const uint64_t loff = FindAndLockLeaf(k, &lv);
+  char* l = L(loff);
+  uint64_t bm = Ld(Bm(l));
+  int slot = FindSlot(l, bm, k);
+  if (slot >= 0 && mode == Mode::kInsert) {
+    LeafUnlock(l);
+    return Status::AlreadyExists();
+  }
+  if (slot < 0 && mode == Mode::kUpdate) {
+    LeafUnlock(l);
+    return Status::NotFound();
+  }
+  bool need_slot = slot < 0 || !inplace_;
+  uint64_t noff = 0;
+  Rec sep;
+  Status st;
+  char* target = l;
+  if (need_slot && bm == lay_.full) {
+    st = SplitLeaf(loff, &noff, &sep);
+    if (!st.ok()) {
       LeafUnlock(l);
       return st;
     }
-    if (slot >= 0) st = UpdateIn(l, slot, k, value);
-    else st = InsertInto(l, FreeSlotFor(bm, HomeLine(k)), k, value);
-    LeafUnlockAt(l, lv);
+    SKey sk = RecKey(sep);
+    int c = kBytes ? CompareKeys(KeyKind::kBytes, k.s, sep.ks) : (k.u < sep.k ? -1 : (k.u > sep.k ? 1 : 0));
+    if (c >= 0) target = L(noff);
+    // Slots keep their index in the copy, so `slot` is valid in target.
+    if (slot >= 0) st = UpdateIn(target, slot, k, value);
+    else st = InsertInto(target, FreeSlotFor(Ld(Bm(target)), HomeLine(k)), k, value);
+    InsertSeparator(sk, KeyWordForInner(sk), noff);
+    LeafUnlock(L(noff));
+    LeafUnlock(l);
     return st;
   }
+  if (slot >= 0) st = UpdateIn(l, slot, k, value);
+  else st = InsertInto(l, FreeSlotFor(bm, HomeLine(k)), k, value);
+  LeafUnlockAt(l, lv);
+  return st;
 }
 
 template <bool kConc, bool kBytes>
@@ -211,21 +204,14 @@ Status FPTree<kConc, kBytes>::Remove(Slice key) {
   Retired ret;
   {
     EpochGuard g(epoch_, kConc);
-    Backoff bo;
-    for (;;) {
-      uint64_t lv = 0;
-      uint64_t loff = FindLeaf(k, &lv);
-      char* l = L(loff);
-      if (!LeafTryLock(l, lv)) {
-        bo.Wait();
-        continue;
-      }
-      uint64_t bm = Ld(Bm(l));
-      int slot = FindSlot(l, bm, k);
-      if (slot < 0) {
-        LeafUnlock(l);
-        break;
-      }
+    uint64_t lv = 0;
+    const uint64_t loff = FindAndLockLeaf(k, &lv);
+    char* l = L(loff);
+    uint64_t bm = Ld(Bm(l));
+    const int slot = FindSlot(l, bm, k);
+    if (slot < 0) {
+      LeafUnlock(l);
+    } else {
       found = true;
       bm &= ~(1ull << slot);
       pm::StoreAtomic(Bm(l), bm);
@@ -234,7 +220,6 @@ Status FPTree<kConc, kBytes>::Remove(Slice key) {
       if (vbytes_) pool_->allocator().Free(Val(l, slot));
       if (bm == 0) pending = DeleteEmptyLeaf(loff, k, &ret);
       else LeafUnlockAt(l, lv);
-      break;
     }
   }
   if (pending >= 0) FinishLeafDeletion(pending, &ret);

@@ -100,11 +100,7 @@ Status FPTree<kConc, kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_
           break;
         }
         // Continue along the list; an obsolete/locked next leaf re-traverses.
-        char* nl = L(nx);
-        uint64_t nv = LeafVersion(nl);
-        if (kConc && (nv & 3)) break;
-        loff = nx;
-        lv = nv;
+        if (!StepTo(nx, &loff, &lv)) break;
       }
     }
     size_t emit = std::min(out.size(), n - done);
@@ -187,11 +183,7 @@ Status FPTree<kConc, kBytes>::ScanU64(uint64_t start, size_t n, ScanCallback cb,
           end = true;
           break;
         }
-        char* nl = L(nx);
-        uint64_t nv = LeafVersion(nl);
-        if (kConc && (nv & 3)) break;
-        loff = nx;
-        lv = nv;
+        if (!StepTo(nx, &loff, &lv)) break;
         ahead.pos++;
       }
     }

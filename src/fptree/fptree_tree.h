@@ -249,6 +249,23 @@ class FPTree final : public Index, public FPTreeIntrospect {
   uint64_t FindLeafT(const SKey& k, uint64_t* lver, Path* path);
   uint64_t FindLeaf(const SKey& k, uint64_t* lver) { return FindLeafT<false>(k, lver, nullptr); }
   uint64_t FindLeaf(const SKey& k, uint64_t* lver, Path* path) { return FindLeafT<true>(k, lver, path); }
+  // The leaf covering k, locked by a writer: LeafTryLock against the
+  // version the descent read (*lv), retried with backoff.
+  uint64_t FindAndLockLeaf(const SKey& k, uint64_t* lv) {
+    for (Backoff bo;; bo.Wait()) {
+      const uint64_t loff = FindLeaf(k, lv);
+      if (LeafTryLock(L(loff), *lv)) return loff;
+    }
+  }
+  // A list walk's step to leaf nx: false (the caller descends again) if nx
+  // is locked or obsolete, else *loff and *lv are nx and its version.
+  bool StepTo(uint64_t nx, uint64_t* loff, uint64_t* lv) const {
+    const uint64_t nv = LeafVersion(L(nx));
+    if (kConc && kit::VersionLock::Busy(nv)) return false;
+    *loff = nx;
+    *lv = nv;
+    return true;
+  }
   void PrefetchInner(const Inner* n) const;
   template <class Visit>
   void ForEachLeaf(Visit&& visit) const;
