@@ -22,6 +22,8 @@
 // acquire where the loaded node or blob is dereferenced: a reader must see
 // the node's initialisation before it reads its version.
 //
+// Persist order: none; nothing here is persistent.
+//
 // Thread safety: the functions here are called under the protocol above;
 // InsertAt/RemoveAt with the node write-locked.
 #pragma once

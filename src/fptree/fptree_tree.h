@@ -34,6 +34,9 @@
 // open; recovery clears the lock bits of every listed leaf's word (a split
 // redone by recovery leaves its new leaf born locked).
 //
+// Persist order: each file above states the order of the PM stores it
+// makes; the inline members here store nothing to PM.
+//
 // Thread safety: fptree: every Index operation from any thread; Check,
 // ForEachOwnedBlock and the introspection hooks not against writers.
 // fptree_single, ptree: one thread at a time.
