@@ -378,10 +378,10 @@ TEST_P(FPTreeConc, ZeroValuesAreFound) {
   EXPECT_EQ(errors.load(), 0);
 }
 
-// Review finding (TSan): a scan prefetching the records of the next leaf
-// loaded that leaf's bitmap through a relaxed load of the next pointer, so
-// the bitmap written by the split (plain stores, published by a release
-// store of the next pointer) was a data race. One writer inserting and
+// A scan prefetching the records of the next leaf loads that leaf's bitmap,
+// so it must load the next pointer with acquire: the bitmap written by the
+// split (plain stores, published by a release store of the next pointer)
+// would otherwise be a data race. One writer inserting and
 // removing with 8-slot leaves (many splits and leaf deletions), two threads
 // scanning u64 keys; a bounded number of operations. Under TSan the relaxed
 // load was reported in 2 of 3 runs at 200,000 operations (checked); this
@@ -440,10 +440,10 @@ TEST(FPTreeConcMisc, ScansRacingSplitsU64) {
 // (k / 2 even: 0, 1, 4, 5, ...) are never removed (only updated), the others
 // are removed, reinserted and updated over and over, so slots are freed and
 // reused by other keys (the ABA case that makes a find without the leaf
-// version wrong, docs/fptree.md session 5) and leaves of 8 slots split and
+// version wrong) and leaves of 8 slots split and
 // are deleted when they empty. Stable and churned keys share every leaf, so
 // "never NotFound" is checked across those splits and leaf deletions too
-// (review finding: with separate ranges the stable leaves never changed). A value is (key << 32) | version; a
+// (with separate ranges the stable leaves would never change). A value is (key << 32) | version; a
 // writer's versions of a key only grow, and it publishes the version it is
 // about to write before writing it. Readers check: never NotFound for a
 // never-removed key, the value's key part is the key, its version is at most
@@ -525,7 +525,7 @@ TEST(FPTreeConcMisc, FindsSeeOnlyValuesTheKeyHad) {
   }
 }
 
-// Review finding: thread_local destructors run in reverse order of
+// thread_local destructors run in reverse order of
 // construction, so a thread_local constructed before the thread's first
 // tree operation can call the tree after the epoch slot's releaser ran. The
 // slot taken then must be given back: with 300 sequential threads (more

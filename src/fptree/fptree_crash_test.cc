@@ -6,8 +6,7 @@
 // The live tree is scanned after the load and after every remove, so leaves
 // carry scan-order hints (volatile stores in their trailer line) that reach
 // the crash images whenever that line is flushed (next-pointer updates):
-// recovery and scans must not trust them blindly (review finding: no crash
-// test exercised the hint).
+// recovery and scans must not trust them blindly.
 //
 // A durable image of the pool is kept (a flushed line reaches it at the next
 // fence; unflushed stores never do). At every fence of the deletes under test
@@ -284,7 +283,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, FPTreeDeleteCrash,
 // test above never saves an image with a split micro-log pending (its load
 // is not recorded), and its post-recovery writes are removes only, so it
 // passed while recovery left a redone split's new leaf "born locked" in the
-// DRAM version table (session 6; pmcheck found it). Here every image must
+// DRAM version table. Here every image must
 // recover, pass Check(), hold every acknowledged insert (the one in flight
 // may or may not be there), and then take an update of every record, an
 // insert next to every record (so every leaf gets written) and removes,

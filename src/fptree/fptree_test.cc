@@ -559,8 +559,8 @@ TEST(FPTreeMisc, ScanOrderHintNeverServesAStaleOrder) {
     }
 }
 
-// Multi-word hints (review finding: the test above uses 4-slot leaves, so
-// a hint is one word): at the default leaf sizes (56 slots, ptree 32), a
+// Multi-word hints (the test above uses 4-slot leaves, so a hint is one
+// word): at the default leaf sizes (56 slots, ptree 32), a
 // tree of 20,000 keys inserted in random order has leaves of ~20-56 records
 // whose hints span up to six words. The first full scan stores hints; a
 // second scan of the unchanged tree must find every one of them valid and
@@ -606,7 +606,7 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
 
 // fptree's leaf lock/version words live in a DRAM table indexed by the
 // leaf's pool offset >> s, 2^s the largest power of two <= the leaf size
-// (docs/fptree.md "Session 6"). Every leaf must own its word: with any
+// (docs/fptree.md "Concurrency"). Every leaf must own its word: with any
 // larger divisor two neighbouring leaves (a leaf size apart) would share one
 // (leaf_size 2: 192-byte leaves; a 256 divisor makes about one neighbour pair
 // in four collide), and a split's "born locked" store would then lock
