@@ -87,38 +87,6 @@ class Recorder : public Observer {
     return std::move(events_);
   }
 
-  // Crash images of a region [base, base + image.size()) whose durable
-  // content was `image` when recording began: at every event, the durable
-  // bytes plus the flushed-but-unfenced lines so far, and at a store also
-  // that store's line written back (an eviction). fn(image) for each; stops
-  // when fn returns false.
-  template <typename F>
-  static void ForEachImage(const std::vector<Event>& events, uintptr_t base, std::string image, F&& fn) {
-    std::vector<std::pair<uint64_t, const char*>> pending;
-    auto in = [&](uintptr_t line) { return line >= base && line + kCacheLine <= base + image.size(); };
-    auto with_pending = [&] {
-      std::string img = image;
-      for (auto& [off, b] : pending) std::memcpy(img.data() + off, b, kCacheLine);
-      return img;
-    };
-    for (const Event& e : events) {
-      if (e.kind == kFence) {
-        for (auto& [off, b] : pending) std::memcpy(image.data() + off, b, kCacheLine);
-        pending.clear();
-        if (!fn(image)) return;
-      } else if (e.kind == kFlush) {
-        if (!in(e.line)) continue;
-        pending.emplace_back(e.line - base, e.bytes);
-        if (!fn(with_pending())) return;
-      } else {
-        if (!in(e.line)) continue;
-        std::string img = with_pending();
-        std::memcpy(img.data() + (e.line - base), e.bytes, kCacheLine);
-        if (!fn(img)) return;
-      }
-    }
-  }
-
  private:
   void Lines(Kind k, const void* addr, size_t size) {
     if (!on.load(std::memory_order_relaxed) || size == 0) return;
