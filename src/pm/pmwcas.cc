@@ -249,8 +249,11 @@ Status PMwCAS::Op::AddWord(uint64_t* addr, uint64_t expected, uint64_t desired, 
   Entry* es = s_->Entries(desc_);
   for (uint32_t i = 0; i < count_; i++)
     if (es[i].addr == off) return Fail(Status::InvalidArgument("PMwCAS target word added twice (offset " + std::to_string(off) + ")"));
-  if (policy == Recycle::kFreeOldOnSuccess && (expected == 0 || !s_->pool->allocator().IsAllocated(expected)))
-    return Fail(Status::InvalidArgument("Recycle::kFreeOldOnSuccess: the expected value is not an allocated block"));
+  // (Whether `expected` is an allocated block is not checked: a stale value
+  // read concurrently may have been freed meanwhile; the operation then
+  // fails and frees nothing.)
+  if (policy == Recycle::kFreeOldOnSuccess && expected == 0)
+    return Fail(Status::InvalidArgument("Recycle::kFreeOldOnSuccess: the expected value is null, not a block"));
   Entry* e = &es[count_];
   // Policy first (H2: a fresh-block policy never pairs with a stale value).
   Store(&e->policy, uint64_t(policy));
@@ -276,8 +279,8 @@ Status PMwCAS::Op::AddAllocation(uint64_t* addr, uint64_t expected, size_t size,
   Entry* es = s_->Entries(desc_);
   for (uint32_t i = 0; i < count_; i++)
     if (es[i].addr == off) return Fail(Status::InvalidArgument("PMwCAS target word added twice (offset " + std::to_string(off) + ")"));
-  if (policy == Recycle::kFreeOldOnSuccessNewOnFailure && (expected == 0 || !s_->pool->allocator().IsAllocated(expected)))
-    return Fail(Status::InvalidArgument("Recycle::kFreeOldOnSuccess: the expected value is not an allocated block"));
+  if (policy == Recycle::kFreeOldOnSuccessNewOnFailure && expected == 0)
+    return Fail(Status::InvalidArgument("Recycle::kFreeOldOnSuccess: the expected value is null, not a block"));
   Entry* e = &es[count_];
   // new = 0 before the policy (H2), then the descriptor is made durable as
   // undecided and covering this entry before the allocation commits into

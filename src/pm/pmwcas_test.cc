@@ -103,7 +103,7 @@ TEST(Pmwcas, BadInputIsAClearError) {
   EXPECT_TRUE(op.AddWord(&t.words[5], pmwcas::kDirtyBit, 1).IsInvalidArgument());
   EXPECT_TRUE(op.AddWord(&t.words[5], 0, pmwcas::kDescriptorBit | 1).IsInvalidArgument());
   EXPECT_TRUE(op.AddWord(&t.words[5], 0, 1, Recycle::kFreeNewOnFailure).IsInvalidArgument());
-  EXPECT_TRUE(op.AddWord(&t.words[5], 12345, 1, Recycle::kFreeOldOnSuccess).IsInvalidArgument());
+  EXPECT_TRUE(op.AddWord(&t.words[5], 0, 1, Recycle::kFreeOldOnSuccess).IsInvalidArgument());
   op.Abandon();
   // No target.
   ASSERT_TRUE(p->Begin(&op).ok());

@@ -32,11 +32,12 @@ struct TestPool {
   std::unique_ptr<Pool> pool;
   uint64_t* words = nullptr;
 
-  explicit TestPool(const std::string& tag, size_t nwords = 64, uint32_t max_words = PMwCAS::kDefaultMaxWords)
+  explicit TestPool(const std::string& tag, size_t nwords = 64, uint32_t max_words = PMwCAS::kDefaultMaxWords,
+                    uint64_t size = 1 << 20)
       : path(TempPath(tag)) {
     PoolOptions po;
-    po.size = 1 << 20;
-    po.max_size = 1 << 20;
+    po.size = size;
+    po.max_size = size;
     po.pmwcas_max_words = max_words;
     Status s = Pool::Create(path, "pmwcas_test", po, &pool);
     EXPECT_TRUE(s.ok()) << s.ToString();

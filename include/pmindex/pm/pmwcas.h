@@ -124,8 +124,8 @@ class PMwCAS {
     // InvalidArgument (and the operation fails at Execute) for: more targets
     // than max_words(), an address already added, an address outside the
     // pool's heap or not 8-byte aligned, a value with reserved bits, a policy
-    // other than kNone/kFreeOldOnSuccess, kFreeOldOnSuccess with an expected
-    // value that is not an allocated block.
+    // other than kNone/kFreeOldOnSuccess, kFreeOldOnSuccess with a null
+    // expected value.
     Status AddWord(uint64_t* addr, uint64_t expected, uint64_t desired, Recycle policy = Recycle::kNone);
     // Adds a target whose new value is a fresh block of `size` bytes, owned
     // by the descriptor until the operation succeeds (so a crash at any
