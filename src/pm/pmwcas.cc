@@ -56,7 +56,6 @@ using pmwcas::kValueMask;
 namespace {
 
 inline uint64_t LoadStatus(const Header* h) { return __atomic_load_n(&h->status, __ATOMIC_ACQUIRE); }
-inline uint64_t LoadWord(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
 // RDCSS tags: bits [kRdcssTagShift, 61) of an RDCSS pointer; the entry's
 // pool offset sits below.
