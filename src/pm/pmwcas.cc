@@ -188,7 +188,10 @@ uint64_t PMwCAS::State::Help(uint32_t d) {
       Fence();
     }
     uint64_t expect = kUndecided;
-    Cas(&h->status, &expect, decision == kSucceeded ? (kSucceeded | kDirtyBit) : kFailed);
+    if (decision == kSucceeded)
+      Cas(&h->status, &expect, kSucceeded | kDirtyBit);
+    else
+      CasVolatile(&h->status, &expect, kFailed);  // never persisted: recovery reads undecided as failed
     st = LoadStatus(h);
   }
   if (st & kDirtyBit) {
