@@ -85,9 +85,11 @@ void PMwCAS::State::PersistAndClear(uint64_t* w, uint64_t v) {
 
 // r is an RDCSS pointer found in *w: finish that RDCSS (the descriptor
 // pointer if its descriptor is still undecided, else the expected value).
-void PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r) {
+// False if r does not point to an entry of this pool's region (a value that
+// broke the reserved-bit rule): nothing is done.
+bool PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r) {
   uint32_t d, i;
-  if (!DecodeRdcss(r, &d, &i)) return;
+  if (!DecodeRdcss(r, &d, &i)) return false;
   const Entry* e = &Entries(d)[i];
   uint64_t cur = r;
   if ((LoadStatus(Desc(d)) & kStateMask) == kUndecided) {
@@ -97,6 +99,7 @@ void PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r) {
     // durable before this descriptor can be recycled (H3).
     PersistAndClear(w, e->old_value | kDirtyBit);
   }
+  return true;
 }
 
 // Phase 2: one target. Returns kYes once the word holds the descriptor
@@ -117,7 +120,7 @@ static Installed Install(PMwCAS::State* s, uint32_t d, uint32_t i) {
     }
     if (cur == dp) return Installed::kYes;
     if (cur & kRdcssBit) {
-      s->CompleteRdcss(w, cur);
+      if (!s->CompleteRdcss(w, cur)) return Installed::kMismatch;
       continue;
     }
     if (cur & kDescriptorBit) {
@@ -400,11 +403,14 @@ uint64_t PMwCAS::Read(const uint64_t* addr) {
   uint64_t* w = const_cast<uint64_t*>(addr);
   uint64_t v = LoadAcquire(w);
   if (pmwcas::IsValue(v)) return v;  // fast path: no guard needed for a plain value
+  // Read again inside the guard: a pointer read before it may name a
+  // descriptor recycled (and reused) since.
   internal::EpochManager::Guard g(s_->epoch);
-  for (;; v = LoadAcquire(w)) {
+  for (;;) {
+    v = LoadAcquire(w);
     if (pmwcas::IsValue(v)) return v;
     if (v & kRdcssBit) {
-      s_->CompleteRdcss(w, v);
+      if (!s_->CompleteRdcss(w, v)) return v & kValueMask;
       continue;
     }
     if (v & kDescriptorBit) {

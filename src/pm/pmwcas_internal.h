@@ -126,7 +126,7 @@ struct PMwCAS::State {
 
   // pmwcas.cc
   uint64_t Help(uint32_t d);
-  void CompleteRdcss(uint64_t* w, uint64_t r);
+  bool CompleteRdcss(uint64_t* w, uint64_t r);
   void PersistAndClear(uint64_t* w, uint64_t v);
   void Retire(uint32_t d);
   // pmwcas_recovery.cc
