@@ -9,6 +9,9 @@
 //    PMwCAS::Guard, check that a block they reached still holds its own
 //    offset (a block freed too early and reused would not).
 //    At the end: the sum, no leak (allocated == owned), no descriptor in use.
+//  * Helping, made deterministic by stalling the owner (an observer blocks it
+//    right after it installed its descriptor or an RDCSS pointer): a Read
+//    and a conflicting operation finish the stalled operation.
 //  * History: 3 threads x 3 operations over 3 words with small values,
 //    recorded with invocation/response stamps; a brute-force search must find
 //    a linearization (Wing & Gong) for every round.
@@ -142,6 +145,81 @@ TEST(PmwcasConcurrency, SumIsConstantAndBlocksOutliveReaders) {
               (unsigned long long)failed.load(), (unsigned long long)snapshots.load(),
               (unsigned long long)block_checks.load());
 }
+
+// ---- helping, deterministic ---------------------------------------------------
+
+// Stops the owner thread right after it stores a value with `bit` into
+// `word` (a descriptor pointer, or an RDCSS pointer), until released.
+class PauseOwner : public Observer {
+ public:
+  PauseOwner(const uint64_t* word, uint64_t bit) : word_(word), bit_(bit) {}
+  std::thread::id owner;           // set before `armed`
+  std::atomic<bool> armed{false};
+  std::atomic<int> state{0};  // 0 armed, 1 paused, 2 released
+  void OnStore(const void* a, size_t) override {
+    if (!armed.load(std::memory_order_acquire)) return;
+    if (std::this_thread::get_id() != owner || a != word_ || state.load() != 0) return;
+    if (!(__atomic_load_n(word_, __ATOMIC_ACQUIRE) & bit_)) return;
+    state = 1;
+    while (state.load() != 2) std::this_thread::yield();
+  }
+  void OnNonTemporalStore(const void*, size_t) override {}
+  void OnFlush(const void*) override {}
+  void OnFence() override {}
+  void OnLoad(const void*, size_t) override {}
+
+ private:
+  const uint64_t* word_;
+  uint64_t bit_;
+};
+
+// The owner stalls with its descriptor (or an RDCSS) installed in the first
+// word; another thread's Read, or a conflicting operation, must finish it.
+void StalledOwner(uint64_t bit, bool conflicting_op) {
+  TestPool t("stall");
+  PMwCAS* pm = t.pm();
+  t.Set(0, 10);
+  t.Set(8, 20);
+  PauseOwner pause(&t.words[0], bit);
+  SetObserver(&pause);
+  bool owner_ok = false;
+  std::thread a([&] {
+    pause.owner = std::this_thread::get_id();
+    pause.armed.store(true, std::memory_order_release);
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[0], 10, 11).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[8], 20, 21).ok());
+    ASSERT_TRUE(op.Execute(&owner_ok).ok());
+  });
+  while (pause.state.load() != 1) std::this_thread::yield();
+  EXPECT_TRUE(t.words[0] & bit);  // stalled mid-operation
+  if (conflicting_op) {
+    // Expects the old values: it helps the stalled operation first, which
+    // succeeds, so this one fails.
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[0], 10, 30).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[8], 20, 40).ok());
+    bool ok = true;
+    ASSERT_TRUE(op.Execute(&ok).ok());
+    EXPECT_FALSE(ok);
+  }
+  EXPECT_EQ(pm->Read(&t.words[0]), 11u);  // helped to the end
+  EXPECT_EQ(pm->Read(&t.words[8]), 21u);
+  pause.state = 2;
+  a.join();
+  SetObserver(nullptr);
+  EXPECT_TRUE(owner_ok);
+  EXPECT_EQ(t.words[0], 11u);
+  EXPECT_EQ(t.words[8], 21u);
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+}
+
+TEST(PmwcasConcurrency, ReadHelpsAStalledDescriptor) { StalledOwner(pmwcas::kDescriptorBit, false); }
+TEST(PmwcasConcurrency, ReadCompletesAStalledRdcss) { StalledOwner(pmwcas::kRdcssBit, false); }
+TEST(PmwcasConcurrency, ConflictingOperationHelpsFirst) { StalledOwner(pmwcas::kDescriptorBit, true); }
 
 // ---- history check ----------------------------------------------------------
 
