@@ -11,8 +11,9 @@
 //      descriptor pointer (installed only while the status is undecided).
 //   3. flush every target word; fence (every descriptor pointer durable).
 //   4. CAS status undecided -> succeeded|dirty; flush it; fence: the commit
-//      point. (failed needs no persist: recovery treats undecided and failed
-//      alike.) Clear the status's dirty bit (never flushed).
+//      point. (A failed decision is a CasVolatile, never persisted: recovery
+//      treats undecided and failed alike.) Clear the status's dirty bit
+//      (never flushed).
 //   5. each target: CAS descriptor pointer -> final value|dirty; flush them
 //      all; fence; clear the dirty bits (never flushed).
 //   6. retire the descriptor; after a grace period it is recycled
@@ -30,6 +31,10 @@
 // A thread that turns an RDCSS pointer into a descriptor pointer always
 // reads the word again within its guard and helps that descriptor to the
 // end, so no descriptor pointer outlives its descriptor's grace period.
+//
+// Invariants: H1-H3 of pmwcas_internal.h (a free descriptor owns no block;
+// a fresh-block entry never pairs with a stale value; no word points to a
+// free descriptor).
 //
 // Thread safety: every function may run concurrently with any other, inside
 // the State's epoch manager (Execute and Read open the guard).
