@@ -261,7 +261,7 @@ class PoolAllocator final : public Allocator {
     auto p = reinterpret_cast<const char*>(dest);
     if (p < base_ || (reinterpret_cast<uintptr_t>(p) & 7) != 0) return false;
     uint64_t off = uint64_t(p - base_);
-    return off == layout::kRootSlotOffset || (off >= layout::kHeapOffset && off + 8 <= pool_->size());
+    return off == layout::kRootSlotOffset || layout::InPmwcasRegion(off) || (off >= layout::kHeapOffset && off + 8 <= pool_->size());
   }
 
   Pool* pool_;
@@ -971,7 +971,7 @@ Status PoolAllocator::ReplayLane(uint32_t i, bool alloc_pass) {
   const uint64_t size = pool_->size();
   const uint64_t block = L->block, dest_off = L->dest, arg = L->arg;
   if (block < layout::kHeapOffset + 64 || block >= size || dest_off + 8 > size || (dest_off & 7) ||
-      !(dest_off == layout::kRootSlotOffset || dest_off >= layout::kHeapOffset))
+      !(dest_off == layout::kRootSlotOffset || layout::InPmwcasRegion(dest_off) || dest_off >= layout::kHeapOffset))
     return Status::Corrupt("allocator lane " + std::to_string(i) + " refers outside the pool");
   uint64_t* dest = reinterpret_cast<uint64_t*>(base_ + dest_off);
   const uint64_t chunk = (block - layout::kHeapOffset) / C;

@@ -3,7 +3,8 @@
 // See docs/pool-format.md. Everything here is fixed by the format version:
 //   [0, 4 KiB)          pool header (Pool::Header in pool.cc)
 //   [4 KiB, 68 KiB)     1024 allocator lanes of one cache line each
-//   [68 KiB, 256 KiB)   reserved (zero)
+//   [68 KiB, 256 KiB)   PMwCAS descriptor region (format 2; reserved and
+//                       zero in format 1)
 //   [256 KiB, size)     heap: chunks of Allocator::kChunkSize
 // The heap starts at one chunk so that the pool size is a whole number of
 // chunks and every chunk is 256 KiB aligned relative to the base.
@@ -20,7 +21,10 @@ namespace pmindex::pm {
 class Pool;
 
 namespace layout {
-inline constexpr uint32_t kFormatVersion = 1;
+// Format 2 adds the PMwCAS descriptor region and its header line; a format 1
+// pool opens with the same code and has no PMwCAS (Pool::pmwcas() null).
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr uint64_t kLanesOffset = 4096;
 inline constexpr uint64_t kLaneCount = 1024;
 inline constexpr uint64_t kLaneSize = 64;
@@ -28,6 +32,15 @@ inline constexpr uint64_t kHeapOffset = Allocator::kChunkSize;
 inline constexpr uint64_t kMinPoolSize = kHeapOffset + Allocator::kChunkSize;
 // Offset of the root slot inside the header (a valid Allocate destination).
 inline constexpr uint64_t kRootSlotOffset = 192;
+// PMwCAS descriptors (src/pm/pmwcas_internal.h); their fields are valid
+// Allocate destinations (a fresh block owned by a descriptor entry).
+inline constexpr uint64_t kPmwcasRegionOffset = kLanesOffset + kLaneCount * kLaneSize;
+inline constexpr uint64_t kPmwcasRegionSize = kHeapOffset - kPmwcasRegionOffset;
+// Offset of the header line that describes the region (format 2).
+inline constexpr uint64_t kPmwcasInfoOffset = 320;
+inline constexpr bool InPmwcasRegion(uint64_t off) {
+  return off >= kPmwcasRegionOffset && off + 8 <= kHeapOffset;
+}
 }  // namespace layout
 
 // Creates the allocator of a mapped pool. `fresh`: a newly formatted pool

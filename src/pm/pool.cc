@@ -18,8 +18,13 @@
 //    msync; link into place.
 //  * Grow: extend the file, map the new range, then StoreAtomic+Persist of
 //    header.size (a crash in between leaves a larger file; fine).
-//  * Open: StoreAtomic+Persist clean=0 before any other write.
-//  * Close: StoreAtomic+Persist clean=1 after the allocator is shut down.
+//  * Open: StoreAtomic+Persist clean=0 before any other write; then the
+//    allocator recovers, then the PMwCAS descriptors (format 2), both before
+//    Open returns (so before any index opens).
+//  * Close: the PMwCAS recycles its retired descriptors, the allocator shuts
+//    down, then StoreAtomic+Persist clean=1.
+// Format 1 pools (no PMwCAS region, docs/pool-format.md) open read-write
+// with pmwcas() == nullptr; their header is never rewritten.
 #include "pmindex/pm/pool.h"
 
 #include <dirent.h>
@@ -40,7 +45,9 @@
 
 #include "pm/layout.h"
 #include "pmindex/pm/allocator.h"
+#include "pm/pmwcas_internal.h"
 #include "pmindex/pm/persist.h"
+#include "pmindex/pm/pmwcas.h"
 
 #ifndef MAP_SHARED_VALIDATE
 #define MAP_SHARED_VALIDATE 0x03
@@ -92,12 +99,21 @@ struct HeaderLayout {
   char pad2[56];
   alignas(64) uint64_t clean;  // 256: 1 after a clean Close
   char pad3[56];
+  // --- format 2: the PMwCAS descriptor region (immutable, own checksum) ---
+  alignas(64) uint32_t pmwcas_max_words;  // 320
+  uint32_t pmwcas_desc_size;              // 324
+  uint64_t pmwcas_offset;                 // 328
+  uint64_t pmwcas_count;                  // 336
+  uint64_t pmwcas_checksum;               // 344: FNV-1a over [320, 344)
+  char pad4[32];
 };
 struct Pool::Header : HeaderLayout {};
 static_assert(offsetof(HeaderLayout, checksum) == 112);
 static_assert(offsetof(HeaderLayout, size) == 128);
 static_assert(offsetof(HeaderLayout, root) == layout::kRootSlotOffset);
 static_assert(offsetof(HeaderLayout, clean) == 256);
+static_assert(offsetof(HeaderLayout, pmwcas_max_words) == layout::kPmwcasInfoOffset);
+static_assert(offsetof(HeaderLayout, pmwcas_checksum) == 344);
 static_assert(sizeof(HeaderLayout) <= kPoolHeaderSize);
 
 namespace {
@@ -108,9 +124,10 @@ Status ValidateHeader(const std::string& path, const HeaderLayout& h, uint64_t f
   if (std::memcmp(h.magic, kZero, 8) == 0)
     return Status::Corrupt(path + ": not a pmindex pool, or its creation was interrupted (no magic)");
   if (std::memcmp(h.magic, kMagic, 8) != 0) return Status::Corrupt(path + ": not a pmindex pool (bad magic)");
-  if (h.version != layout::kFormatVersion)
+  if (h.version < layout::kOldestFormatVersion || h.version > layout::kFormatVersion)
     return Status::Corrupt(path + ": unsupported pool format version " + std::to_string(h.version) + " (this build reads " +
-                           std::to_string(layout::kFormatVersion) + ")");
+                           std::to_string(layout::kOldestFormatVersion) + " to " + std::to_string(layout::kFormatVersion) +
+                           ")");
   const uint64_t sum = Fnv1a(reinterpret_cast<const char*>(&h) + 8, offsetof(HeaderLayout, checksum) - 8);
   if (sum != h.checksum) return Status::Corrupt(path + ": pool header checksum mismatch (header corrupted)");
   if (h.header_size != kPoolHeaderSize || h.chunk_size != Allocator::kChunkSize || h.heap_offset != layout::kHeapOffset ||
@@ -131,6 +148,15 @@ Status ValidateHeader(const std::string& path, const HeaderLayout& h, uint64_t f
     return Status::Corrupt(path + ": root offset " + std::to_string(root) + " is outside the heap");
   const uint64_t clean = __atomic_load_n(&h.clean, __ATOMIC_ACQUIRE);
   if (clean > 1) return Status::Corrupt(path + ": invalid clean-shutdown flag");
+  if (h.version >= 2) {
+    const uint64_t psum = Fnv1a(&h.pmwcas_max_words, offsetof(HeaderLayout, pmwcas_checksum) - layout::kPmwcasInfoOffset);
+    if (psum != h.pmwcas_checksum) return Status::Corrupt(path + ": PMwCAS header line checksum mismatch");
+    if (h.pmwcas_max_words < 1 || h.pmwcas_max_words > PMwCAS::kMaxMaxWords ||
+        h.pmwcas_desc_size != pmwcas_format::DescriptorSize(h.pmwcas_max_words) ||
+        h.pmwcas_offset != layout::kPmwcasRegionOffset ||
+        h.pmwcas_count != layout::kPmwcasRegionSize / h.pmwcas_desc_size)
+      return Status::Corrupt(path + ": PMwCAS descriptor region has an unsupported geometry");
+  }
   return Status::OK();
 }
 
@@ -251,6 +277,9 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   if (type.empty() || type.size() > kPoolTypeNameMax || type.find('\0') != std::string_view::npos)
     return Status::InvalidArgument("pool owner type must be 1.." + std::to_string(kPoolTypeNameMax) + " bytes, got '" +
                                    std::string(type) + "'");
+  if (opts.pmwcas_max_words < 1 || opts.pmwcas_max_words > PMwCAS::kMaxMaxWords)
+    return Status::InvalidArgument("pmwcas_max_words must be 1.." + std::to_string(PMwCAS::kMaxMaxWords) + ", got " +
+                                   std::to_string(opts.pmwcas_max_words));
   uint64_t size = std::max<uint64_t>(RoundUp(opts.size, Allocator::kChunkSize), layout::kMinPoolSize);
   uint64_t max_size = opts.max_size ? RoundUp(opts.max_size, Allocator::kChunkSize) : std::max(size, kDefaultMaxPoolSize);
   if (opts.max_size && max_size < size)
@@ -306,10 +335,20 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   img.create_time = uint64_t(std::time(nullptr));
   img.checksum = Fnv1a(reinterpret_cast<const char*>(&img) + 8, offsetof(HeaderLayout, checksum) - 8);
   img.size = size;
+  img.pmwcas_max_words = opts.pmwcas_max_words;
+  img.pmwcas_desc_size = uint32_t(pmwcas_format::DescriptorSize(opts.pmwcas_max_words));
+  img.pmwcas_offset = layout::kPmwcasRegionOffset;
+  img.pmwcas_count = layout::kPmwcasRegionSize / img.pmwcas_desc_size;
+  img.pmwcas_checksum = Fnv1a(&img.pmwcas_max_words, offsetof(HeaderLayout, pmwcas_checksum) - layout::kPmwcasInfoOffset);
   Copy(reinterpret_cast<char*>(h) + 8, reinterpret_cast<const char*>(&img) + 8, sizeof(HeaderLayout) - 8);
   Persist(h, sizeof(HeaderLayout));
   std::unique_ptr<Allocator> alloc;
   if (Status s = NewPoolAllocator(p.get(), /*fresh=*/true, false, &alloc); !s.ok()) return fail(s);
+  std::unique_ptr<PMwCAS> pmwcas;
+  if (Status s = PMwCAS::Open(p.get(), img.pmwcas_offset, img.pmwcas_max_words, uint32_t(img.pmwcas_count), /*fresh=*/true,
+                              false, &pmwcas);
+      !s.ok())
+    return fail(s);
   Copy(h->magic, kMagic, 8);
   Persist(h->magic, 8);
   if (!p->dax_ && msync(p->base_, size, MS_SYNC) != 0) return fail(Status::IOError(Errno("msync " + tmp, errno)));
@@ -321,6 +360,7 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   }
   unlink(tmp.c_str());
   p->allocator_ = std::move(alloc);
+  p->pmwcas_ = std::move(pmwcas);
   p->was_clean_ = true;
   *out = std::move(p);
   return Status::OK();
@@ -373,6 +413,17 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
   std::unique_ptr<Allocator> alloc;
   if (Status s = NewPoolAllocator(p.get(), false, p->read_only_, &alloc); !s.ok()) return fail(s);
   p->allocator_ = std::move(alloc);
+  if (h.version >= 2 && !p->read_only_) {
+    // PMwCAS recovery frees blocks through the allocator: it runs after it.
+    std::unique_ptr<PMwCAS> pmwcas;
+    if (Status s = PMwCAS::Open(p.get(), h.pmwcas_offset, h.pmwcas_max_words, uint32_t(h.pmwcas_count), false, false, &pmwcas);
+        !s.ok()) {
+      ShutdownPoolAllocator(p->allocator_.get());
+      p->allocator_.reset();
+      return fail(s);
+    }
+    p->pmwcas_ = std::move(pmwcas);
+  }
   *out = std::move(p);
   return Status::OK();
 }
@@ -402,6 +453,10 @@ Status Pool::ReadInfo(const std::string& path, PoolInfo* info) {
   info->max_size = h.max_size;
   info->root = h.root;
   info->clean_shutdown = h.clean == 1;
+  if (h.version >= 2) {
+    info->pmwcas_max_words = h.pmwcas_max_words;
+    info->pmwcas_descriptors = uint32_t(h.pmwcas_count);
+  }
   return Status::OK();
 }
 
@@ -425,6 +480,10 @@ PoolInfo Pool::Info() const {
   }
   info.clean_shutdown = was_clean_;
   info.dax = dax_;
+  if (header()->version >= 2) {
+    info.pmwcas_max_words = header()->pmwcas_max_words;
+    info.pmwcas_descriptors = uint32_t(header()->pmwcas_count);
+  }
   return info;
 }
 
@@ -458,6 +517,7 @@ Status Pool::Close() {
   if (closed_) return Status::OK();
   closed_ = true;
   Status result;
+  pmwcas_.reset();  // recycles retired descriptors through the allocator
   if (allocator_) {
     ShutdownPoolAllocator(allocator_.get());
     allocator_.reset();

@@ -17,6 +17,8 @@
 #       crash images; FAST & FAIR with 80 keys per thread over 1500 ops
 #       (rebalances), 3000 crash images, u64 and byte keys;
 #   5. 20 process kills.
+# Then the same budgets (clean, two threads, tiny key space, kills) for the
+# pmwcas target, which takes u64 keys and values only.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes. Exit status 0 only if all
 # clean runs pass and all faults are caught. Set PMCHECK_CI_SCALE=N to
@@ -121,6 +123,14 @@ for idx in $indexes; do
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
 done
 
+# The PMwCAS target (a hash map built only on the pool's PMwCAS; u64 keys and
+# values only, docs/pmwcas.md): clean, two threads, a tiny key space, kills.
+run "pmwcas clean" 0 --index pmwcas --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10
+run "pmwcas 2 threads" 0 --index pmwcas --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
+run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
+indexes=$(printf '%s\npmwcas' "$indexes")
+
 # Every fault switch must be caught. Format: index fault [extra pmcheck args].
 faults="
 fptree fptree.insert.skip_kv_flush
@@ -135,6 +145,9 @@ fastfair fastfair.merge.free_before_unlink --keys 30
 nvc_hashmap nvc.insert.skip_node_persist
 nvc_hashmap nvc.insert.skip_link_persist
 nvc_hashmap nvc.remove.skip_mark_persist --lint
+pmwcas pmwcas.skip_descriptor_persist
+pmwcas pmwcas.skip_status_persist
+pmwcas pmwcas.skip_dirty_flush
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue

@@ -167,6 +167,7 @@ Status MakeTarget(const Config& c, std::unique_ptr<Target>* out) {
     out->reset(new ToyTarget());
     return Status::OK();
   }
+  if (c.index == kPmwcasTargetName) return MakePmwcasTarget(c, out);
   pmindex::IndexInfo info;
   if (!pmindex::FindIndexInfo(c.index, &info)) {
     std::string names;

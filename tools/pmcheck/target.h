@@ -53,4 +53,9 @@ pmindex::Status ToyOpen(char* base, uint64_t size, std::unique_ptr<pmindex::Inde
 pmindex::Status ToyCheckLeaks(pmindex::Index* index);
 inline constexpr uint64_t kToyRegionSize = 64 * 1024;
 
+// The PMwCAS target (pmwcas_target.cc): a lock-free hash map built only on
+// the pool's PMwCAS. u64 keys and values, unordered, concurrent.
+inline constexpr const char* kPmwcasTargetName = "pmwcas";
+pmindex::Status MakePmwcasTarget(const Config& config, std::unique_ptr<Target>* out);
+
 }  // namespace pmcheck

@@ -5,7 +5,8 @@
 //                    max size, checksum over those immutable fields; then on
 //                    their own cache lines the mutable 8-byte words (current
 //                    size, root offset, clean-shutdown flag).
-//   [4 KiB, heap)    allocator lanes (per-thread micro-logs).
+//   [4 KiB, 68 KiB)  allocator lanes (per-thread micro-logs).
+//   [68 KiB, heap)   PMwCAS descriptors (format 2, pmindex/pm/pmwcas.h).
 //   [heap, size)     allocator chunks.
 //
 // Creation writes a temporary file next to the target, fully allocates it
@@ -37,6 +38,7 @@
 namespace pmindex::pm {
 
 class Allocator;
+class PMwCAS;
 
 inline constexpr uint64_t kPoolHeaderSize = 4096;
 inline constexpr uint64_t kDefaultMaxPoolSize = 64ull << 30;
@@ -54,12 +56,18 @@ struct PoolInfo {
   uint64_t blocks_in_use = 0;
   bool clean_shutdown = false;  // the previous user closed it cleanly
   bool dax = false;             // mapped with MAP_SYNC
+  uint32_t pmwcas_max_words = 0;    // 0: format 1, no PMwCAS region
+  uint32_t pmwcas_descriptors = 0;
 };
 
 struct PoolOptions {
   uint64_t size = 64ull << 20;  // initial size (rounded up to whole chunks)
   uint64_t max_size = 0;        // 0: max(size, kDefaultMaxPoolSize)
   bool read_only = false;       // Open only
+  // Create only: the most target words of one PMwCAS operation (1..64); the
+  // descriptor region then holds 188 KiB / (32 + 32 * words, in lines)
+  // descriptors (334 at the default 16).
+  uint32_t pmwcas_max_words = 16;
 };
 
 class Pool {
@@ -113,6 +121,9 @@ class Pool {
   T* root() const { return At<T>(*const_cast<Pool*>(this)->root_slot()); }
 
   Allocator& allocator() { return *allocator_; }
+  // The pool's PMwCAS, recovered by Open before it returned; nullptr for a
+  // format 1 pool and for read-only opens.
+  PMwCAS* pmwcas() { return pmwcas_.get(); }
   PoolInfo Info() const;
 
   // Delete the file when the pool is closed (temporary pools).
@@ -139,6 +150,7 @@ class Pool {
   uint64_t instance_id_ = 0;
   std::mutex grow_mu_;
   std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<PMwCAS> pmwcas_;
   friend class Allocator;
 };
 

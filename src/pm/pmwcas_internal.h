@@ -1,0 +1,140 @@
+// Internal: the PMwCAS descriptor format and the state shared by
+// pmwcas.cc (the protocol) and pmwcas_recovery.cc (recovery, recycling).
+//
+// Descriptor region (pool format 2, docs/pool-format.md, docs/pmwcas.md):
+// `count` descriptors of `desc_size` bytes (a whole number of cache lines)
+// from `region_off`. A descriptor:
+//   [0, 32)    header: status, count, two reserved words
+//   [32, ...)  entries[max_words], 32 bytes each, two per cache line:
+//              {policy, addr (pool offset), old value, new value}
+// Status word: the state in its low 2 bits (kFree, kUndecided, kSucceeded,
+// kFailed), plus pmwcas::kDirtyBit while a decided status is not yet durable.
+//
+// Invariants (PM):
+//  H1 A descriptor whose durable status is kFree owns no block: recovery
+//     frees nothing through it (it only clears its fresh-block fields).
+//  H2 In any descriptor, an entry whose policy has the fresh-block bit holds
+//     in `new` either 0 or the block allocated into it by the current use:
+//     the entry's `new` is zeroed before its policy word is written
+//     (stores to one line persist in program order), and recycling zeroes
+//     `new` before the status becomes kFree, ordered by a fence before any
+//     store of the next use.
+//  H3 No target word holds a pointer (descriptor or RDCSS) to a descriptor
+//     whose status is kFree in DRAM: every such pointer is replaced, and the
+//     replacement persisted, before recycling.
+// Values in target words: a descriptor pointer is kDescriptorBit | the
+// descriptor's pool offset; an RDCSS pointer is kRdcssBit | the entry's pool
+// offset plus a tag (see kRdcssTagShift).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "kit/epoch.h"
+#include "pmindex/pm/pmwcas.h"
+
+namespace pmindex::pm {
+
+namespace pmwcas_format {
+// An RDCSS pointer: kRdcssBit | a per-attempt tag in bits [20, 61) | the
+// entry's pool offset in bits [0, 20) (the region ends below 2^18).
+inline constexpr int kRdcssTagShift = 20;
+inline constexpr uint64_t kRdcssOffsetMask = (uint64_t(1) << kRdcssTagShift) - 1;
+
+inline constexpr uint64_t kFree = 0;
+inline constexpr uint64_t kUndecided = 1;
+inline constexpr uint64_t kSucceeded = 2;
+inline constexpr uint64_t kFailed = 3;
+inline constexpr uint64_t kStateMask = 3;
+
+// Policy word bits (Recycle's values).
+inline constexpr uint64_t kPolicyFreeOld = 1;  // free `old` on success
+inline constexpr uint64_t kPolicyFreshNew = 2;  // `new` is owned by the descriptor until success
+inline constexpr uint64_t kPolicyMask = 3;
+
+struct Header {
+  uint64_t status;
+  uint64_t count;
+  uint64_t reserved[2];
+};
+struct Entry {
+  uint64_t policy;
+  uint64_t addr;
+  uint64_t old_value;
+  uint64_t new_value;
+};
+static_assert(sizeof(Header) == 32 && sizeof(Entry) == 32);
+
+inline constexpr uint64_t DescriptorSize(uint32_t max_words) {
+  return (sizeof(Header) + uint64_t(max_words) * sizeof(Entry) + 63) / 64 * 64;
+}
+}  // namespace pmwcas_format
+
+struct PMwCAS::State {
+  Pool* pool = nullptr;
+  char* base = nullptr;
+  uint64_t region_off = 0;
+  uint64_t desc_size = 0;
+  uint32_t max_words = 0;
+  uint32_t count = 0;
+  bool read_only = false;
+  internal::EpochManager epoch;
+  // Install order of each descriptor's entries (sorted by address): written
+  // by the owner before the descriptor is published, read by helpers.
+  std::vector<uint8_t> order;
+  std::mutex mu;  // free_list, retired
+  std::vector<uint32_t> free_list;
+  internal::RetireList<uint32_t> retired;
+  RecoveryStats stats;
+
+  pmwcas_format::Header* Desc(uint32_t i) const {
+    return reinterpret_cast<pmwcas_format::Header*>(base + region_off + uint64_t(i) * desc_size);
+  }
+  pmwcas_format::Entry* Entries(uint32_t i) const {
+    return reinterpret_cast<pmwcas_format::Entry*>(reinterpret_cast<char*>(Desc(i)) + sizeof(pmwcas_format::Header));
+  }
+  uint64_t DescOff(uint32_t i) const { return region_off + uint64_t(i) * desc_size; }
+  uint64_t DescPtr(uint32_t i) const { return pmwcas::kDescriptorBit | DescOff(i); }
+  uint64_t RdcssPtr(uint32_t i, uint32_t e) const {
+    return pmwcas::kRdcssBit | (DescOff(i) + sizeof(pmwcas_format::Header) + uint64_t(e) * sizeof(pmwcas_format::Entry));
+  }
+  // Decodes a descriptor pointer / RDCSS pointer (false if it does not point
+  // into the region).
+  bool DecodeDesc(uint64_t v, uint32_t* d) const {
+    const uint64_t off = v & pmwcas::kValueMask;
+    if (off < region_off || (off - region_off) % desc_size != 0) return false;
+    const uint64_t i = (off - region_off) / desc_size;
+    if (i >= count) return false;
+    *d = uint32_t(i);
+    return true;
+  }
+  bool DecodeRdcss(uint64_t v, uint32_t* d, uint32_t* e) const {
+    const uint64_t off = v & pmwcas_format::kRdcssOffsetMask;
+    if (off < region_off) return false;
+    const uint64_t i = (off - region_off) / desc_size, in = (off - region_off) % desc_size;
+    if (i >= count || in < sizeof(pmwcas_format::Header) || (in - sizeof(pmwcas_format::Header)) % sizeof(pmwcas_format::Entry))
+      return false;
+    const uint64_t ei = (in - sizeof(pmwcas_format::Header)) / sizeof(pmwcas_format::Entry);
+    if (ei >= max_words) return false;
+    *d = uint32_t(i);
+    *e = uint32_t(ei);
+    return true;
+  }
+  uint64_t* Target(const pmwcas_format::Entry* e) const { return reinterpret_cast<uint64_t*>(base + e->addr); }
+
+  // pmwcas.cc
+  uint64_t Help(uint32_t d);
+  bool CompleteRdcss(uint64_t* w, uint64_t r);
+  void PersistAndClear(uint64_t* w, uint64_t v);
+  void Retire(uint32_t d);
+  // pmwcas_recovery.cc
+  Status Recover();
+  // Applies the recycle policies of a finished (or abandoned) descriptor
+  // and makes it free (durable); single owner, outside any helper's reach.
+  void Recycle(uint32_t d);
+  void ReclaimRetired(bool all);
+};
+
+}  // namespace pmindex::pm
