@@ -33,6 +33,9 @@ function(pmindex_finish_library)
     target_link_libraries(pmindex_objects PRIVATE ${_libs})
   endif()
   set_property(TARGET pmindex PROPERTY SOURCES $<TARGET_OBJECTS:pmindex_objects>)
+  if(NOT (PMINDEX_BUILD_TESTS OR PMINDEX_BUILD_TOOLS OR PMINDEX_BUILD_BENCH OR PMINDEX_BUILD_PLUGINS))
+    set_property(TARGET pmindex PROPERTY EXCLUDE_FROM_ALL ON)  # nothing in the tree links it
+  endif()
 
   add_library(pmindex_public SHARED $<TARGET_OBJECTS:pmindex_objects>)
   add_library(pmindex::pmindex ALIAS pmindex_public)
@@ -40,8 +43,10 @@ function(pmindex_finish_library)
     OUTPUT_NAME pmindex EXPORT_NAME pmindex
     VERSION ${PROJECT_VERSION} SOVERSION ${PMINDEX_ABI_VERSION}
     LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/pmindex.map)
-  target_link_options(pmindex_public PRIVATE
-    "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/pmindex.map" "LINKER:--no-undefined")
+  target_link_options(pmindex_public PRIVATE "LINKER:--version-script=${PROJECT_SOURCE_DIR}/cmake/pmindex.map")
+  if(NOT PMINDEX_SANITIZE)  # clang links the sanitizer runtimes into executables only
+    target_link_options(pmindex_public PRIVATE "LINKER:--no-undefined")
+  endif()
   target_include_directories(pmindex_public PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_compile_features(pmindex_public INTERFACE cxx_std_20)

@@ -53,7 +53,12 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 # shellcheck disable=SC2046
 "$cxx" -std=c++20 $flags "$src/examples/kv_example.cpp" -o "$tmp/kv_example_pc" $(pkg-config --cflags --libs pmindex)
 # shellcheck disable=SC2046
-"$cc" -std=c11 $flags "$src/examples/kv_c_example.c" -o "$tmp/kv_c_example_pc" $(pkg-config --cflags --libs pmindex)
+"$cc" -std=c11 $flags -c "$src/examples/kv_c_example.c" -o "$tmp/kv_c_example.o" $(pkg-config --cflags pmindex)
+# A sanitized library needs UBSan's C++ runtime, which the C++ driver links.
+link=$cc
+[ -n "$san" ] && link=$cxx
+# shellcheck disable=SC2046
+"$link" $flags "$tmp/kv_c_example.o" -o "$tmp/kv_c_example_pc" $(pkg-config --libs pmindex)
 grep -q "fruit:3 = value 3" <<<"$(LD_LIBRARY_PATH=$libdir "$tmp/kv_example_pc")"
 grep -q "city:2 = population 2000" <<<"$(LD_LIBRARY_PATH=$libdir "$tmp/kv_c_example_pc")"
 echo "install test passed ($prefix: find_package and pkg-config)"

@@ -45,7 +45,7 @@ expect 2 "$pmkv" --param nonsense put "$p" k v
 expect 2 "$pmkv" --key-kind float put "$dir/c.pool" k v
 
 # load / dump round trips with awkward bytes, per format, on two engines.
-printf 'tab\\there\tv1\nnl\\nx\tv\\x00\\xff\nplain\tslash\\\\\n' > "$dir/in.tsv"
+printf 'nl\\nx\tv\\x00\\xff\nplain\tslash\\\\\ntab\\there\tv1\n' > "$dir/in.tsv"  # in key order
 for eng in fptree fastfair; do
   for fmt in tsv jsonl; do
     q=$dir/$eng-$fmt.pool
