@@ -10,6 +10,11 @@
 #   pmindex_public  libpmindex.so.<SOVERSION> -> libpmindex.so.<VERSION>,
 #                   exporting only the public API (cmake/pmindex.map), installed
 #                   as the imported target pmindex::pmindex.
+# A folder adds to the library with target_sources / target_compile_definitions
+# / target_compile_options / target_include_directories / target_link_libraries
+# on `pmindex` as before (they are copied to pmindex_objects); per-source
+# properties set with set_source_files_properties in a folder do not carry
+# over (they are directory-scoped), so the library's folders do not use them.
 # ABI rule (docs/kv.md): SOVERSION is PMINDEX_ABI_VERSION, bumped whenever a
 # change breaks a program linked against the previous libpmindex.so.N (a
 # removed or changed exported function, a changed layout of a public struct or
