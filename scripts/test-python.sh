@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds and installs the Python package (python/) into a virtual environment
+# under build/python-venv and runs its pytest suite (docs/python.md).
+#   bash scripts/test-python.sh [pytest args...]
+# Works as root on Debian 12 (PEP 668): nothing is installed into the system
+# Python. Needs python3-venv and a C++20 compiler with the library's own
+# dependencies (scripts/setup.sh installs them); pip fetches scikit-build-core,
+# pybind11 and pytest from PyPI. The CMake build directory is kept under
+# build/python-ext, so a second run only rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  apt-get install -y -q python3-venv >/dev/null
+fi
+venv=build/python-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q pytest
+"$venv/bin/python" -m pip install -q ./python -C build-dir="$PWD/build/python-ext" -C cmake.build-type=Release
+cd python/tests  # not the source tree's package: the installed one
+exec "../../$venv/bin/python" -m pytest -q "$@" .
