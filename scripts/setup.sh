@@ -11,7 +11,7 @@ PKGS=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libtbb-dev                             # tbb::concurrent_hash_map baseline
   libjemalloc-dev libpmemobj-dev libpmem-dev  # allocator comparison baselines
-  python3 python3-matplotlib             # pmbench-plot
+  python3 python3-matplotlib python3-venv             # pmbench-plot
 )
 
 missing=()

@@ -5,12 +5,13 @@
 #   3. clang TSan build: the tests labelled "concurrency".
 #   4. pmcheck on every persistent index with a bounded crash-image budget,
 #      and the durability lint (zero missing flushes allowed).
+#   5. the Python package: pip install ./python into a venv, then pytest.
 # Set PMINDEX_TEST_FLAVOURS="release" (etc.) to run a subset.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PMINDEX_TEST=1
-flavours=${PMINDEX_TEST_FLAVOURS:-"release asan tsan pmcheck"}
+flavours=${PMINDEX_TEST_FLAVOURS:-"release asan tsan pmcheck python"}
 jobs=$(nproc)
 start=$(date +%s)
 stamp() { echo "[test.sh +$(( $(date +%s) - start ))s] $*" >&2; }
@@ -33,6 +34,10 @@ for f in $flavours; do
     pmcheck)
       stamp "pmcheck"
       bash scripts/pmcheck-ci.sh build
+      ;;
+    python)
+      stamp "python package (pip install ./python, pytest)"
+      bash scripts/test-python.sh
       ;;
   esac
 done
