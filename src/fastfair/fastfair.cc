@@ -1,2 +1,166 @@
-// fastfair.cc: compiles the FAST & FAIR tree (fastfair_tree.h) into the library.
+// fastfair.cc: the FAST & FAIR tree as an Index (docs/fastfair.md): its
+// options (node_size, read_committed), the factory that creates or opens a
+// pool (checking the Meta written by fastfair_recovery.cc: magic, format
+// version, kinds, node size), the registration under the name "fastfair",
+// Stats/Close/Debug, and the introspection hooks of fastfair.h. The tree
+// itself: fastfair_tree.h and the files it lists.
+//
+// Format version: only kVersion (fastfair_format.h) is created and opened;
+// a pool of an earlier version (1-3) is refused with Unsupported
+// ("unsupported fastfair format version N ..."), any other number with
+// Corrupt.
+//
+// Thread safety: Create and Open are called once per pool; Close and the
+// test hooks only when no operation runs; Stats and Debug at any time
+// (a count taken while writers run is approximate).
 #include "fastfair/fastfair_tree.h"
+
+namespace pmindex::internal::fastfair {
+
+template <bool BK>
+IndexStats FastFair<BK>::Stats() {
+  IndexStats s;
+  s.records = Size();
+  s.pm_bytes = alloc_->BytesInUse();
+  s.dram_bytes = sizeof(*this) + touched_lock_bytes_estimate() + (limbo_ ? limbo_->dram_bytes() : 0);
+  s.recovery_seconds = recovery_seconds_;
+  return s;
+}
+
+template <bool BK>
+Status FastFair<BK>::Close() {
+  if (pool_) {
+    if (limbo_ && limbo_->has_retired()) Reclaim(true);  // nobody is in the tree any more
+    Status s = pool_->Close();
+    pool_.reset();
+    return s;
+  }
+  return Status::OK();
+}
+
+template <bool BK>
+DebugCounters FastFair<BK>::Debug() {
+  DebugCounters d;
+  d.open_blocks_freed = open_blocks_freed_;
+  d.open_pm_stores = open_pm_stores_;
+  d.open_pm_lines = open_pm_lines_;
+  d.nodes_repaired = nodes_repaired_.load();
+  d.splits_finished_by_repair = splits_repaired_.load();
+  d.counts_repaired = counts_repaired_.load();
+  d.parent_links_repaired = parents_repaired_.load();
+  d.root_grows = root_grows_.load();
+  d.merges = merges_.load();
+  d.root_collapses = root_collapses_.load();
+  d.nodes_freed = nodes_freed_.load();
+  d.merges_skipped = merges_skipped_.load();
+  d.rebalances = rebalances_.load();
+  d.rebalances_from_right = rebalances_from_right_.load();
+  d.left_inserts = left_inserts_.load();
+  d.prefix_drops = prefix_drops_.load();
+  d.prefix_splits = prefix_splits_.load();
+  return d;
+}
+
+template IndexStats FastFair<false>::Stats();
+template IndexStats FastFair<true>::Stats();
+template Status FastFair<false>::Close();
+template Status FastFair<true>::Close();
+template DebugCounters FastFair<false>::Debug();
+template DebugCounters FastFair<true>::Debug();
+
+namespace {
+
+Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
+  Params p(o.params);
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size", "read_committed"}));
+  long long ns;
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("node_size", 512, 256, 8192, &ns));
+  if (ns % 64) return Status::InvalidArgument("fastfair node_size must be a multiple of 64, got " + std::to_string(ns));
+  *node_size = uint32_t(ns);
+  return p.GetBool("read_committed", false, rc);
+}
+
+std::unique_ptr<FastFairBase> Make(std::unique_ptr<pm::Pool> pool, const Options& o, KeyKind kk, ValueKind vk,
+                                   uint32_t ns, bool rc) {
+  if (kk == KeyKind::kBytes) return std::make_unique<FastFair<true>>(std::move(pool), o, ns, vk, rc);
+  return std::make_unique<FastFair<false>>(std::move(pool), o, ns, vk, rc);
+}
+
+Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  uint32_t ns;
+  bool rc;
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns, &rc));
+  if (*pool->root_slot() != 0) return Status::InvalidArgument("pool already holds a root object");
+  auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
+  Status s = t->Format();
+  if (!s.ok()) return s;
+  *out = std::move(t);
+  return Status::OK();
+}
+
+Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  const auto t0 = std::chrono::steady_clock::now();
+  uint32_t ns_param;
+  bool rc;
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc));
+  Meta* m = pool->root<Meta>();
+  if (!m) return Status::Corrupt("fastfair pool has no root object (creation interrupted?)");
+  if (pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
+    return Status::Corrupt("fastfair root object too small");
+  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata not initialised (creation interrupted?)");
+  if (m->version != kVersion) {
+    // Versions 1-3 were written by earlier builds (docs/fastfair.md,
+    // "Format version"): refused, not repaired. Any other number is no
+    // fastfair format at all.
+    const std::string msg = "unsupported fastfair format version " + std::to_string(m->version) +
+                            " (this build opens version " + std::to_string(kVersion) + " only)";
+    return m->version >= 1 && m->version < kVersion ? Status::Unsupported(msg) : Status::Corrupt(msg);
+  }
+  if (m->key_kind > 1 || m->value_kind > 1) return Status::Corrupt("fastfair metadata has bad key/value kinds");
+  if (m->node_size < 256 || m->node_size > 8192 || m->node_size % 64) return Status::Corrupt("fastfair metadata has a bad node size");
+  if (o.params.count("node_size") && ns_param != m->node_size)
+    return Status::InvalidArgument("pool was created with node_size=" + std::to_string(m->node_size));
+  if (!m->root || m->root >= pool->size()) return Status::Corrupt("fastfair root pointer out of the pool");
+  const KeyKind kk = KeyKind(m->key_kind);
+  auto t = Make(std::move(pool), o, kk, ValueKind(m->value_kind), m->node_size, rc);
+  Status s = t->Recover(m);
+  if (!s.ok()) return s;
+  t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *out = std::move(t);
+  return Status::OK();
+}
+
+}  // namespace
+
+const DebugCounters* GetDebugCounters(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  if (!t) return nullptr;
+  t->snapshot_ = t->Debug();
+  return &t->snapshot_;
+}
+int NodeCapacity(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  return t ? t->Cap() : 0;
+}
+int Height(Index* index) {
+  auto* t = dynamic_cast<FastFairBase*>(index);
+  return t ? t->TreeHeight() : 0;
+}
+void SetTestHooks(Index* index, const TestHooks* hooks) {
+  if (auto* t = dynamic_cast<FastFairBase*>(index)) t->SetHooks(hooks);
+}
+
+}  // namespace pmindex::internal::fastfair
+
+namespace pmindex::internal {
+
+void RegisterFastFair(std::vector<IndexFactory>* r) {
+  IndexFactory f;
+  f.info = {"fastfair", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
+            "FAST & FAIR: whole B+-tree in PM, logless in-node shifts and splits, lock-free search, lazy recovery"};
+  f.create = &fastfair::Create;
+  f.open = &fastfair::Open;
+  r->push_back(f);
+}
+
+}  // namespace pmindex::internal
