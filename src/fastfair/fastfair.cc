@@ -1,5 +1,6 @@
-// fastfair.cc: the FAST & FAIR tree as an Index (docs/fastfair.md): its
-// options (node_size, read_committed), the factory that creates or opens a
+// fastfair.cc: the FAST & FAIR tree (FAST'18,
+// /work/shared/papers/fast-fair-fast18.md) as an Index (docs/fastfair.md):
+// its options (node_size, read_committed), the factory that creates or opens a
 // pool (checking the Meta written by fastfair_recovery.cc: magic, format
 // version, kinds, node size), the registration under the name "fastfair",
 // Stats/Close/Debug, and the introspection hooks of fastfair.h. The tree

@@ -1,5 +1,7 @@
 // fastfair_check.cc: Check and the owned-block enumeration of the FAST &
-// FAIR tree (what tests, pmcheck and the leak check use).
+// FAIR tree (what tests, pmcheck and the leak check use; the paper has no
+// checker: this one states the invariants of fastfair_format.h and of
+// FAIR's B-link fences, sec. 4).
 //
 // Check walks every level's sibling chain from its leftmost node and
 // verifies: levels and capacity; each level's chain lists exactly the

@@ -735,10 +735,10 @@ TEST(FastFair, MergesDropPrefixesWhenShort) {
   EXPECT_GT(drops, 0u);
 }
 
-// Format 4: an ascending load splits on appends, which do not centre the
-// new sibling (no insert of such a load ever goes into a prefix): leaves
-// stay half full as before format 4. Centring them too left every leaf of
-// this load with a third of its records (the cut node keeps its prefix).
+// An ascending load splits on appends, which do not centre the new sibling
+// (no insert of such a load ever goes into a prefix): leaves stay half
+// full. Centring them too would leave every leaf of this load with a third
+// of its records (the cut node keeps its prefix).
 TEST(FastFair, AscendingLoadsKeepHalfFullLeaves) {
   for (const int ns : {256, 512}) {
     fftest::PoolGuard g("ascending");
@@ -824,8 +824,7 @@ TEST(FastFair, OpenIsConstantWork) {
 // must still find or get an epoch slot, and every slot must come back: the
 // tree's epoch manager (kit/epoch.h, unbounded) then keeps reusing one or
 // two slots over 600 sequential threads, while a slot not given back at exit
-// makes its slot count grow with every thread. (Before session 5 a leaked
-// slot of the 512 fixed ones made the 513th thread spin forever.)
+// makes its slot count grow with every thread.
 Index* g_exit_idx = nullptr;
 struct FindAtThreadExit {
   bool armed = false;

@@ -13,6 +13,9 @@
 //   fastfair_check.cc    Check, owned-block enumeration
 //   fastfair.cc          options, factory, registration, test hooks
 // Each .cc explicitly instantiates what it defines, for BK = false and true.
+// Invariants: fastfair_format.h. Persist order: written above each function
+// that stores to PM (fastfair_node.h, fastfair_write.cc, fastfair_smo.cc,
+// fastfair_recovery.cc); this file stores nothing.
 //
 // The validity rule, mirrored (sec. 3.2): the paper ignores a key between
 // two equal *pointers*, which needs every pointer to be unique; leaf values

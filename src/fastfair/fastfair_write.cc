@@ -1,5 +1,6 @@
 // fastfair_write.cc: the leaf writes of the FAST & FAIR tree: Insert,
-// Update, Upsert, Remove, and LockAt, the write-locked descent they share.
+// Update, Upsert, Remove, and LockAt, the write-locked descent they share
+// (paper sec. 3.3-3.5 for the in-node changes, sec. 5 for the locking).
 //
 // A writer descends lock-free (Descend, fastfair_tree.h), write-locks the
 // leaf, moves right under its lock while key >= high (B-link, remembering

@@ -83,7 +83,9 @@ class PmRetireList {
   void Retire(int i);
   // Retired slots not freed yet (a relaxed read: a hint for the fast path).
   bool has_retired() const { return retired_count_.load(std::memory_order_relaxed) != 0; }
-  size_t dram_bytes() const { return sizeof(*this) + nslots_ + retired_.dram_bytes(); }
+  // DRAM of the list itself and its busy map (not the retired entries in
+  // flight: reading those would race with Retire).
+  size_t dram_bytes() const { return sizeof(*this) + nslots_; }
 
   // Frees the retired blocks whose grace period passed (all of them if
   // `all`: no thread is in the index any more). extra(const RetireSlot&)
