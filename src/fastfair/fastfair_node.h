@@ -36,7 +36,7 @@
 
 namespace pmindex::internal::fastfair {
 
-class NodeOps {
+class PMINDEX_FASTFAIR_HIDDEN NodeOps {
  public:
   explicit NodeOps(uint32_t cap) : cap_(cap) {}
   uint32_t cap() const { return cap_; }

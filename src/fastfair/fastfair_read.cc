@@ -458,10 +458,8 @@ Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_
   template Status FastFair<BK>::Find(Slice, std::string*);                                         \
   template Status FastFair<BK>::Scan(Slice, size_t, ScanCallback, size_t*);                        \
   template uint64_t FastFair<BK>::Size();                                                          \
-  template Node* FastFair<BK>::DescendForScan(const SK&, size_t);                                  \
-  template Node* FastFair<BK>::ReadLockLeaf(Node*, const SK&);                                     \
-  template bool FastFair<BK>::SearchLeafLF(Node*, const SK&, uint64_t*, bool*);                    \
-  template Node* FastFair<BK>::SnapshotLeafLF(Node*, Entry*, uint32_t*, uint64_t*);
+  template Node* FastFair<BK>::ReadLockLeaf(Node*, const SK&);
+
 PMINDEX_FASTFAIR_READ(false)
 PMINDEX_FASTFAIR_READ(true)
 #undef PMINDEX_FASTFAIR_READ

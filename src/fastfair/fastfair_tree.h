@@ -87,7 +87,7 @@ static_assert(sizeof(NodeLock) == 4);
 using EpochGuard = EpochManager::Guard;
 
 // What the factory and the introspection functions see of a tree.
-class FastFairBase : public Index {
+class PMINDEX_FASTFAIR_HIDDEN FastFairBase : public Index {
  public:
   virtual DebugCounters Debug() = 0;
   virtual int Cap() const = 0;
@@ -116,7 +116,7 @@ struct Pending {
 };
 
 template <bool BK>
-class FastFair final : public FastFairBase, protected NodeOps {
+class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected NodeOps {
   using SK = std::conditional_t<BK, Slice, uint64_t>;
 
  public:
@@ -575,18 +575,21 @@ class FastFair final : public FastFairBase, protected NodeOps {
   }
 
   // ---- defined in the .cc files ------------------------------------------
+  // Helpers with one caller, in the caller's file, are always inlined
+  // (Find's leaf search, Scan's descent and snapshot, Put's leaf insert
+  // and update, Remove's body): they are split out for reading only.
   // fastfair_read.cc
-  Node* DescendForScan(const SK& key, size_t limit);
+  __attribute__((always_inline)) inline Node* DescendForScan(const SK& key, size_t limit);
   Node* ReadLockLeaf(Node* n, const SK& key);
-  bool SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad);
-  Node* SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_t* lk_out);
+  __attribute__((always_inline)) inline bool SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad);
+  __attribute__((always_inline)) inline Node* SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_t* lk_out);
   // fastfair_write.cc
   Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out, bool grow = true);
   Status AllocBlock(uint64_t* dest, Slice s);
-  Status InsertLeafEntry(Node* t, uint32_t pos, const SK& key, Slice value);
-  Status UpdateAt(Node* n, uint32_t pos, Slice value);
+  __attribute__((always_inline)) inline Status InsertLeafEntry(Node* t, uint32_t pos, const SK& key, Slice value);
+  __attribute__((always_inline)) inline Status UpdateAt(Node* n, uint32_t pos, Slice value);
   Status Put(Slice key, Slice value, Mode mode);
-  Status RemoveIn(const SK& sk);
+  __attribute__((always_inline)) inline Status RemoveIn(const SK& sk);
   // fastfair_smo.cc
   Status Split(Node* n, uint64_t* out_k, Node** out_s, bool append = false);
   Status SplitAt(Node* n, uint32_t m, uint64_t* out_k, Node** out_s, bool centre = false);

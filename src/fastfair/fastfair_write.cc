@@ -241,10 +241,7 @@ Status FastFair<BK>::RemoveIn(const SK& sk) {
   template Status FastFair<BK>::Remove(Slice);                                                      \
   template Status FastFair<BK>::LockAt(uint32_t, const SK&, Pending*, Node**, bool);                \
   template Status FastFair<BK>::Put(Slice, Slice, Mode);                                            \
-  template Status FastFair<BK>::InsertLeafEntry(Node*, uint32_t, const SK&, Slice);                 \
-  template Status FastFair<BK>::AllocBlock(uint64_t*, Slice);                                       \
-  template Status FastFair<BK>::UpdateAt(Node*, uint32_t, Slice);                                   \
-  template Status FastFair<BK>::RemoveIn(const SK&);
+  template Status FastFair<BK>::AllocBlock(uint64_t*, Slice);
 PMINDEX_FASTFAIR_WRITE(false)
 PMINDEX_FASTFAIR_WRITE(true)
 #undef PMINDEX_FASTFAIR_WRITE

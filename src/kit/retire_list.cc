@@ -46,4 +46,17 @@ void PmRetireList::Retire(int i) {
   retired_count_.fetch_add(1, std::memory_order_relaxed);
 }
 
+size_t PmRetireList::Reclaim(EpochManager& epoch, bool all, const std::function<void(const RetireSlot&)>& extra) {
+  std::lock_guard<std::mutex> g(mu_);
+  RetireSlot* s = slots();
+  auto free_one = [&](uint32_t i) {
+    FreeSlot(&s[i], extra);
+    busy_[i] = false;
+    retired_count_.fetch_sub(1, std::memory_order_relaxed);
+  };
+  const size_t freed = all ? retired_.ReclaimAll(free_one) : retired_.Reclaim(epoch, free_one);
+  if (freed) pm::Fence();  // orders the allocator's flushed lane clears
+  return freed;
+}
+
 }  // namespace pmindex::internal::kit

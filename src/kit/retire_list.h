@@ -41,6 +41,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -88,23 +89,11 @@ class PmRetireList {
   size_t dram_bytes() const { return sizeof(*this) + nslots_; }
 
   // Frees the retired blocks whose grace period passed (all of them if
-  // `all`: no thread is in the index any more). extra(const RetireSlot&)
-  // frees what the block owns besides itself. Returns the number freed.
-  // Call outside any guard of `epoch` for this thread's own retirements to
-  // go.
-  template <typename Extra>
-  size_t Reclaim(EpochManager& epoch, bool all, Extra&& extra) {
-    std::lock_guard<std::mutex> g(mu_);
-    RetireSlot* s = slots();
-    auto free_one = [&](uint32_t i) {
-      FreeSlot(&s[i], extra);
-      busy_[i] = false;
-      retired_count_.fetch_sub(1, std::memory_order_relaxed);
-    };
-    const size_t freed = all ? retired_.ReclaimAll(free_one) : retired_.Reclaim(epoch, free_one);
-    if (freed) pm::Fence();  // orders the allocator's flushed lane clears
-    return freed;
-  }
+  // `all`: no thread is in the index any more). extra(slot) frees what the
+  // block owns besides itself (reclaim is rare: a std::function costs
+  // nothing that matters). Returns the number freed. Call outside any
+  // guard of `epoch` for this thread's own retirements to go.
+  size_t Reclaim(EpochManager& epoch, bool all, const std::function<void(const RetireSlot&)>& extra);
 
   // Open (read-write): settles every used slot, see the persist order
   // above. linked(const RetireSlot&) -> bool is asked only when tag != 0;
