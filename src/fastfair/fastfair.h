@@ -1,5 +1,7 @@
 // fastfair.h: internal test/benchmark hooks of the FAST & FAIR B+-tree
-// (src/fastfair/fastfair.cc; docs/fastfair.md). Not part of the public API.
+// (src/fastfair/, implemented in fastfair.cc; docs/fastfair.md). Not part
+// of the public API. Thread safety: the getters at any time; SetTestHooks
+// only while the index is not in use.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +28,9 @@ struct DebugCounters {
   uint64_t rebalances = 0;      // underfull nodes rebalanced with a sibling (a split, then a merge;
                                 // `merges` counts those merges too)
   uint64_t rebalances_from_right = 0;  // ... of them with the right sibling giving records
-  uint64_t left_inserts = 0;    // format 4: inserts that shifted records left into a leaf's lk prefix
-  uint64_t prefix_drops = 0;    // format 4: lk prefixes removed (lk change, or a merge needing room)
-  uint64_t prefix_splits = 0;   // format 4: leaf splits that cut a node with an lk prefix (it keeps it)
+  uint64_t left_inserts = 0;    // inserts that shifted records left into a leaf's lk prefix
+  uint64_t prefix_drops = 0;    // lk prefixes removed (lk change, or a merge needing room)
+  uint64_t prefix_splits = 0;   // leaf splits that cut a node with an lk prefix (it keeps it)
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.

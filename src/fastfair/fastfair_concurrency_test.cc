@@ -394,10 +394,10 @@ TEST_P(FastFairConcurrency, SplitsAndMergesWithReadersAndScans) {
 }
 
 // A scan that reads an empty leaf and then finds its next leaf merged away
-// (dead) must restart after the last key it handed out from ANY leaf: it
-// restarted from the empty leaf's last key, i.e. from the start key, and
-// returned records twice and out of order (review finding; locked scans:
-// read_committed and byte values). A writer empties and refills a band of
+// (dead) must restart after the last key it handed out from ANY leaf:
+// restarting from the empty leaf's last key, i.e. from the start key,
+// returns records twice and out of order (locked scans: read_committed and
+// byte values). A writer empties and refills a band of
 // keys above a stable prefix while a scanner checks every scan is strictly
 // ascending and holds the whole stable prefix exactly once.
 TEST_P(FastFairConcurrency, ScansStayAscendingWhileLeavesEmptyAndMerge) {
@@ -771,7 +771,7 @@ INSTANTIATE_TEST_SUITE_P(Kinds, FastFairConcurrency,
                                   (i.param.read_committed ? "_read_committed" : "_lockfree");
                          });
 
-// Deterministic (review, session 6): a lock-free Find in a leaf with no
+// Deterministic: a lock-free Find in a leaf with no
 // prefix loads lk, then an insert of a key equal to lk runs FixLk (lk raised
 // to a free value: no shift, so no sw flip) and its right shift stores
 // k[0] = the new lk (slot 0 an ignored copy) and pauses there; the Find
@@ -814,7 +814,7 @@ TEST(FastFairInterleaving, FindWhileFixLkRaisesLk) {
   EXPECT_TRUE(idx->Check().ok());
 }
 
-// Deterministic (review, session 6): a lock-free descent through an internal
+// Deterministic: a lock-free descent through an internal
 // node while an insert at its slot 0 is paused right after k[0] = lk (slot
 // 0 an ignored copy whose value is still the child of the separator that
 // moved to slot 1). The descent takes slot 0 as its candidate and only

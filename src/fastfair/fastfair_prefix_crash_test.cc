@@ -1,8 +1,7 @@
 // fastfair_prefix_crash_test: every crash state of ONE operation in the pm
 // model (docs/persistence.md: a crash keeps, for each cache line, a prefix
 // of the 8-byte stores made to it since its last flush+fence), after
-// pre-operations that are durable. From a reviewer's harness (session 3):
-// the simulator of fastfair_crash_test only builds whole-line images at
+// pre-operations that are durable. The simulator of fastfair_crash_test only builds whole-line images at
 // fences, which cannot reach the states of the count's lag (the count and
 // the shift's last line share one fence; docs/fastfair.md, "The count's
 // fence"). Each image is opened read-only (acknowledged keys, the operation

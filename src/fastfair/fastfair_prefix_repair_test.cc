@@ -30,7 +30,7 @@
 // a leaf with a prefix. FFDUMP=1 appends the leaves of a bad image to its
 // message.
 //
-// FastFairPathCrashStates (session 7) uses the same harness for paths the
+// FastFairPathCrashStates uses the same harness for paths the
 // whole-line every-fence tests reached only: a rebalance (split, then
 // merge), a byte-key merge whose DropPrefix is for room, and a split whose
 // insert goes into the cut node (the fence of its I2 copies).
@@ -542,8 +542,8 @@ TEST(FastFairPrefixRepair, SplitOfLeafWithPrefixCrashStates) {
 }
 
 // ---- Split, merge and rebalance paths at pm-model states ------------------
-// (review of session 6: paths the every-fence tests of fastfair_crash_test
-// reach only with whole lines). Same harness: the final operation crashed
+// (paths the every-fence tests of fastfair_crash_test reach only with whole
+// lines). Same harness: the final operation crashed
 // at every pm-model state (sampled where a point has more combinations),
 // each image opened read-only, then read-write, checked against the model
 // with the operation in flight applied or not, then scripted writes and a

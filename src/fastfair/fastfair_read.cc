@@ -1,0 +1,467 @@
+// fastfair_read.cc: the readers of the FAST & FAIR tree: Find, Scan, Size,
+// lock-free (paper sec. 5, Algorithm 3) and under leaf read locks.
+//
+// Lock-free readers (u64 keys and u64 values, read_committed=0) take no
+// lock. A leaf search scans in the direction given by the node's switch
+// counter `sw` (even: inserts, scan left to right; odd: deletes and left
+// inserts, right to left), reads each candidate record as left key, key,
+// value, left key, key (ReadValid, fastfair_tree.h), retries if `sw`
+// changed, and checks the fence again before answering "not found". A
+// range scan copies each leaf into a snapshot validated by `sw`, the lk and
+// the sibling link read before and after the records, and emits records
+// only from validated snapshots. Locked readers (byte keys or values,
+// read_committed=1) hold one leaf's read lock at a time and restart from
+// the root when a leaf was merged away (dead).
+//
+// Invariants relied on: the validity rule and I2 (fastfair_format.h); a
+// valid record's value is never changed by a shift; splits store sibling
+// before cutting count, merges grow count before storing sibling; every
+// split and merge adds 2 to sw. Readers store nothing to PM.
+//
+// Thread safety: any number of readers concurrently with writers, each
+// inside an epoch guard (nodes a merge unlinks are freed only after it).
+#include "fastfair/fastfair_tree.h"
+
+namespace pmindex::internal::fastfair {
+
+template <bool BK>
+Status FastFair<BK>::Find(Slice key, std::string* value) {
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+  EpochGuard eg(epoch_);
+  const SK sk = MakeSK(key);
+  Node* n = Descend(0, sk, nullptr);
+  if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
+  uint64_t v = 0;
+  if (!locked_reads_) {
+    bool bad = false;
+    if (!SearchLeafLF(n, sk, &v, &bad)) return bad ? CorruptWalk("move right") : Status::NotFound();
+    if (value) value->assign(reinterpret_cast<const char*>(&v), 8);
+    return Status::OK();
+  }
+  n = ReadLockLeaf(n, sk);
+  if (n == Bad()) return CorruptWalk("leaf walk");
+  uint32_t pos;
+  bool found = FindInLocked(n, sk, &pos);
+  if (found && value) {
+    v = n->ents()[pos].v;
+    if (bv_) value->assign(BlockSlice(v));
+    else value->assign(reinterpret_cast<const char*>(&v), 8);
+  }
+  RUnlock(n);
+  return found ? Status::OK() : Status::NotFound();
+}
+
+template <bool BK>
+Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* count) {
+  if (count) *count = 0;
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
+  if (limit == 0) return Status::OK();
+  EpochGuard eg(epoch_);
+  SK sk = MakeSK(start);
+  size_t c = 0;
+  if (!locked_reads_) {
+    // Lock-free: snapshot each leaf (validated by the switch counter),
+    // then call back outside the node.
+    if constexpr (!BK) {
+      // On the stack (a thread_local vector cost a __tls_get_addr call per
+      // leaf: 3.7% of a pmbench scan profile).
+      Entry buf[kMaxCap];
+      // Records handed out so far are < lo; keys >= lo come next (u64:
+      // the successor of the last key handed out, or the start key).
+      uint64_t lo = sk;
+      Node* n = DescendForScan(sk, limit);
+      if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
+      for (uint64_t steps = 0; n && c < limit;) {
+        // Every leaf goes through a validated snapshot before anything is
+        // emitted. (Emitting records while scanning would lose records: a
+        // delete that starts during the scan flips sw and shifts records
+        // left past the reader, and the records emitted already cannot be
+        // taken back, so a rescan would skip the shifted ones as <= last.)
+        uint32_t nbuf;
+        uint64_t left;  // the snapshot's lk: slot 0 is ignored if equal
+        Node* next = SnapshotLeafLF(n, buf, &nbuf, &left);
+        // Filter and emit in one pass: skip ignored records (equal to
+        // their left neighbour) and keys below lo.
+        for (uint32_t i = 0; i < nbuf; i++) {
+          const uint64_t k = buf[i].k;
+          const bool skip = k == left || k < lo;
+          left = k;
+          if (skip) continue;
+          ++c;
+          if (!cb(U64Slice(buf[i].k), U64Slice(buf[i].v)) || c >= limit || k == UINT64_MAX) {
+            if (count) *count = c;
+            return Status::OK();
+          }
+          lo = k + 1;
+        }
+        if (__builtin_expect(WalkTooLong(++steps), 0)) {
+          if (count) *count = c;
+          return CorruptWalk("leaf chain");
+        }
+        n = next;
+      }
+    }
+    if (count) *count = c;
+    return Status::OK();
+  }
+  Node* n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
+  if (n == Bad()) return CorruptWalk("descent");
+  std::vector<std::pair<std::string, std::string>> buf;
+  bool emitted = false;  // the last key handed out, across leaves
+  uint64_t last_emitted = 0;  // (u64 keys)
+  std::string last_key;       // (byte keys)
+  std::string restart_key;    // (byte keys) sk's storage after a restart
+  bool excl = false;          // skip keys <= sk (restart after last_key)
+  for (uint64_t steps = 0; c < limit;) {
+    buf.clear();
+    Entry* e = n->ents();
+    const uint32_t cnt = LiveCount(n);
+    for (uint32_t j = 0; j < cnt && buf.size() < limit - c; j++) {
+      if (Ignored(n, j)) continue;
+      const int c0 = Cmp(e[j].k, sk);
+      if (c0 < 0 || (excl && c0 == 0)) continue;
+      std::string ks = BK ? std::string(BlockSlice(e[j].k)) : std::string(reinterpret_cast<const char*>(&e[j].k), 8);
+      std::string vs = bv_ ? std::string(BlockSlice(e[j].v)) : std::string(reinterpret_cast<const char*>(&e[j].v), 8);
+      buf.emplace_back(std::move(ks), std::move(vs));
+    }
+    uint64_t next = n->sibling;
+    RUnlock(n);
+    for (auto& [k, v] : buf) {
+      ++c;
+      emitted = true;
+      if constexpr (!BK) last_emitted = SliceToU64(k);
+      else last_key = k;
+      if (!cb(k, v)) {
+        if (count) *count = c;
+        return Status::OK();
+      }
+    }
+    if (!next || c >= limit) break;
+    // Leaves visited, restarts included: each leaf once, and a restart
+    // (on a distinct dead leaf) revisits at most one: <= 2x the nodes.
+    if (WalkTooLong(++steps / 2)) {
+      if (count) *count = c;
+      return CorruptWalk("leaf chain");
+    }
+    n = At(next);
+    RLock(n);
+    if (Ld(&n->dead)) {
+      // Merged into its left sibling since we read the link: continue
+      // strictly after the last key handed out by ANY leaf so far (u64:
+      // from its successor; byte keys have no successor word, so from the
+      // key itself, exclusive). (The leaf just read may have been empty:
+      // restarting from its last key, or from the start key, would return
+      // records twice and out of order.)
+      RUnlock(n);
+      if (emitted) {
+        if constexpr (!BK) {
+          if (last_emitted == UINT64_MAX) break;
+          sk = last_emitted + 1;
+        } else {
+          restart_key = last_key;
+          sk = Slice(restart_key);
+          excl = true;
+        }
+      }
+      n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
+      if (n == Bad()) {
+        if (count) *count = c;
+        return CorruptWalk("descent");
+      }
+    }
+  }
+  if (count) *count = c;
+  return Status::OK();
+}
+
+template <bool BK>
+uint64_t FastFair<BK>::Size() {
+  EpochGuard eg(epoch_);  // walks nodes a concurrent merge may retire
+  uint64_t total = 0;
+  // Each leaf under its read lock, as the locked scan reads it: LiveCount
+  // reads the links, the high key and keys with plain loads (written for
+  // quiescent or locked callers) and compares byte keys, whose blocks a
+  // delete frees at once. Unlocked, a Size() (or Stats()) concurrent with
+  // writers would race with the writers' stores and with AllocBlock
+  // reusing a freed block (conformance_concurrency_test,
+  // SizeDuringSplitsAndDeletions). A count taken while writers run is
+  // approximate; a quiescent one is exact. On a corrupt pool whose leaf
+  // chain cannot be walked (no leftmost leaf, a cycle: WalkTooLong) it
+  // is 0: Size() has no error channel, Check() reports the corruption.
+  Node* n = LeftmostAt(0);
+  if (n == Bad()) return 0;
+  for (uint64_t steps = 0; n;) {
+    if (WalkTooLong(++steps)) return 0;
+    RLock(n);
+    const uint32_t c = LiveCount(n);
+    for (uint32_t j = 0; j < c; j++) total += !Ignored(n, j);
+    Node* next = At(n->sibling);
+    RUnlock(n);
+    n = next;
+  }
+  return total;
+}
+
+// Descend(0, key) for a lock-free scan of `limit` records. The scan
+// walks the leaf chain, and each leaf's header is a dependent load (its
+// address is the previous leaf's sibling word): with the next leaf
+// prefetched only once the current one is reached, 79% of the scan's own
+// samples sat on that load (perf, fastfair_interleave). So the leaves the
+// level-1 node lists after the chosen one are prefetched now, all at
+// once (their first two lines: header and first records; the snapshot
+// prefetches the rest of the next leaf). The parent's words are read
+// with acquire loads but used as prefetch addresses only: a stale or
+// torn word costs a useless prefetch (prefetches never fault).
+template <bool BK>
+Node* FastFair<BK>::DescendForScan(const SK& key, size_t limit) {
+  Node* n = At(Ld(&meta_->root));
+  uint64_t steps = 0;
+  for (uint32_t lv = n->level; lv > 0; lv--) {
+    Node* from = n;
+    Node* c = NavChild(n, key, nullptr, steps, &from);
+    if (__builtin_expect(!c || c->level != lv - 1, 0)) return Bad();
+    if (from->level == 1) {
+      Entry* e = from->ents();
+      const uint32_t cnt = std::min(Ld(&from->count), cap_);
+      const uint64_t co = Off(c);
+      uint32_t j = 0;
+      if (Ld(&from->leftmost) != co) {
+        while (j < cnt && Ld(&e[j].v) != co) j++;
+        j++;
+      }
+      // Leaves needed at a fill of a third (the merge threshold keeps
+      // most leaves above it), at most kScanHints.
+      const uint32_t want = std::min<size_t>(kScanHints, limit / std::max<uint32_t>(1, cap_ / 3) + 1);
+      for (uint32_t h = 0; j < cnt && h < want; j++, h++) {
+        const uint64_t v = Ld(&e[j].v);
+        if (v && v < max_off_) {  // (no pointer past the mapping)
+          const char* p = base_ + v;
+          __builtin_prefetch(p);
+          __builtin_prefetch(p + 64);
+        }
+      }
+    }
+    n = c;
+  }
+  return n;
+}
+
+// Bad() (nothing locked) on a corrupt pool, or if n is Bad().
+template <bool BK>
+Node* FastFair<BK>::ReadLockLeaf(Node* n, const SK& key) {
+  if (__builtin_expect(n == Bad(), 0)) return n;
+  RLock(n);
+  // Restarts (each on a distinct node merged away) and the moves right
+  // of one attempt are bounded separately (WalkTooLong).
+  for (uint64_t restarts = 0, steps = 0;;) {
+    if (Ld(&n->dead)) {
+      RUnlock(n);
+      n = Descend(0, key, nullptr);
+      if (n == Bad() || WalkTooLong(++restarts)) return Bad();
+      steps = 0;
+      RLock(n);
+      continue;
+    }
+    // (high == 0 with a sibling: only a read-only open after a crash that
+    // kept count and high of a merge's commit line but not the sibling,
+    // r being rightmost; n holds r's records then. As in MoveRight.)
+    uint64_t s = n->sibling;
+    if (s && n->high && Cmp(n->high, key) <= 0) {
+      RUnlock(n);
+      if (WalkTooLong(++steps)) return Bad();
+      n = At(s);
+      RLock(n);
+      continue;
+    }
+    return n;
+  }
+}
+
+// Lock-free leaf search (u64 keys and values), Algorithm 3 with the
+// mirrored validity rule. Returns with the value of key, or false (and
+// *bad set if the moves right went round a cycle: WalkTooLong).
+template <bool BK>
+bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad) {
+  for (uint64_t steps = 0;;) {
+    uint64_t s;
+    if (MoveRight(n, key, &s)) {
+      if (WalkTooLong(++steps)) {
+        *bad = true;
+        return false;
+      }
+      n = At(s);
+      continue;
+    }
+    const uint64_t sw = Ld(&n->sw);
+    Entry* e = n->ents();
+    const bool lag = MayLag(n);
+    bool found = false;
+    uint64_t val = 0;
+    if (!(sw & 1)) {
+      // Byte keys (locked callers only): a slot equal to the key loaded
+      // in the previous step is skipped (that is only a filter; a match
+      // is confirmed with fresh loads, ReadValid). u64 keys (the same
+      // answers as testing each key against the previous one, with fewer
+      // instructions on the common path): a key below `key` is passed, a slot holding lk (the
+      // prefix, or slot 0 ignored in flight; a u64 lk may sort above key)
+      // is passed, any other larger key ends the scan. An ignored slot
+      // other than lk equals the key just read before it, which did not
+      // end the scan, so it is below key (passed) or a copy of key, which
+      // ReadValid refuses (the scan goes on to the record itself). The
+      // count is re-read per slot: an insert shift moves the last record
+      // past the count it had when the scan began.
+      uint64_t prev = Ld(&n->lk);
+      const uint64_t lk = prev;
+      const fastfair::TestHooks* const hooks = hooks_;
+      if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_forward_start) hooks->lf_forward_start(n);
+      for (uint32_t j = 0; j < CountLF(n, lag); j++) {
+        uint64_t k1 = Ld(&e[j].k);
+        if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_forward_key) hooks->lf_forward_key(n, j);
+        if constexpr (BK) {
+          const bool dup = k1 == prev;
+          prev = k1;
+          if (dup) continue;  // (locked: a real ignored record)
+        } else {
+          if (k1 < key) continue;
+          if (k1 != key) {
+            if (k1 == lk) continue;  // (a u64 lk may sort above key)
+            break;
+          }
+        }
+        int c = Cmp(k1, key);
+        if (c == 0) {
+          uint64_t v;
+          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
+            found = true;
+            val = v;
+            break;
+          }
+        } else if (c > 0) {
+          break;
+        }
+      }
+      // lk is loaded once, before the scan: an insert of a key equal to
+      // lk (FixLk raises lk to a free value, with no shift and so no sw
+      // flip when the leaf has no prefix, then the right shift stores
+      // k[0] = the new lk before its commit) can show slot 0 holding a
+      // new lk above key, which the loop above took for a larger key and
+      // stopped at, with sw unchanged: Find(3) in {1, 2, 3, 5} while 0 is
+      // inserted would answer NotFound. FixLk's release
+      // store of lk precedes that k[0] store, so a reader that saw it
+      // sees the new lk here, and scans again.
+      if (!found && Ld(&n->lk) != lk) continue;
+    } else {
+      for (int64_t j = int64_t(CountLF(n, lag)) - 1; j >= 0; j--) {
+        uint64_t k1 = Ld(&e[j].k);
+        uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
+        if (k1 == p) continue;
+        int c = Cmp(k1, key);
+        if (c == 0) {
+          uint64_t v;
+          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
+            found = true;
+            val = v;
+            break;
+          }
+        } else if (c < 0) {
+          break;
+        }
+      }
+    }
+    if (Ld(&n->sw) != sw) continue;
+    if (found) {
+      *out = val;
+      return true;
+    }
+    // Fence re-check before answering "not found". The check at the top
+    // ran before sw was loaded, and a split bumps sw only after its cut
+    // (sibling/high, then count, then sw, all release stores), so a split
+    // can complete between that check and the sw load, or be seen half
+    // done (count cut, or slot m made an ignored copy, with sw not yet
+    // bumped): the scan then misses the upper half and sw validates. Every
+    // split store a scan can observe comes after the split's stores of
+    // sibling and high, so these later acquire loads see the new fence,
+    // and key >= high sends the reader right (without this re-check a
+    // never-touched key can be reported missing: SplitRacingWithDelete).
+    if (MoveRight(n, key, &s)) {
+      if (WalkTooLong(++steps)) {
+        *bad = true;
+        return false;
+      }
+      n = At(s);
+      continue;
+    }
+    return false;
+  }
+}
+
+// Lock-free snapshot of the record slots of leaf n, in order; returns the
+// next leaf. One pass copies count, lk and every
+// (k, v); a second pass re-reads every key, count, lk, sw and the link,
+// and the snapshot is taken only if nothing changed. Why that suffices
+// (instead of validating each record with five loads, ReadValid):
+// writers hold the node's lock, so one operation at a time changes it.
+// A right insert grows count and a delete shrinks it; a delete leaves sw
+// odd and a right insert (append included) after it makes sw even, so
+// count back at its old value with sw unchanged would need no delete and
+// no right insert in between; splits and merges add 2 to sw, FixLk
+// changes lk, a repair adds 2 to sw. What remains with count, sw and lk
+// equal in both passes are left inserts (InsertLeft changes
+// neither count nor sw once sw is odd), any number of them: each stores
+// into a slot's key word only a key above the one it replaces (a moved
+// record's key over the ignored copy of its left neighbour, or over lk
+// in the prefix; the new key over the copy of the record before it), and
+// lk is written back only by deletes and right inserts; byte-key blocks
+// are freed only by deletes. So no key word returns to an earlier value
+// (no ABA), within one shift or across several. Equal keys in both
+// passes therefore mean no key store hit
+// the node in between, and a value read in the first pass belongs to the
+// record its key names: a value rewritten by a shift is rewritten while
+// the slot is ignored, and making it valid again stores a key (in the
+// slot or its left neighbour) after the value (release), which the
+// second pass sees. Values changed by an update are the record's own.
+// The link is loaded before AND after the records, and must not change:
+// a split stores sibling before it cuts count (a new count read implies
+// the new link after it), a merge grows count before it stores sibling
+// (a new link read before implies the grown count). Reading it only
+// after the records, a scan could take the old count of a merge's left
+// node and its new link, and skip the merged node's records.
+// `snap` has room for cap_ records; *nout gets the number of slots
+// copied, *lk_out the lk they go with (the caller skips ignored records:
+// equal to their left neighbour, slot 0's being lk).
+template <bool BK>
+Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_t* lk_out) {
+  Entry* e = n->ents();
+  for (;;) {
+    const uint64_t sw = Ld(&n->sw);
+    const uint64_t next1 = Ld(&n->sibling);
+    if (next1) PrefetchNode(At(next1));  // the scan goes on there next
+    const uint64_t lk = Ld(&n->lk);
+    const bool lag = MayLag(n);
+    const uint32_t c = std::min(CountLF(n, lag), cap_);
+    for (uint32_t j = 0; j < c; j++) {
+      snap[j].k = Ld(&e[j].k);
+      snap[j].v = Ld(&e[j].v);
+    }
+    // Second pass: any difference (no early exit: a branch-free OR of
+    // the differences is cheaper than a test per key).
+    uint64_t diff = (std::min(CountLF(n, lag), cap_) ^ c) | (Ld(&n->lk) ^ lk);
+    for (uint32_t j = 0; j < c; j++) diff |= Ld(&e[j].k) ^ snap[j].k;
+    const uint64_t next = Ld(&n->sibling);
+    if (diff || next != next1 || Ld(&n->sw) != sw) continue;
+    *nout = c;
+    *lk_out = lk;
+    return At(next);
+  }
+}
+#define PMINDEX_FASTFAIR_READ(BK)                                                                  \
+  template Status FastFair<BK>::Find(Slice, std::string*);                                         \
+  template Status FastFair<BK>::Scan(Slice, size_t, ScanCallback, size_t*);                        \
+  template uint64_t FastFair<BK>::Size();                                                          \
+  template Node* FastFair<BK>::ReadLockLeaf(Node*, const SK&);
+
+PMINDEX_FASTFAIR_READ(false)
+PMINDEX_FASTFAIR_READ(true)
+#undef PMINDEX_FASTFAIR_READ
+
+}  // namespace pmindex::internal::fastfair
