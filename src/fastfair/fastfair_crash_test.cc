@@ -53,13 +53,7 @@ class CrashRun {
 
   // Creates the pool with the simulator attached before the index is made.
   void Create() {
-    std::unique_ptr<pm::Pool> pool;
-    pm::PoolOptions po;
-    po.size = opts_.pool_size;
-    po.max_size = opts_.max_pool_size;
-    ASSERT_TRUE(pm::Pool::Create(pool_.path, "fastfair", po, &pool).ok());
-    sim_ = std::make_unique<DurableImage>(pool.get());
-    ASSERT_TRUE(internal::CreateIndexInPool("fastfair", std::move(pool), opts_, &idx_).ok());
+    ASSERT_TRUE(internal::kit::CreateObservedIndex("fastfair", opts_, &sim_, &idx_));
   }
 
   // Applies ops (acknowledging each) without checking crash images.

@@ -76,13 +76,7 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
     pm::Pool::Remove(opts_.pool_path);
   }
   void Create() {
-    std::unique_ptr<pm::Pool> pool;
-    pm::PoolOptions po;
-    po.size = opts_.pool_size;
-    po.max_size = opts_.max_pool_size;
-    ASSERT_TRUE(pm::Pool::Create(opts_.pool_path, GetParam().name, po, &pool).ok());
-    sim_ = std::make_unique<DurableImage>(pool.get());
-    ASSERT_TRUE(internal::CreateIndexInPool(GetParam().name, std::move(pool), opts_, &idx_).ok());
+    ASSERT_TRUE(internal::kit::CreateObservedIndex(GetParam().name, opts_, &sim_, &idx_));
   }
   std::string Key(uint64_t i) const {
     if (!GetParam().bytes) return std::string(U64Slice(i * 37 % 1000));

@@ -11,6 +11,8 @@
 //     sim.Write(path);                  // the image as of this fence
 //     ... open path like a pool after a power failure and check it ...
 //   };
+// CreateObservedIndex makes the pool, attaches the image and only then
+// creates the index, so that index creation itself is observed.
 //
 // Invariants: the image starts as a copy of the pool (construct it when every
 // earlier store is durable, e.g. right after creating the pool or opening the
@@ -33,12 +35,16 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "core/index_util.h"
 #include "pm/image_file.h"
+#include "pmindex/index.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -125,5 +131,22 @@ class DurableImage : public pm::Observer {
   uint64_t fences_ = 0;
   bool in_callback_ = false;
 };
+
+// Creates the pool at options.pool_path (options.pool_size, growing up to
+// options.max_pool_size), attaches a DurableImage to it in *sim, then formats
+// an index of type `type` in it in *idx.
+inline ::testing::AssertionResult CreateObservedIndex(std::string_view type, const Options& options,
+                                                      std::unique_ptr<DurableImage>* sim, std::unique_ptr<Index>* idx) {
+  std::unique_ptr<pm::Pool> pool;
+  pm::PoolOptions po;
+  po.size = options.pool_size;
+  po.max_size = options.max_pool_size;
+  if (Status s = pm::Pool::Create(options.pool_path, type, po, &pool); !s.ok())
+    return ::testing::AssertionFailure() << "creating the pool: " << s.ToString();
+  *sim = std::make_unique<DurableImage>(pool.get());
+  if (Status s = CreateIndexInPool(type, std::move(pool), options, idx); !s.ok())
+    return ::testing::AssertionFailure() << "creating the index: " << s.ToString();
+  return ::testing::AssertionSuccess();
+}
 
 }  // namespace pmindex::internal::kit
