@@ -1,6 +1,6 @@
 // fastfair_crash_test: crash consistency of the FAST & FAIR tree.
 //
-// A small crash simulator (fastfair_test_util.h) keeps the durable image of
+// A small crash simulator (kit/test_observer.h) keeps the durable image of
 // the pool (only flushed-then-fenced lines) and, at every fence of the
 // operations under test, writes it out; each image is opened like a pool
 // after a power failure and must hold exactly the acknowledged records
@@ -23,13 +23,16 @@
 #include "core/index_util.h"
 #include "fastfair/fastfair.h"
 #include "fastfair/fastfair_test_util.h"
+#include "kit/test_observer.h"
 #include "pmindex/pm/fault.h"
 #include "pmindex/pm/pool.h"
+#include "testing/process.h"
 
 namespace {
 
 using namespace pmindex;
 using fftest::U64;
+using pmindex::internal::kit::DurableImage;
 
 struct Op {
   enum { kInsert, kRemove, kUpdate } type;
@@ -50,13 +53,7 @@ class CrashRun {
 
   // Creates the pool with the simulator attached before the index is made.
   void Create() {
-    std::unique_ptr<pm::Pool> pool;
-    pm::PoolOptions po;
-    po.size = opts_.pool_size;
-    po.max_size = opts_.max_pool_size;
-    ASSERT_TRUE(pm::Pool::Create(pool_.path, "fastfair", po, &pool).ok());
-    sim_ = std::make_unique<fftest::CrashSim>(pool.get());
-    ASSERT_TRUE(internal::CreateIndexInPool("fastfair", std::move(pool), opts_, &idx_).ok());
+    ASSERT_TRUE(internal::kit::CreateObservedIndex("fastfair", opts_, &sim_, &idx_));
   }
 
   // Applies ops (acknowledging each) without checking crash images.
@@ -86,7 +83,7 @@ class CrashRun {
 
   uint64_t crash_points() const { return crash_points_; }
   Index* index() { return idx_.get(); }
-  fftest::CrashSim* sim() { return sim_.get(); }
+  DurableImage* sim() { return sim_.get(); }
   std::string image_path() const { return img_.path; }
   const Options& options() const { return opts_; }
 
@@ -101,7 +98,7 @@ class CrashRun {
 
   // Opens the current durable image and checks it; "" if fine.
   std::string VerifyImage() {
-    sim_->WriteImage(img_.path);
+    sim_->Write(img_.path);
     if (patch_image) patch_image(img_.path);
     Options o = opts_;
     o.pool_path = img_.path;
@@ -201,7 +198,7 @@ class CrashRun {
   fftest::PoolGuard pool_{"crash"};
   fftest::PoolGuard img_{"crash-img"};
   Options opts_;
-  std::unique_ptr<fftest::CrashSim> sim_;
+  std::unique_ptr<DurableImage> sim_;
   std::unique_ptr<Index> idx_;
   const Op* inflight_ = nullptr;
   uint64_t crash_points_ = 0;
@@ -593,31 +590,18 @@ TEST(FastFairCrash, SigkillWhileLoading) {
     Options o = fftest::MakeOptions(g.path, kk, ValueKind::kBytes, 256);
     o.pool_size = 32ull << 20;
     auto key = [&](uint64_t i) { return kk == KeyKind::kU64 ? U64(i * 0x9E3779B97F4A7C15ull) : "k" + std::to_string(i * 7919 % 1000003); };
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
+    testutil::AckingChild child([&](const testutil::AckingChild::Ack& ack) {
       std::unique_ptr<Index> idx;
       if (!OpenIndex("fastfair", o, &idx).ok()) ::_exit(2);
       for (uint64_t i = 0;; i++) {
         if (!idx->Insert(key(i), "v" + std::to_string(i)).ok()) ::_exit(3);
-        if (::write(fds[1], &i, sizeof(i)) != sizeof(i)) ::_exit(4);
+        if (!ack(i)) ::_exit(4);
       }
-    }
-    ::close(fds[1]);
-    uint64_t acked = 0, got;
-    bool any = false;
-    while (::read(fds[0], &got, sizeof(got)) == sizeof(got)) {
-      acked = got;
-      any = true;
-      if (acked >= 20000) break;
-    }
-    ::kill(pid, SIGKILL);
-    int status;
-    ::waitpid(pid, &status, 0);
-    ::close(fds[0]);
+    });
+    ASSERT_TRUE(child.started());
+    uint64_t acked = 0;
+    const bool any = child.ReadUntil([](uint64_t n) { return n >= 20000; }, &acked);
+    child.Kill(/*drain=*/false, &acked);
     ASSERT_TRUE(any);
     std::unique_ptr<Index> idx;
     o.params.clear();

@@ -3,7 +3,7 @@
 // fastfair_prefix_repair_test). docs/persistence.md's model: a crash keeps,
 // for each cache line, a prefix of the 8-byte stores made to it since its
 // last flush+fence; lines flushed and then fenced are durable. Unlike
-// fftest::CrashSim (whole lines at fences), this reaches a line holding part
+// kit::DurableImage (whole lines at fences), this reaches a line holding part
 // of its stores and lines made durable by one fence in any order.
 #pragma once
 

@@ -39,6 +39,7 @@
 
 #include "core/index_util.h"
 #include "fptree/fptree.h"
+#include "kit/test_observer.h"
 #include "pm/image_file.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
@@ -49,42 +50,7 @@
 namespace pmindex {
 namespace {
 
-// The pool's durable contents under the flush+fence model (single-threaded).
-class DurableImage : public pm::Observer {
- public:
-  explicit DurableImage(pm::Pool* pool) : base_(pool->base()), durable_(pool->base(), pool->base() + pool->size()) {
-    pm::SetObserver(this);
-  }
-  ~DurableImage() override { pm::SetObserver(nullptr); }
-  void OnStore(const void*, size_t) override {}
-  void OnLoad(const void*, size_t) override {}
-  void OnNonTemporalStore(const void* addr, size_t size) override { Pend(addr, size); }
-  void OnFlush(const void* line) override { Pend(line, pm::kCacheLine); }
-  void OnFence() override {
-    if (in_callback_) return;  // fences of the image being verified
-    for (auto& [off, bytes] : pending_) std::memcpy(durable_.data() + off, bytes.data(), bytes.size());
-    pending_.clear();
-    if (!on_fence) return;
-    in_callback_ = true;
-    on_fence();
-    in_callback_ = false;
-  }
-  void Write(const std::string& path) const {
-    EXPECT_TRUE(pm::WriteImageFile(path, durable_.data(), durable_.size())) << "writing " << path;
-  }
-  std::function<void()> on_fence;
-
- private:
-  void Pend(const void* addr, size_t size) {
-    auto* p = static_cast<const char*>(addr);
-    if (p < base_ || p + size > base_ + durable_.size()) return;
-    pending_.emplace_back(uint64_t(p - base_), std::string(p, size));
-  }
-  const char* base_;
-  std::vector<char> durable_;
-  std::vector<std::pair<uint64_t, std::string>> pending_;
-  bool in_callback_ = false;
-};
+using internal::kit::DurableImage;
 
 struct Kind {
   std::string name;
@@ -109,13 +75,7 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
     pm::Pool::Remove(opts_.pool_path);
   }
   void Create() {
-    std::unique_ptr<pm::Pool> pool;
-    pm::PoolOptions po;
-    po.size = opts_.pool_size;
-    po.max_size = opts_.max_pool_size;
-    ASSERT_TRUE(pm::Pool::Create(opts_.pool_path, GetParam().name, po, &pool).ok());
-    sim_ = std::make_unique<DurableImage>(pool.get());
-    ASSERT_TRUE(internal::CreateIndexInPool(GetParam().name, std::move(pool), opts_, &idx_).ok());
+    ASSERT_TRUE(internal::kit::CreateObservedIndex(GetParam().name, opts_, &sim_, &idx_));
   }
   std::string Key(uint64_t i) const {
     if (!GetParam().bytes) return std::string(U64Slice(i * 37 % 1000));
@@ -215,7 +175,7 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
     *images = 0;
     int saved = 0;
     bool recording = false;  // not while the images are verified
-    sim_->on_fence = [&] {
+    sim_->on_fence = [&](uint64_t) {
       if (!recording) return;
       std::string img = tag_ + ".img" + std::to_string(saved++);
       pm::Pool::Remove(img);
@@ -401,7 +361,7 @@ class FPTreeSplitCrash : public FPTreeDeleteCrash {
     *images = *split_images = 0;
     int saved = 0;
     bool recording = false;
-    sim_->on_fence = [&] {
+    sim_->on_fence = [&](uint64_t) {
       if (!recording) return;
       std::string img = tag_ + ".img" + std::to_string(saved++);
       pm::Pool::Remove(img);

@@ -15,13 +15,16 @@
 #include <thread>
 #include <unordered_map>
 
+#include "kit/test_observer.h"
 #include "nvc_hashmap/nvc_hashmap.h"
 #include "nvc_hashmap/nvc_test_util.h"
 #include "pmindex/pm/fault.h"
+#include "testing/process.h"
 
 namespace pmindex {
 namespace {
 
+using internal::kit::DurableImage;
 using nvc_test::ExpectNoLeak;
 using nvc_test::MakeKey;
 using nvc_test::MakeValue;
@@ -343,8 +346,7 @@ class CrashHarness {
     o.pool_size = 8ull << 20;
     o.max_pool_size = 8ull << 20;  // no growth: the image covers the whole pool
     EXPECT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
-    obs_ = std::make_unique<nvc_test::DurableImage>(idx->pool());
-    pm::SetObserver(obs_.get());
+    obs_ = std::make_unique<DurableImage>(idx->pool());  // installs itself
   }
   ~CrashHarness() {
     pm::SetObserver(nullptr);
@@ -357,7 +359,7 @@ class CrashHarness {
     pm::SetObserver(nullptr);
     pm::DisableAllFaults();
     idx.reset();
-    nvc_test::DurableImage::Write(img, image_.path);
+    DurableImage::Write(img, image_.path);
     Options o;
     o.pool_path = image_.path;
     o.create_if_missing = false;
@@ -367,7 +369,7 @@ class CrashHarness {
 
  private:
   PoolFile live_, image_;
-  std::unique_ptr<nvc_test::DurableImage> obs_;
+  std::unique_ptr<DurableImage> obs_;
 };
 
 // Two u64 keys whose nodes are neighbours in split order (a before b).
@@ -804,7 +806,7 @@ TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
     h.idx.reset();
     for (size_t j = 0; j < images.size(); j++) {
       PoolFile img("acked-img");
-      nvc_test::DurableImage::Write(images[j], img.path);
+      DurableImage::Write(images[j], img.path);
       Options o;
       o.pool_path = img.path;
       o.create_if_missing = false;
@@ -913,12 +915,7 @@ TEST(NvcHashmapCrash, SigkillOfLoadingChild) {
     PoolFile pf("kill");
     Options o = Opts(pf.path, kk, ValueKind::kBytes, {{"initial_buckets", "4"}, {"node_alloc", na}});
     const auto ops = ChildOps(400000);
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
+    testutil::AckingChild child([&](const testutil::AckingChild::Ack& ack) {
       std::unique_ptr<Index> idx;
       if (!OpenIndex("nvc_hashmap", o, &idx).ok()) ::_exit(2);
       for (uint64_t i = 0; i < ops.size(); i++) {
@@ -928,19 +925,14 @@ TEST(NvcHashmapCrash, SigkillOfLoadingChild) {
                    : op.kind == 1 ? idx->Remove(k)
                                   : idx->Update(k, MakeValue(ValueKind::kBytes, op.id, 1));
         if (!s.ok()) ::_exit(3);
-        uint64_t acked = i + 1;
-        if (::write(fds[1], &acked, 8) != 8) ::_exit(4);
+        if (!ack(i + 1)) ::_exit(4);
       }
       ::_exit(0);
-    }
-    ::close(fds[1]);
-    uint64_t acked = 0, x;
-    while (acked < 30000 && ::read(fds[0], &x, 8) == 8) acked = x;
-    ::kill(pid, SIGKILL);
-    while (::read(fds[0], &x, 8) == 8) acked = x;  // acks written before the kill
-    ::close(fds[0]);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
+    });
+    ASSERT_TRUE(child.started());
+    uint64_t acked = 0;
+    child.ReadUntil([](uint64_t n) { return n >= 30000; }, &acked);
+    const int status = child.Kill(/*drain=*/true, &acked);  // with the acks written before the kill
     ASSERT_TRUE(WIFSIGNALED(status)) << "child exited early with " << WEXITSTATUS(status);
     ASSERT_GE(acked, 30000u);
     // Model of the acknowledged prefix; op `acked` may or may not have happened.

@@ -1,7 +1,6 @@
-// Test helpers for the NVC-Hashmap tests: pool paths, key/value generators,
-// a leak check, and DurableImage, a pm::Observer that maintains the image a
-// power failure would leave (only lines written back by a flush that a later
-// fence of the same thread ordered).
+// Test helpers for the NVC-Hashmap tests: pool paths, key/value generators
+// and a leak check. The crash tests' durable-image observer is
+// kit/test_observer.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -61,63 +60,5 @@ inline void ExpectNoLeak(Index* idx) {
   EXPECT_EQ(owned.size(), allocated.size());
   EXPECT_TRUE(owned == allocated) << "owned " << owned.size() << " blocks, allocator has " << allocated.size();
 }
-
-// The durable image of a pool: starts as a copy of the pool (call when all
-// earlier stores are durable), then applies each flushed line (content at
-// flush time) when the flushing thread fences.
-class DurableImage : public pm::Observer {
- public:
-  explicit DurableImage(pm::Pool* p) : base_(p->base()), size_(p->size()), img_(p->base(), p->base() + p->size()) {}
-  void OnStore(const void*, size_t) override {}
-  void OnLoad(const void*, size_t) override {}
-  void OnNonTemporalStore(const void* addr, size_t n) override {
-    const char* a = static_cast<const char*>(addr);
-    if (a < base_ || a + n > base_ + size_) return;
-    std::lock_guard<std::mutex> g(mu_);
-    staged_[std::this_thread::get_id()].push_back({uint64_t(a - base_), std::string(a, n)});
-  }
-  void OnFlush(const void* line) override {
-    const char* a = static_cast<const char*>(line);
-    if (a < base_ || a + pm::kCacheLine > base_ + size_) return;
-    std::lock_guard<std::mutex> g(mu_);
-    staged_[std::this_thread::get_id()].push_back({uint64_t(a - base_), std::string(a, pm::kCacheLine)});
-  }
-  void OnFence() override {
-    std::lock_guard<std::mutex> g(mu_);
-    auto& v = staged_[std::this_thread::get_id()];
-    for (const auto& [off, bytes] : v) std::memcpy(img_.data() + off, bytes.data(), bytes.size());
-    v.clear();
-  }
-  // Volatile stores (pm::StoreVolatile & co.) may reach PM in either state;
-  // the image keeps the old bytes, SameAsLive ignores them.
-  void OnVolatileStore(const void* addr, size_t n) override {
-    const char* a = static_cast<const char*>(addr);
-    if (a < base_ || a + n > base_ + size_) return;
-    std::lock_guard<std::mutex> g(mu_);
-    volatile_.insert({uint64_t(a - base_), n});
-  }
-  std::vector<char> Snapshot() {
-    std::lock_guard<std::mutex> g(mu_);
-    return img_;
-  }
-  // True if every byte of the pool is durable (volatile words excepted).
-  bool SameAsLive() {
-    std::lock_guard<std::mutex> g(mu_);
-    std::vector<char> img = img_;
-    for (const auto& [off, n] : volatile_) std::memcpy(img.data() + off, base_ + off, n);
-    return std::memcmp(img.data(), base_, img.size()) == 0;
-  }
-  static void Write(const std::vector<char>& img, const std::string& path) {
-    EXPECT_TRUE(pm::WriteImageFile(path, img.data(), img.size())) << "writing " << path;
-  }
-
- private:
-  const char* base_;
-  size_t size_;
-  std::vector<char> img_;
-  std::mutex mu_;
-  std::map<std::thread::id, std::vector<std::pair<uint64_t, std::string>>> staged_;
-  std::set<std::pair<uint64_t, size_t>> volatile_;
-};
 
 }  // namespace pmindex::nvc_test

@@ -19,22 +19,17 @@
 
 namespace pmindex::pm {
 namespace {
+using testing::CreateWithSlots;
+using testing::Opts;
 using testing::PoolFile;
-
-PoolOptions Opts(uint64_t size) {
-  PoolOptions o;
-  o.size = size;
-  return o;
-}
 
 // Each thread owns a disjoint range of slots; at the end, the allocator's
 // enumeration must equal the union of what the threads own.
 TEST(AllocatorMT, TwoThreadsAllocFree) {
   PoolFile f("mt");
   std::unique_ptr<Pool> p;
-  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
   constexpr int kPerThread = 1000, kThreads = 2;
-  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), kPerThread * kThreads * 8).ok());
+  ASSERT_TRUE(CreateWithSlots(f.path, kPerThread * kThreads, &p));
   auto* slots = p->root<uint64_t>();
   std::atomic<int> failures{0};
   auto worker = [&](int t) {
@@ -78,9 +73,8 @@ TEST(AllocatorMT, TwoThreadsAllocFree) {
 TEST(AllocatorMT, CrossThreadFrees) {
   PoolFile f("mtx");
   std::unique_ptr<Pool> p;
-  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
   constexpr int kSlots = 4096;
-  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), kSlots * 8).ok());
+  ASSERT_TRUE(CreateWithSlots(f.path, kSlots, &p));
   auto* slots = p->root<uint64_t>();
   std::vector<std::atomic<int>> ready(kSlots);  // 1: allocated, ready to free
   for (auto& r : ready) r.store(0);
@@ -116,8 +110,7 @@ TEST(AllocatorMT, CrossThreadFrees) {
 TEST(AllocatorMT, ThreadExitAndCloseOrder) {
   PoolFile f("mtexit");
   std::unique_ptr<Pool> p;
-  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
-  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 2048 * 8).ok());
+  ASSERT_TRUE(CreateWithSlots(f.path, 2048, &p));
   auto* slots = p->root<uint64_t>();
   // Many short-lived threads: more than the lanes would allow if leaked.
   for (int round = 0; round < 30; round++) {
@@ -156,9 +149,8 @@ TEST(AllocatorMT, ThreadExitAndCloseOrder) {
 TEST(AllocatorMT, AllocateAndFreeFromThreadExitDestructors) {
   PoolFile f("mtdtor");
   std::unique_ptr<Pool> p;
-  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
   constexpr int kThreads = int(layout::kLaneCount) + 76;
-  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), 2 * kThreads * 8).ok());
+  ASSERT_TRUE(CreateWithSlots(f.path, 2 * kThreads, &p));
   auto* slots = p->root<uint64_t>();
   struct AtExit {
     std::function<void()> fn;

@@ -25,14 +25,9 @@
 
 namespace pmindex::pm {
 namespace {
+using testing::CreateWithSlots;
+using testing::Opts;
 using testing::PoolFile;
-
-PoolOptions Opts(uint64_t size, uint64_t max = 0) {
-  PoolOptions o;
-  o.size = size;
-  o.max_size = max;
-  return o;
-}
 
 // Blocks reported by ForEachAllocated.
 std::map<uint64_t, size_t> Enumerate(const Allocator& a) {
@@ -56,9 +51,8 @@ size_t RandomSize(std::mt19937_64& rng) {
 TEST(Allocator, RandomAgainstModel) {
   PoolFile f("model");
   std::unique_ptr<Pool> p;
-  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20), &p).ok());
   constexpr int kSlots = 2000;
-  ASSERT_TRUE(p->allocator().AllocateZeroed(p->root_slot(), kSlots * 8).ok());
+  ASSERT_TRUE(CreateWithSlots(f.path, kSlots, &p));
   std::mt19937_64 rng(42);
   std::map<int, size_t> model;  // slot -> requested size
   for (int round = 0; round < 3; round++) {

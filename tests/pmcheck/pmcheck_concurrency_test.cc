@@ -63,52 +63,42 @@ class RecorderTest : public ::testing::Test {
     return n;
   }
   uint64_t* Word(size_t line, size_t i = 0) { return reinterpret_cast<uint64_t*>(region_ + line * 64) + i; }
+  // Thread 1 publishes a word in line 1 without flushing it; thread 2 reads
+  // it with LoadAcquire inside an op and links behind it durably (the
+  // NVC-Hashmap erratum), having first made what it read durable if
+  // flush_first (the erratum's fix).
+  void LinkBehindUnflushedWord(bool flush_first) {
+    std::thread a([&] {
+      Recorder::SetThreadId(1);
+      pm::StoreAtomic(Word(1), uint64_t(42));
+    });
+    a.join();
+    std::thread b([&] {
+      Recorder::SetThreadId(2);
+      Op op;
+      op.type = OpType::kInsert;
+      size_t r = rec_->BeginOp(op);
+      uint64_t v = pm::LoadAcquire(Word(1));
+      if (flush_first) pm::Persist(Word(1), 8);
+      pm::Store(Word(2), v);
+      pm::Persist(Word(2), 8);
+      rec_->EndOp(r, pmindex::Status::Code::kOk);
+    });
+    b.join();
+  }
   static constexpr uint64_t kSize = 64 * 1024;
   char* region_ = nullptr;
   std::unique_ptr<Recorder> rec_;
 };
 
 TEST_F(RecorderTest, ErratumReadIsReported) {
-  // Thread 1 publishes a word in line 1 without flushing it; thread 2 reads it
-  // with LoadAcquire and links behind it durably (the NVC-Hashmap erratum).
-  std::thread a([&] {
-    Recorder::SetThreadId(1);
-    pm::StoreAtomic(Word(1), uint64_t(42));
-  });
-  a.join();
-  std::thread b([&] {
-    Recorder::SetThreadId(2);
-    Op op;
-    op.type = OpType::kInsert;
-    size_t r = rec_->BeginOp(op);
-    uint64_t v = pm::LoadAcquire(Word(1));
-    pm::Store(Word(2), v);
-    pm::Persist(Word(2), 8);
-    rec_->EndOp(r, pmindex::Status::Code::kOk);
-  });
-  b.join();
+  LinkBehindUnflushedWord(/*flush_first=*/false);
   EXPECT_EQ(Count(FailKind::kErratum), 1u);
   EXPECT_EQ(rec_->erratum_reads, 1u);
 }
 
 TEST_F(RecorderTest, ReaderThatFlushesFirstIsClean) {
-  std::thread a([&] {
-    Recorder::SetThreadId(1);
-    pm::StoreAtomic(Word(1), uint64_t(42));
-  });
-  a.join();
-  std::thread b([&] {
-    Recorder::SetThreadId(2);
-    Op op;
-    op.type = OpType::kInsert;
-    size_t r = rec_->BeginOp(op);
-    uint64_t v = pm::LoadAcquire(Word(1));
-    pm::Persist(Word(1), 8);  // the erratum's fix: make what you read durable first
-    pm::Store(Word(2), v);
-    pm::Persist(Word(2), 8);
-    rec_->EndOp(r, pmindex::Status::Code::kOk);
-  });
-  b.join();
+  LinkBehindUnflushedWord(/*flush_first=*/true);
   EXPECT_EQ(Count(FailKind::kErratum), 0u);
   EXPECT_EQ(Count(FailKind::kMissingFlush), 0u);
 }

@@ -1,14 +1,18 @@
-// Internals shared by the simulator (checker.cc) and the kill mode (kill.cc):
-// what a recovered index must look like, and running a check in a forked
-// child so that a crash or hang of recovery is caught and classified.
+// Internals shared by the driver (checker.cc), the simulator (simulator.cc),
+// the child-side verification (verify.cc) and the kill mode (kill.cc): what a
+// recovered index must look like, running a check in a forked child so that
+// a crash or hang of recovery is caught and classified, and the simulator's
+// two stages.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pmcheck.h"
+#include "recorder.h"
 #include "target.h"
 #include "workload.h"
 
@@ -26,6 +30,13 @@ struct Expectation {
   bool report_inflight = false;  // kill mode: report the in-flight keys' versions ("V kid version")
 };
 
+// Result lines for the parent (verify.cc): Emit writes one line (newlines in
+// it become spaces), EmitFail an "F <kind> <message>" line.
+void Emit(int fd, const std::string& line);
+void EmitFail(int fd, FailKind k, const std::string& msg);
+// A key as reports print it: the number for u64 keys, else 'bytes'.
+std::string KeyName(const Workload& wl, uint32_t kid);
+
 // Child side: open the image at path, verify, write result lines to fd:
 // "F <kind> <message>" per failure, "I <note>", "V <kid> <version>", "DONE".
 void VerifyRecovered(Target* target, const std::string& path, const Workload& wl, const Expectation& e, int fd);
@@ -39,6 +50,15 @@ struct ChildResult {
 // Forks; the child runs body(fd) then _exits. A child that dies, hangs past
 // config.timeout_s, or exits without "DONE" yields a kRecoveryCrash failure.
 ChildResult RunInChild(const Config& config, const std::function<void(int fd)>& body);
+
+// The simulator (simulator.cc). Record runs the workload on a fresh index
+// under the recorder and adds the workload's and the lint's findings to
+// report; Replay turns the recorded log into crash images and verifies each.
+struct Recording {
+  std::unique_ptr<Recorder> rec;
+};
+pmindex::Status Record(const Config& config, Target* target, const Workload& wl, Report* report, Recording* out);
+void Replay(const Config& config, Target* target, const Workload& wl, const Recorder& rec, Report* report);
 
 pmindex::Status RunKill(const Config& config, Target* target, Report* report);
 

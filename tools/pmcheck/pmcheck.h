@@ -10,7 +10,7 @@
 //      crash images (durable + a prefix of each dirty line's pending stores);
 //   3. verify: each image is written to a fresh pool file and opened in a
 //      forked child (so a recovery crash is caught), then checked against the
-//      op history (see checker.cc for the exact rules);
+//      op history (see verify.cc for the exact rules);
 //   4. optionally (--kill N) SIGKILL a real process mutating the index N
 //      times, reopening and verifying after each kill.
 // The failure model, its optimistic corners and how to add an index are in

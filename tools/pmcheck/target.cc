@@ -158,23 +158,38 @@ class ToyTarget final : public Target {
   std::vector<char*> maps_;
 };
 
+Status MakeToyTarget(const Config& c, std::unique_ptr<Target>* out) {
+  if (c.key_kind != pmindex::KeyKind::kU64 || c.value_kind != pmindex::ValueKind::kU64)
+    return Status::InvalidArgument("pmcheck_toy supports u64 keys and values only");
+  out->reset(new ToyTarget());
+  return Status::OK();
+}
+
+// pmcheck's own targets, matched by name before the registered indexes. A
+// new one (in its own file) adds its name and factory here.
+struct PrivateTarget {
+  const char* name;
+  Status (*make)(const Config& c, std::unique_ptr<Target>* out);
+};
+const PrivateTarget kPrivateTargets[] = {
+    {kToyName, MakeToyTarget},
+    {kPmwcasTargetName, MakePmwcasTarget},
+};
+
 }  // namespace
 
 Status MakeTarget(const Config& c, std::unique_ptr<Target>* out) {
-  if (c.index == kToyName) {
-    if (c.key_kind != pmindex::KeyKind::kU64 || c.value_kind != pmindex::ValueKind::kU64)
-      return Status::InvalidArgument("pmcheck_toy supports u64 keys and values only");
-    out->reset(new ToyTarget());
-    return Status::OK();
-  }
-  if (c.index == kPmwcasTargetName) return MakePmwcasTarget(c, out);
+  for (const PrivateTarget& t : kPrivateTargets)
+    if (c.index == t.name) return t.make(c, out);
   pmindex::IndexInfo info;
   if (!pmindex::FindIndexInfo(c.index, &info)) {
     std::string names;
     for (const auto& i : pmindex::ListIndexes())
       if (i.persistent) names += " " + i.name;
+    std::string own;
+    for (const PrivateTarget& t : kPrivateTargets) own += std::string(own.empty() ? "" : ", ") + t.name;
     return Status::InvalidArgument("unknown index '" + c.index + "'; persistent indexes in this build:" + names + " (and " +
-                                   kToyName + ")");
+                                   own + ")");
   }
   if (!info.persistent) return Status::InvalidArgument(c.index + " is transient: nothing to crash-check");
   out->reset(new RealTarget(c, info));
