@@ -24,10 +24,12 @@ using internal::nvc::g_batch_slot_fail_hook;
 using internal::nvc::g_before_value_hook;
 using internal::nvc::g_find_hook;
 using internal::nvc::g_link_hook;
+using internal::nvc::g_mark_hook;
 using internal::nvc::g_value_hook;
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
 void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
 void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, std::memory_order_release); }
+void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order_release); }
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
 

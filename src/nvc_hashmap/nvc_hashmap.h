@@ -22,6 +22,10 @@ void SetAfterValueStoreHook(LinkHook hook);
 // Called by an updating thread after it checked that the node is not marked
 // and right before its store into the value word. nullptr removes the hook.
 void SetBeforeValueStoreHook(LinkHook hook);
+// Called by a removing thread right after the compare-and-swap that marks
+// the node's next word (the remove's linearization point) and before it
+// persists the mark. nullptr removes the hook.
+void SetAfterMarkHook(LinkHook hook);
 // Called by a finding thread after its search found the key's node and
 // before it loads the node's value word. nullptr removes the hook.
 void SetFindHook(LinkHook hook);

@@ -22,7 +22,14 @@
 namespace pmindex {
 namespace {
 
+using nvc_test::CrashHarness;
 using nvc_test::ExpectNoLeak;
+using nvc_test::g_pause;
+using nvc_test::NeighbourKeys;
+using nvc_test::PauseHook;
+using nvc_test::PauseState;
+using nvc_test::ReleaseAndJoin;
+using nvc_test::WaitPaused;
 using nvc_test::MakeKey;
 using nvc_test::MakeValue;
 using nvc_test::PoolFile;
@@ -333,90 +340,12 @@ TEST(NvcHashmap, FreedSlabSlotsAreReusedAfterReopen) {
 // ---------------------------------------------------------------------------
 // Crash images.
 
-// A live index whose pool has a DurableImage observer; Crash() writes the
-// durable image to a second pool file and opens it (recovery runs).
-class CrashHarness {
- public:
-  CrashHarness(const std::string& tag, std::map<std::string, std::string> params, KeyKind kk = KeyKind::kU64)
-      : live_(tag + "-live"), image_(tag + "-image") {
-    Options o = Opts(live_.path, kk, ValueKind::kU64, std::move(params));
-    o.pool_size = 8ull << 20;
-    o.max_pool_size = 8ull << 20;  // no growth: the image covers the whole pool
-    EXPECT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
-    obs_ = std::make_unique<nvc_test::DurableImage>(idx->pool());
-    pm::SetObserver(obs_.get());
-  }
-  ~CrashHarness() {
-    pm::SetObserver(nullptr);
-    pm::DisableAllFaults();
-  }
-  std::vector<char> Snapshot() { return obs_->Snapshot(); }
-  bool SameAsLive() { return obs_->SameAsLive(); }
-  // Closes the live index and opens the image in *out.
-  Status Crash(const std::vector<char>& img, std::unique_ptr<Index>* out) {
-    pm::SetObserver(nullptr);
-    pm::DisableAllFaults();
-    idx.reset();
-    nvc_test::DurableImage::Write(img, image_.path);
-    Options o;
-    o.pool_path = image_.path;
-    o.create_if_missing = false;
-    return OpenIndex("nvc_hashmap", o, out);
-  }
-  std::unique_ptr<Index> idx;
-
- private:
-  PoolFile live_, image_;
-  std::unique_ptr<nvc_test::DurableImage> obs_;
-};
-
-// Two u64 keys whose nodes are neighbours in split order (a before b).
-void NeighbourKeys(uint64_t seed, std::string* a, std::string* b) {
-  *a = nvc_test::U64(seed);
-  *b = nvc_test::U64(seed + 1);
-  if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *a) > nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *b)) std::swap(*a, *b);
-}
-
 // The erratum's scenario: thread A links node X but has not persisted the
 // link yet; thread B links its node Y behind X and persists its own link;
 // the power fails. Without a fix B's acknowledged insert is lost (X, and Y
 // behind it, are unreachable in the durable image); with either fix it
 // survives.
-struct PauseState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::string key;
-  bool paused = false, release = false;
-};
-PauseState* g_pause = nullptr;
-
-void WaitPaused(PauseState& ps) {
-  std::unique_lock<std::mutex> l(ps.mu);
-  ps.cv.wait(l, [&] { return ps.paused; });
-}
-// Lets the paused thread go, joins it and removes the hooks.
-void ReleaseAndJoin(PauseState& ps, std::thread& t) {
-  {
-    std::lock_guard<std::mutex> l(ps.mu);
-    ps.release = true;
-    ps.cv.notify_all();
-  }
-  t.join();
-  nvc_hashmap_testing::SetAfterLinkHook(nullptr);
-  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
-  nvc_hashmap_testing::SetBeforeValueStoreHook(nullptr);
-  g_pause = nullptr;
-}
-
-void PauseHook(Slice key) {
-  PauseState& p = *g_pause;
-  std::unique_lock<std::mutex> l(p.mu);
-  if (key != p.key || p.paused) return;
-  p.paused = true;
-  p.cv.notify_all();
-  p.cv.wait(l, [&] { return p.release; });
-}
-
+//
 // Returns whether B's key survived the crash; also checks the image recovers
 // into a consistent, leak-free index.
 bool RunErratumScenario(const std::map<std::string, std::string>& params, bool no_fix_fault) {

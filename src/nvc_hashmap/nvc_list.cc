@@ -388,6 +388,7 @@ Status NvcHashmap::Remove(Slice key) {
     if (pm::Cas(&cur->next, &n, desired)) break;
   }
   c.st->delta.fetch_sub(1, std::memory_order_relaxed);
+  if (auto hook = g_mark_hook.load(std::memory_order_acquire)) hook(key);
   const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
   if (!skip_mark) pm::Persist(&cur->next, 8);
   if (dirty_mode()) ClearDirty(&cur->next, desired);

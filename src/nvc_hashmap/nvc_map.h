@@ -75,6 +75,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_link_hook
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
