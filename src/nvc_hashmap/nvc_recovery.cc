@@ -20,7 +20,8 @@
 //
 // Persist order:
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
-//           the head (kEnd) persisted -> root persisted -> magic, persisted.
+//           the initial buckets' dummies linked in split order (the head
+//           first), persisted -> root persisted -> magic, persisted.
 //   recover: the walk's link repairs (flushed) -> fence -> bucket slots
 //           reset (flushed) -> fence -> pending slots resolved, unowned
 //           blocks freed (allocator transactions) -> fence.
@@ -75,12 +76,18 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   pm::Store(&root_->node_alloc, uint64_t(slab_ ? 1 : 0));
   pm::Store(&root_->bucket_count, initial_buckets);
   bucket_count_.store(initial_buckets);
-  init_end_.store(initial_buckets);  // initialise the initial buckets eagerly
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kSlotBytes));
   segs_[0].store(base_ + root_->seg[0]);
-  uint64_t* head = BucketSlot(0, false);  // bucket 0's dummy: the list head, published, empty list
-  pm::StoreAtomic(head, kEnd);
-  pm::Persist(head, kSlotBytes);
+  // The list is empty: it is exactly the initial buckets' dummies in split
+  // order (bucket Reverse(i) is the i-th dummy), all published, ending with
+  // kEnd. Bucket 0's slot is the head. One persist pass over the slots; the
+  // root's magic, written last, makes them part of the index.
+  uint64_t* table = BucketSlot(0, false);
+  const int bits = __builtin_ctzll(initial_buckets);
+  auto nth = [bits](uint64_t i) { return bits ? Reverse64(i) >> (64 - bits) : 0; };
+  for (uint64_t i = 0; i < initial_buckets; i++)
+    pm::StoreAtomic(&table[nth(i)], i + 1 < initial_buckets ? BucketLink(nth(i + 1)) : kEnd);
+  pm::Persist(table, initial_buckets * kSlotBytes);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);
