@@ -25,6 +25,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   fn(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) fn(root_->seg[s]);
+  if (root_->xslots) fn(root_->xslots);
   for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) fn(off);
   // Dummies live in the segments; regular nodes outside slabs are blocks.
   for (uint64_t raw = LoadW(BucketSlot(0, false));;) {
@@ -41,7 +42,8 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
     if (HasRecord(n, v)) fn(v);
     raw = LoadW(&n->next);
   }
-  for (auto& st : slots_) {
+  for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
     std::lock_guard<std::mutex> g(st.limbo_mu);
     st.limbo.ForEach([&](const Retired& r) {
       if (!r.node || !IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) fn(r.off);
@@ -136,7 +138,8 @@ Status NvcHashmap::Check() {
       for (auto& gl : gfree_)
         for (uint64_t o : gl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
     }
-    for (auto& st : slots_) {
+    for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
       for (auto& fl : st.free_nodes)
         for (uint64_t o : fl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
       std::lock_guard<std::mutex> g(st.limbo_mu);
@@ -150,8 +153,8 @@ Status NvcHashmap::Check() {
       return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(seen.size()) +
                  " are reachable, free or retired (leak)");
   }
-  for (int i = 0; i < kMaxSlots; i++) {
-    const PSlot& ps = root_->slots[i];
+  for (uint32_t i = 0; i < nslots_; i++) {
+    const PSlot& ps = *PS(int(i));
     if (ps.pending || ps.pending_val || ps.scratch)
       return bad("thread slot " + std::to_string(i) + " holds a pending block after quiescence");
   }
@@ -163,7 +166,8 @@ IndexStats NvcHashmap::Stats() {
   s.records = Size();
   if (!closed_) s.pm_bytes = pool_->allocator().BytesInUse();
   s.dram_bytes = sizeof(*this);
-  for (auto& st : slots_) {
+  for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
     std::lock_guard<std::mutex> g(st.limbo_mu);
     s.dram_bytes += st.limbo.dram_bytes();
   }

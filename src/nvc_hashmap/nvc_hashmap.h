@@ -39,8 +39,11 @@ void SetInitBatchSlotFailHook(BucketFailHook hook);
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.
 uint64_t SplitOrderKey(KeyKind kind, Slice key);
 
-// The number of thread slots of an index (threads using it at once): tests
-// run more threads than this to catch a slot that is never given back.
+// The default number of thread slots of an index (threads using it at once;
+// parameter max_threads): tests run more threads than this to catch a slot
+// that is never given back.
 int MaxThreadSlots();
+// The current bucket count of an nvc_hashmap index (tests of growth).
+uint64_t BucketCount(Index* idx);
 
 }  // namespace pmindex::nvc_hashmap_testing

@@ -26,7 +26,7 @@
 // hold it). Segments are never freed while the index is open.
 //
 // Thread safety: Insert/Update/Upsert/Find/Remove/Size may be called by any
-// number of threads at once (up to kMaxSlots bound at a time: more get
+// number of threads at once (up to max_threads bound at a time: more get
 // Busy); Check, ForEachOwnedBlock, Stats and Close need quiescence (no
 // operation in flight), as do Create/Open (single-threaded).
 #pragma once
@@ -97,7 +97,7 @@ class BucketSet {
 
 // ---------------------------------------------------------------------------
 // Thread -> slot binding: the index's epoch manager (kit/epoch.h, bounded to
-// kMaxSlots) binds each thread using the index to one slot number until the
+// max_threads) binds each thread using the index to one slot number until the
 // thread exits (an operation run during thread exit, after the binding was
 // released, takes a slot for its own duration). The slot number indexes the
 // DRAM SlotState and the persistent PSlot.
@@ -108,7 +108,8 @@ struct Retired {
 };
 
 struct alignas(64) SlotState {
-  std::atomic<int64_t> delta{0};   // records inserted - removed through this slot
+  std::atomic<int64_t> delta{0};   // records inserted - removed through this slot (read by Size)
+  int64_t unpushed = 0;  // owner thread only: delta not yet added to approx_count_
   uint64_t ops = 0;  // owner thread only
   std::mutex limbo_mu;
   RetireList<Retired> limbo;  // retired by this slot's operations, freed after their grace period
@@ -155,7 +156,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   }
   uint64_t Size() override {
     int64_t n = int64_t(base_count_);
-    const uint32_t hwm = epoch_.SlotCount();
+    const uint32_t hwm = epoch_->SlotCount();
     for (uint32_t i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
     return n < 0 ? 0 : uint64_t(n);
   }
@@ -164,6 +165,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   IndexStats Stats() override;
   pm::Pool* pool() override { return pool_.get(); }
   Status Close() override;
+  uint64_t BucketCountForTest() const { return bucket_count_.load(); }
 
  private:
   struct Ctx {
@@ -172,20 +174,39 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     PSlot* ps;
   };
   // An operation: this thread's slot, inside an epoch guard. !ok(): all
-  // kMaxSlots slots are bound to other threads (the operation returns Busy).
+  // max_threads slots are bound to other threads (the operation returns Busy).
   class Op {
    public:
-    explicit Op(NvcHashmap* h) : h_(h), g_(h->epoch_) {}
+    explicit Op(NvcHashmap* h) : h_(h), g_(*h->epoch_) {}
     bool ok() const { return g_.ok(); }
     Ctx ctx() const {
       const int s = int(g_.slot());
-      return Ctx{s, &h_->slots_[s], &h_->root_->slots[s]};
+      return Ctx{s, &h_->slots_[s], h_->PS(s)};
     }
 
    private:
     NvcHashmap* h_;
     EpochManager::Guard g_;
   };
+
+  // Persistent thread slot s (< nslots_): in the root, or in root.xslots.
+  PSlot* PS(int s) const { return s < kRootSlots ? &root_->slots[s] : xslots_ + (s - kRootSlots); }
+  // The thread slots (DRAM SlotStates, the epoch manager) for n threads;
+  // called once, by InitNew or LoadRoot.
+  void SetThreadSlots(uint32_t n) {
+    nslots_ = n;
+    slots_ = std::make_unique<SlotState[]>(n);
+    epoch_ = std::make_unique<EpochManager>(n);
+  }
+  Status BusyStatus() const {
+    return Status::Busy("nvc_hashmap: all " + std::to_string(nslots_) + " thread slots are in use (parameter max_threads)");
+  }
+  // Adds this slot's unpushed record delta to approx_count_ (the growth
+  // check's count; Size() reads the exact per-slot deltas).
+  void PushCount(const Ctx& c) {
+    approx_count_.fetch_add(c.st->unpushed, std::memory_order_relaxed);
+    c.st->unpushed = 0;
+  }
 
   // The regular node an untagged link names (raw & kBucketLink == 0).
   Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
@@ -356,7 +377,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // (nvc_walk.h); live_slab collects the reachable slab nodes.
   template <class Visitor>
   Status WalkList(Visitor& v, std::unordered_set<uint64_t>* live_slab);
-  Status InitNew(const Options& o, uint64_t initial_buckets);
+  Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
 
@@ -380,8 +401,13 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   alignas(64) std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
-  EpochManager epoch_{kMaxSlots};  // binds threads to slots; guards every operation
-  SlotState slots_[kMaxSlots];
+  // Record count for the growth check: every slot adds its delta every 64
+  // inserts (or removes), so growth reads one word instead of every slot.
+  alignas(64) std::atomic<int64_t> approx_count_{0};
+  uint32_t nslots_ = kRootSlots;  // thread slots (root.max_threads)
+  PSlot* xslots_ = nullptr;       // persistent slots kRootSlots.. (root.xslots)
+  std::unique_ptr<EpochManager> epoch_;  // binds threads to slots; guards every operation
+  std::unique_ptr<SlotState[]> slots_;
   // dirty_bit mode: in-flight in-place value updates per stripe of nodes
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader

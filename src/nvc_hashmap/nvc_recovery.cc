@@ -7,7 +7,8 @@
 // does not own (the paper leaks them).
 //
 // Open (LoadRoot) validates the root before reading past its first line
-// (block size, magic, version 4 only, kinds, segment size, the head). After
+// (block size, magic, version 4 or 5, kinds, segment size, thread slots,
+// the head). After
 // a clean close (root.clean == 1) it takes the record count and the slabs'
 // free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
 // list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
@@ -41,7 +42,7 @@ namespace pmindex::internal::nvc {
 
 Status NvcHashmap::Close() {
   if (closed_) return Status::OK();
-  for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  for (uint32_t i = 0; i < nslots_; i++) Reclaim(int(i), true);
   if (!slab_cls_.empty()) WriteSlabBitmaps();
   // Slot states were published with volatile stores: make them durable so a
   // clean open can trust them.
@@ -56,10 +57,16 @@ Status NvcHashmap::Close() {
   return pool_->Close();
 }
 
-Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
+Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads) {
   pm::Allocator& a = pool_->allocator();
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
   root_ = pool_->root<Root>();
+  SetThreadSlots(max_threads);
+  pm::Store(&root_->max_threads, uint64_t(max_threads));
+  if (max_threads > uint32_t(kRootSlots)) {
+    PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->xslots, (max_threads - kRootSlots) * sizeof(PSlot)));
+    xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
+  }
   kk_ = o.key_kind;
   vk_ = o.value_kind;
   max_key_ = o.max_key_size;
@@ -103,9 +110,24 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
     return Status::Corrupt("nvc_hashmap: the root block is smaller than the root object (" + std::to_string(sizeof(Root)) +
                            " bytes): not an nvc_hashmap pool of this format");
   if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
-  if (root_->version != kVersion)
-    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads version " +
-                           std::to_string(kVersion) + " only; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
+  if (root_->version < kOldestReadVersion || root_->version > kVersion)
+    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads versions " +
+                           std::to_string(kOldestReadVersion) + " to " + std::to_string(kVersion) +
+                           "; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
+  // Thread slots: version 4 pools have none beyond the root's (both words 0).
+  uint64_t nt = root_->max_threads;
+  if (root_->version == 4 && (nt || root_->xslots)) return Status::Corrupt("nvc_hashmap: a version 4 root with thread-slot words set");
+  if (nt == 0) nt = kRootSlots;
+  if (nt > uint64_t(kMaxThreads)) return Status::Corrupt("nvc_hashmap: bad max_threads " + std::to_string(nt) + " in root");
+  if (nt > uint64_t(kRootSlots)) {
+    if (!root_->xslots || !pool_->allocator().IsAllocated(root_->xslots) ||
+        pool_->allocator().UsableSize(root_->xslots) < (nt - kRootSlots) * sizeof(PSlot))
+      return Status::Corrupt("nvc_hashmap: the thread-slot block (root.xslots) is missing or too small");
+    xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
+  } else if (root_->xslots) {
+    return Status::Corrupt("nvc_hashmap: a thread-slot block with max_threads <= " + std::to_string(kRootSlots));
+  }
+  SetThreadSlots(uint32_t(nt));
   if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
   kk_ = KeyKind(root_->key_kind);
   vk_ = ValueKind(root_->value_kind);
@@ -138,8 +160,8 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
     base_count_ = root_->count;
     // After a clean close every slot's block is linked or freed; a nonzero
     // word is a volatile clear that did not reach PM (DAX): drop it.
-    for (auto& ps : root_->slots)
-      for (uint64_t* w : {&ps.pending, &ps.pending_val, &ps.scratch})
+    for (uint32_t i = 0; i < nslots_; i++)
+      for (uint64_t* w : {&PS(int(i))->pending, &PS(int(i))->pending_val, &PS(int(i))->scratch})
         if (*w) {
           pm::StoreAtomic(w, uint64_t(0));
           pm::Persist(w, 8);
@@ -156,6 +178,7 @@ Status NvcHashmap::Recover() {
   owned.push_back(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
+  if (root_->xslots) owned.push_back(root_->xslots);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
   std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
@@ -239,7 +262,8 @@ Status NvcHashmap::Recover() {
       pm::Persist(w, 8);
     }
   };
-  for (auto& ps : root_->slots) {
+  for (uint32_t i = 0; i < nslots_; i++) {
+    PSlot& ps = *PS(int(i));
     resolve(&ps.pending);
     resolve(&ps.pending_val);
     resolve(&ps.scratch);

@@ -173,8 +173,8 @@ void NvcHashmap::WriteSlabBitmaps() {
   };
   for (int k = 0; k < kNumClasses; k++) {
     for (uint64_t o : gfree_[k]) mark(o);
-    for (auto& st : slots_)
-      for (uint64_t o : st.free_nodes[k]) mark(o);
+    for (uint32_t i = 0; i < nslots_; i++)
+      for (uint64_t o : slots_[i].free_nodes[k]) mark(o);
   }
   for (auto& [off, b] : bits) {
     SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
@@ -186,12 +186,12 @@ void NvcHashmap::WriteSlabBitmaps() {
 
 void NvcHashmap::Reclaim(int slot, bool all) {
   SlotState& st = slots_[slot];
-  PSlot* ps = &root_->slots[slot];
+  PSlot* ps = PS(slot);
   std::lock_guard<std::mutex> g(st.limbo_mu);
   bool freed = false;
   auto free_one = [&](const Retired& r) { freed |= FreeRetired(&st, ps, r); };
   if (all) st.limbo.ReclaimAll(free_one);
-  else st.limbo.Reclaim(epoch_, free_one);
+  else st.limbo.Reclaim(*epoch_, free_one);
   // Free leaves its lane clear to the caller's next fence; returning slab
   // slots to the DRAM free lists stores nothing to PM (no fence needed).
   if (freed) pm::Fence();
