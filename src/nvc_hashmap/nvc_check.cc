@@ -62,7 +62,8 @@ Status NvcHashmap::Check() {
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
   BucketSet dummies;                       // buckets whose dummy is reachable
-  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes
+  SlabBits live_slab;  // reachable slab nodes
+  uint64_t nlive = 0;
   uint64_t count = 0;
   {
     // The slab list must equal slab_cls_ (our volatile index of it).
@@ -104,7 +105,7 @@ Status NvcHashmap::Check() {
       return Status::OK();
     }
   } visitor{this, &dummies, &count};
-  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab));
+  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
   // Bucket-table slots: every published (initialised) bucket's dummy is in
   // the list (the converse was checked above); none is half-initialised.
   for (int s = 0; s < kMaxSegments; s++) {
@@ -123,14 +124,15 @@ Status NvcHashmap::Check() {
   // Slab slots: every slot is exactly one of reachable, free, retired (no
   // leak, no slot handed out twice).
   if (!slab_cls_.empty()) {
-    std::unordered_set<uint64_t> seen = live_slab;
-    uint64_t total = 0;
+    SlabBits& seen = live_slab;
+    uint64_t nseen = nlive, total = 0;
     for (auto& [off, cls] : slab_cls_) total += (kSlabSize - kSlabHeader) / kClassSize[cls];
     auto add = [&](uint64_t o, const char* what) -> Status {
       uint64_t sl, ix;
       int cl;
       if (!InSlab(o, &sl, &cl, &ix)) return bad(std::string(what) + " slot " + std::to_string(o) + " is not in a slab");
-      if (!seen.insert(o).second) return bad(std::string(what) + " slot " + std::to_string(o) + " is also reachable or listed twice");
+      if (!seen.Set(sl, ix)) return bad(std::string(what) + " slot " + std::to_string(o) + " is also reachable or listed twice");
+      ++nseen;
       return Status::OK();
     };
     {
@@ -149,8 +151,8 @@ Status NvcHashmap::Check() {
       });
       PMINDEX_RETURN_IF_ERROR(rs);
     }
-    if (seen.size() != total)
-      return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(seen.size()) +
+    if (nseen != total)
+      return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(nseen) +
                  " are reachable, free or retired (leak)");
   }
   for (uint32_t i = 0; i < nslots_; i++) {

@@ -436,6 +436,46 @@ TEST(NvcHashmap, TableGrowsFromTheSharedCount) {
   ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
 }
 
+// Slabs with no slot in use go back to the allocator when the index opens,
+// after a clean close (from the bitmaps) and after a crash (from the
+// recovery walk's per-slab bits).
+TEST(NvcHashmap, EmptySlabsGoBackToTheAllocator) {
+  for (bool crash : {false, true}) {
+    SCOPED_TRACE(crash);
+    PoolFile pf("emptyslab");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    const uint64_t before = idx->pool()->allocator().BytesInUse();
+    const uint64_t n = 8000;  // 8 slabs of 1018 compact nodes
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    const uint64_t full = idx->pool()->allocator().BytesInUse();
+    ASSERT_GE(full - before, 7 * 32768u);
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, i)).ok());
+    ASSERT_TRUE(idx->Insert(nvc_test::U64(1), nvc_test::U64(1)).ok());  // one slot stays in use
+    idx.reset();
+    if (crash) {
+      std::unique_ptr<pm::Pool> p;
+      pm::PoolOptions po;
+      ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+      auto* clean = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot() + 80);  // Root::clean
+      pm::Store(clean, uint64_t(0));
+      pm::Persist(clean, 8);
+      ASSERT_TRUE(p->Close().ok());
+    }
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    EXPECT_EQ(idx->Stats().recovery_seconds > 0, crash);
+    // 8 slabs in use before, 1 after (the bucket-table segments stay)
+    EXPECT_GE(full - idx->pool()->allocator().BytesInUse(), 7 * 32768u) << "empty slabs were kept";
+    EXPECT_EQ(idx->Size(), 1u);
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    ExpectNoLeak(idx.get());
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i + n), nvc_test::U64(i)).ok());
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  }
+}
+
 // The footprint that decides find speed once the index outgrows the cache
 // (docs/nvc_hashmap.md, "Layout"): u64 records take one 32-byte slab slot
 // and the bucket table 8 bytes per bucket.

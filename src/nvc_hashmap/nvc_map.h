@@ -32,13 +32,14 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "core/index_util.h"
@@ -93,6 +94,35 @@ class BucketSet {
 
  private:
   std::vector<bool> bits_;
+};
+
+// Slab slots as bits (Check, Recover: the reachable slots), one bitmap of
+// 16 words per slab (128 bytes per 32 KiB slab): DRAM in proportion to the
+// slabs, none per record.
+class SlabBits {
+ public:
+  // Sets slot idx of slab `slab`; false if it was already set.
+  bool Set(uint64_t slab, uint64_t idx) {
+    uint64_t& w = bits_[slab][idx / 64];
+    const uint64_t m = 1ull << (idx % 64);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  bool Test(uint64_t slab, uint64_t idx) const {
+    auto it = bits_.find(slab);
+    return it != bits_.end() && (it->second[idx / 64] >> (idx % 64) & 1);
+  }
+  bool Empty(uint64_t slab) const {
+    auto it = bits_.find(slab);
+    if (it == bits_.end()) return true;
+    for (uint64_t w : it->second)
+      if (w) return false;
+    return true;
+  }
+
+ private:
+  std::unordered_map<uint64_t, std::array<uint64_t, 16>> bits_;
 };
 
 // ---------------------------------------------------------------------------
@@ -374,9 +404,12 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   int SlabClassOf(const Node* n) const { return compact_ ? 0 : int(n->flags >> 4); }
 
   // The validating walk of the whole list shared by Check and Recover
-  // (nvc_walk.h); live_slab collects the reachable slab nodes.
+  // (nvc_walk.h); live_slab collects the reachable slab nodes (*nlive: how many).
   template <class Visitor>
-  Status WalkList(Visitor& v, std::unordered_set<uint64_t>* live_slab);
+  Status WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive);
+  // Unlinks every slab `empty` says has no slot in use from the slab list
+  // and frees it (open: recovery, or after a clean close).
+  void FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty);
   Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
   Status LoadRoot(bool* needs_recovery);
   Status Recover();

@@ -34,7 +34,6 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "nvc_hashmap/nvc_walk.h"
@@ -181,7 +180,8 @@ Status NvcHashmap::Recover() {
   if (root_->xslots) owned.push_back(root_->xslots);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
-  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
+  SlabBits live_slab;  // reachable slab nodes; every other slot is free
+  uint64_t nlive = 0;
   uint64_t count = 0;
   BucketSet linked;  // buckets whose dummy is reachable
   struct Visitor {
@@ -220,7 +220,7 @@ Status NvcHashmap::Recover() {
       return Status::OK();
     }
   } visitor{this, &owned, &linked, &count};
-  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab));
+  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
   pm::Fence();
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
@@ -276,10 +276,11 @@ Status NvcHashmap::Recover() {
     a.Free(&root_->scratch);
   }
   pm::Fence();
+  FreeEmptySlabs([&](uint64_t off, const SlabHdr*) { return live_slab.Empty(off); });
   for (auto& [off, cls] : slab_cls_) {
     const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
     for (uint64_t i = 0; i < n; i++)
-      if (!live_slab.count(SlabSlot(off, cls, i))) gfree_[cls].push_back(SlabSlot(off, cls, i));
+      if (!live_slab.Test(off, i)) gfree_[cls].push_back(SlabSlot(off, cls, i));
   }
   base_count_ = count;
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

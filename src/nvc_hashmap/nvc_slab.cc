@@ -92,10 +92,17 @@ Status NvcHashmap::SlabRefill(const Ctx& c, int cls) {
   if (mine.empty()) {
     Status s = NewSlab(cls, &mine);
     if (s.IsPoolFull()) {
+      // Free what this thread retired, then try again: its slab slots may
+      // be of another class, its allocator blocks make room for a slab, and
+      // other threads may have shared free slots meanwhile.
       slab_mu_.unlock();
       const bool got = ReclaimForSpace(c);
       slab_mu_.lock();
-      if (got && !mine.empty()) s = Status::OK();
+      const size_t more = std::min<size_t>(g_free.size(), 256);
+      mine.insert(mine.end(), g_free.end() - more, g_free.end());
+      g_free.resize(g_free.size() - more);
+      if (!mine.empty()) s = Status::OK();
+      else if (got) s = NewSlab(cls, &mine);
     }
     if (!s.ok()) return s;
   }
@@ -138,6 +145,28 @@ Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
   return Status::OK();
 }
 
+// Unlinks and frees the slabs `empty` selects (open).
+// Persist order: the predecessor's next word (or root.slab_head) skips the
+// slab, persisted -> the slab freed through root.scratch (an allocator
+// transaction). A crash in between leaves an allocated block that nothing
+// owns, which the next recovery frees.
+void NvcHashmap::FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty) {
+  uint64_t* pw = &root_->slab_head;
+  while (const uint64_t off = *pw) {
+    SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    if (!empty(off, h)) {
+      pw = &h->next;
+      continue;
+    }
+    pm::StoreAtomic(pw, h->next);
+    pm::Persist(pw, 8);
+    slab_cls_.erase(off);
+    pm::StoreAtomic(&root_->scratch, off);
+    pool_->allocator().Free(&root_->scratch);
+  }
+  pm::Fence();
+}
+
 // Rebuilds slab_cls_ from the persistent slab list and, if use_bitmaps (open
 // after a clean close), the shared free lists from the slabs' bitmaps.
 Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
@@ -154,9 +183,20 @@ Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
       return Status::Corrupt("nvc_hashmap: bad slab header at " + std::to_string(off));
     if (!slab_cls_.emplace(off, int(h->cls)).second || ++n > pool_->size() / kSlabSize)
       return Status::Corrupt("nvc_hashmap: slab list has a cycle");
-    if (use_bitmaps)
-      for (uint64_t i = 0; i < h->nslots; i++)
-        if (h->free_bits[i / 64] >> (i % 64) & 1) gfree_[h->cls].push_back(SlabSlot(off, int(h->cls), i));
+  }
+  if (!use_bitmaps) return Status::OK();
+  // After a clean close: a slab whose bitmap says every slot is free goes
+  // back to the allocator; the free slots of the others to the free lists.
+  auto all_free = [](uint64_t, const SlabHdr* h) {
+    for (uint64_t i = 0; i < h->nslots; i++)
+      if (!(h->free_bits[i / 64] >> (i % 64) & 1)) return false;
+    return true;
+  };
+  FreeEmptySlabs(all_free);
+  for (auto& [off, cls] : slab_cls_) {
+    const SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    for (uint64_t i = 0; i < h->nslots; i++)
+      if (h->free_bits[i / 64] >> (i % 64) & 1) gfree_[cls].push_back(SlabSlot(off, cls, i));
   }
   return Status::OK();
 }
