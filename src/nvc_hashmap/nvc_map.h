@@ -125,6 +125,29 @@ class SlabBits {
   std::unordered_map<uint64_t, std::array<uint64_t, 16>> bits_;
 };
 
+// Allocator blocks as bits (Recover: the blocks the list owns, nodes
+// outside slabs and out-of-line value records), one bit per 16 bytes of
+// the pool (the allocator's alignment), allocated on the first Set: DRAM in
+// proportion to the pool, at most 1/8 of an 8-byte offset per 64-byte node.
+class BlockBits {
+ public:
+  explicit BlockBits(uint64_t pool_size) : words_((pool_size / 16 + 63) / 64) {}
+  // false if off was already set.
+  bool Set(uint64_t off) {
+    if (bits_.empty()) bits_.assign(words_, 0);
+    uint64_t& w = bits_[off / 16 / 64];
+    const uint64_t m = 1ull << (off / 16 % 64);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  bool Test(uint64_t off) const { return !bits_.empty() && off / 16 / 64 < bits_.size() && (bits_[off / 16 / 64] >> (off / 16 % 64) & 1); }
+
+ private:
+  uint64_t words_;
+  std::vector<uint64_t> bits_;
+};
+
 // ---------------------------------------------------------------------------
 // Thread -> slot binding: the index's epoch manager (kit/epoch.h, bounded to
 // max_threads) binds each thread using the index to one slot number until the

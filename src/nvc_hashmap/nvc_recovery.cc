@@ -173,7 +173,7 @@ Status NvcHashmap::Recover() {
   const auto t0 = std::chrono::steady_clock::now();
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); };
-  std::vector<uint64_t> owned;
+  std::vector<uint64_t> owned;  // the structure's own blocks (root, segments, thread slots, slabs)
   owned.push_back(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
@@ -182,11 +182,14 @@ Status NvcHashmap::Recover() {
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
   SlabBits live_slab;  // reachable slab nodes; every other slot is free
   uint64_t nlive = 0;
+  BlockBits owned_nodes(pool_->size());  // reachable nodes outside slabs and value records
+  bool twice = false;
   uint64_t count = 0;
   BucketSet linked;  // buckets whose dummy is reachable
   struct Visitor {
     NvcHashmap* h;
-    std::vector<uint64_t>* owned;
+    BlockBits* owned;
+    bool* twice;
     BucketSet* linked;
     uint64_t* count;
     Status Bad(const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); }
@@ -214,17 +217,20 @@ Status NvcHashmap::Recover() {
       return true;
     }
     Status OnNode(Node* n, uint64_t off, bool in_slab, uint64_t value_word) {
-      if (!in_slab) owned->push_back(off);
+      if (!in_slab && !owned->Set(off)) *twice = true;
       ++*count;
-      if (h->HasRecord(n, value_word)) owned->push_back(value_word);
+      if (h->HasRecord(n, value_word) && !owned->Set(value_word)) *twice = true;
       return Status::OK();
     }
-  } visitor{this, &owned, &linked, &count};
+  } visitor{this, &owned_nodes, &twice, &linked, &count};
   PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
   pm::Fence();
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
-  auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
+  for (uint64_t off : owned)
+    if (owned_nodes.Test(off)) twice = true;
+  if (twice) return bad("a block is owned twice");
+  auto is_owned = [&](uint64_t off) { return owned_nodes.Test(off) || std::binary_search(owned.begin(), owned.end(), off); };
   // Slot states: a reachable dummy is published (its word was cleaned in the
   // walk); every other slot is reset (a claim, or a dummy whose link did not
   // become durable).
