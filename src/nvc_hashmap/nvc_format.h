@@ -44,7 +44,10 @@
 //   - a node is either a slot of a slab in the slab list (flags say so,
 //     compact nodes in slab pools always are) or an allocator block;
 //   - Root.count is valid only when Root.clean == 1, and so are the slabs'
-//     free bitmaps.
+//     free bitmaps;
+//   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
+//     slots; Root.xslots is nonzero iff max_threads > 256 (both written
+//     once, at creation, before the magic).
 //
 // Thread safety: definitions only.
 #pragma once

@@ -18,8 +18,10 @@
 //
 // DRAM state (rebuilt on open, never trusted across a crash): the bucket
 // count, mapped segment pointers, the eager-initialisation cursor, per-slot
-// record deltas, retire lists and free slab slots, the slab index, and the
-// per-stripe counters of in-flight value updates (dirty_bit mode).
+// record deltas (exact, read by Size) and the shared approximate count (read
+// by the growth check), retire lists and free slab slots (one SlotState per
+// thread slot, max_threads of them), the slab index, and the per-stripe
+// counters of in-flight value updates (dirty_bit mode).
 //
 // Invariants: a node is freed only after it was unlinked, the unlink was
 // persisted and its epoch grace period passed (kit/epoch.h: no reader can

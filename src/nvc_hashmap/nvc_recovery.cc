@@ -17,7 +17,9 @@
 // per-thread pending slots (reachable -> clear, else free) and frees every
 // allocated block the structure does not own (nodes and value records of
 // unfinished operations, nodes waiting for their epoch, replaced records).
-// Every unreachable slab slot is free.
+// Every unreachable slab slot is free; a slab with none reachable is freed.
+// Its DRAM is bitmaps (per bucket, per slab slot, and per 16 bytes of pool
+// for blocks outside slabs), nothing per record.
 //
 // Persist order:
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
@@ -25,7 +27,8 @@
 //           first), persisted -> root persisted -> magic, persisted.
 //   recover: the walk's link repairs (flushed) -> fence -> bucket slots
 //           reset (flushed) -> fence -> pending slots resolved, unowned
-//           blocks freed (allocator transactions) -> fence.
+//           blocks freed (allocator transactions) -> fence -> empty slabs
+//           unlinked (persisted) and freed, each in turn -> fence.
 //   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
 //           fence -> count, persisted -> clean = 1, persisted.
 //

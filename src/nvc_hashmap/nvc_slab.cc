@@ -11,7 +11,8 @@
 // live only in DRAM (per-thread lists, used by the thread owning the slot,
 // and a shared list under slab_mu_) and are rebuilt on open: from the slab
 // bitmaps written at a clean close, or by the recovery walk after a crash
-// (every unreachable slot is free). Larger nodes, and all nodes with
+// (every unreachable slot is free); a slab with no slot in use goes back to
+// the allocator then. Larger nodes, and all nodes with
 // node_alloc=allocator, are allocator blocks (pending-slot protocol).
 //
 // Reclamation: a node or value record is retired by the operation that
@@ -30,7 +31,10 @@
 // persist its header -> root.slab_head = slab, persist -> clear
 // root.slab_pending, persist. Clean close: every slab's bitmap, one fence.
 // A crash after the allocation leaves the slab in slab_pending or in the
-// list; recovery frees a pending slab that is not in the list.
+// list; recovery frees a pending slab that is not in the list. Empty slab
+// (at open): its predecessor's next (or root.slab_head) skips it, persisted
+// -> freed through root.scratch; a crash in between leaves a block nothing
+// owns, which recovery frees.
 //
 // Thread safety: SlabAlloc/SlabFree on a thread's own SlotState; the shared
 // list, the slab index and new slabs under slab_mu_; retire lists under
