@@ -111,8 +111,9 @@ uint64_t* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
 }
 
 // Called by MaybeGrow every kInitEvery inserts of a thread (ops: the thread's
-// insert count). Every 64 inserts of a thread: double
-// the bucket count if the load factor is exceeded. Every kInitEvery inserts:
+// insert count). Every 64 inserts of a thread: add the thread's record delta
+// to approx_count_ and double the bucket count if the load factor is
+// exceeded (approx_count_ lags by less than 64 records per thread). Every kInitEvery inserts:
 // initialise the next kInitChunk buckets of the last doubling (a batch costs
 // 2 fences in all), so that the new buckets are ready by the next doubling
 // (one bucket per insert; the doubling from bc to 2bc comes after
@@ -128,8 +129,10 @@ void NvcHashmap::MaybeGrowSlow(const Ctx& c, uint64_t ops) {
     if (b0 < end) InitBatch(b0, std::min(kInitChunk, end - b0), c);
   }
   if ((ops & 63) != 0) return;
+  PushCount(c);
   uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
-  if (bc >= kMaxBuckets || Size() <= bc * lf_) return;
+  const int64_t n = int64_t(base_count_) + approx_count_.load(std::memory_order_relaxed);
+  if (bc >= kMaxBuckets || n <= int64_t(bc * lf_)) return;
   if (!bucket_count_.compare_exchange_strong(bc, bc * 2)) return;
   {
     // The new half [bc, 2bc), after what is left of earlier ones.

@@ -25,6 +25,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   fn(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) fn(root_->seg[s]);
+  if (root_->xslots) fn(root_->xslots);
   for (uint64_t off = root_->slab_head; off; off = reinterpret_cast<SlabHdr*>(base_ + off)->next) fn(off);
   // Dummies live in the segments; regular nodes outside slabs are blocks.
   for (uint64_t raw = LoadW(BucketSlot(0, false));;) {
@@ -41,7 +42,8 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
     if (HasRecord(n, v)) fn(v);
     raw = LoadW(&n->next);
   }
-  for (auto& st : slots_) {
+  for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
     std::lock_guard<std::mutex> g(st.limbo_mu);
     st.limbo.ForEach([&](const Retired& r) {
       if (!r.node || !IsSlabNode(reinterpret_cast<const Node*>(base_ + r.off))) fn(r.off);
@@ -60,7 +62,8 @@ Status NvcHashmap::Check() {
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
   BucketSet dummies;                       // buckets whose dummy is reachable
-  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes
+  SlabBits live_slab;  // reachable slab nodes
+  uint64_t nlive = 0;
   uint64_t count = 0;
   {
     // The slab list must equal slab_cls_ (our volatile index of it).
@@ -102,7 +105,7 @@ Status NvcHashmap::Check() {
       return Status::OK();
     }
   } visitor{this, &dummies, &count};
-  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab));
+  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
   // Bucket-table slots: every published (initialised) bucket's dummy is in
   // the list (the converse was checked above); none is half-initialised.
   for (int s = 0; s < kMaxSegments; s++) {
@@ -121,14 +124,15 @@ Status NvcHashmap::Check() {
   // Slab slots: every slot is exactly one of reachable, free, retired (no
   // leak, no slot handed out twice).
   if (!slab_cls_.empty()) {
-    std::unordered_set<uint64_t> seen = live_slab;
-    uint64_t total = 0;
+    SlabBits& seen = live_slab;
+    uint64_t nseen = nlive, total = 0;
     for (auto& [off, cls] : slab_cls_) total += (kSlabSize - kSlabHeader) / kClassSize[cls];
     auto add = [&](uint64_t o, const char* what) -> Status {
       uint64_t sl, ix;
       int cl;
       if (!InSlab(o, &sl, &cl, &ix)) return bad(std::string(what) + " slot " + std::to_string(o) + " is not in a slab");
-      if (!seen.insert(o).second) return bad(std::string(what) + " slot " + std::to_string(o) + " is also reachable or listed twice");
+      if (!seen.Set(sl, ix)) return bad(std::string(what) + " slot " + std::to_string(o) + " is also reachable or listed twice");
+      ++nseen;
       return Status::OK();
     };
     {
@@ -136,7 +140,8 @@ Status NvcHashmap::Check() {
       for (auto& gl : gfree_)
         for (uint64_t o : gl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
     }
-    for (auto& st : slots_) {
+    for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
       for (auto& fl : st.free_nodes)
         for (uint64_t o : fl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
       std::lock_guard<std::mutex> g(st.limbo_mu);
@@ -146,12 +151,12 @@ Status NvcHashmap::Check() {
       });
       PMINDEX_RETURN_IF_ERROR(rs);
     }
-    if (seen.size() != total)
-      return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(seen.size()) +
+    if (nseen != total)
+      return bad("slabs hold " + std::to_string(total) + " slots but only " + std::to_string(nseen) +
                  " are reachable, free or retired (leak)");
   }
-  for (int i = 0; i < kMaxSlots; i++) {
-    const PSlot& ps = root_->slots[i];
+  for (uint32_t i = 0; i < nslots_; i++) {
+    const PSlot& ps = *PS(int(i));
     if (ps.pending || ps.pending_val || ps.scratch)
       return bad("thread slot " + std::to_string(i) + " holds a pending block after quiescence");
   }
@@ -163,7 +168,8 @@ IndexStats NvcHashmap::Stats() {
   s.records = Size();
   if (!closed_) s.pm_bytes = pool_->allocator().BytesInUse();
   s.dram_bytes = sizeof(*this);
-  for (auto& st : slots_) {
+  for (uint32_t si = 0; si < nslots_; si++) {
+    SlotState& st = slots_[si];
     std::lock_guard<std::mutex> g(st.limbo_mu);
     s.dram_bytes += st.limbo.dram_bytes();
   }

@@ -1,4 +1,4 @@
-// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 4).
+// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 5; 4 is read).
 //
 // Paper: Schwalb et al., IMDM'15, section 3.3 (2) (every PM word an 8-byte
 // pool offset, changed by one CAS or failure-atomic store) and (3) (a fixed
@@ -15,6 +15,7 @@
 //   | seg[40]: bucket-table segments (allocator blocks of 8-byte slots)  |
 //   | slots[256]: PSlot {pending, pending_val, scratch} one line each    |
 //   +-------------------------------------------------------------------+
+//   root.xslots -> PSlot[max_threads - 256]   (only if max_threads > 256)
 //   seg[0] = buckets [0, seg0); seg[s >= 1] = [seg0 << (s-1), seg0 << s)
 //
 //   bucket-table slot (8 bytes) = bucket b's dummy = its next word
@@ -43,7 +44,10 @@
 //   - a node is either a slot of a slab in the slab list (flags say so,
 //     compact nodes in slab pools always are) or an allocator block;
 //   - Root.count is valid only when Root.clean == 1, and so are the slabs'
-//     free bitmaps.
+//     free bitmaps;
+//   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
+//     slots; Root.xslots is nonzero iff max_threads > 256 (both written
+//     once, at creation, before the magic).
 //
 // Thread safety: definitions only.
 #pragma once
@@ -57,12 +61,20 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // Format versions. 2: u64 values in the node's value word, remove marks
 // next. 3: 8-byte bucket-table slots, bucket-number links, kEnd; three
 // incompatible layouts were written as version 3, so it is refused. 4: the
-// layout of this file: 256 thread slots, compact 32-byte u64 nodes.
-constexpr uint32_t kVersion = 4;
+// layout of this file with 256 thread slots, compact 32-byte u64 nodes. 5:
+// root.max_threads and root.xslots (more thread slots in their own block);
+// a version 4 pool is a version 5 pool whose two words are 0 (256 slots), so
+// it is read as one and keeps its version.
+constexpr uint32_t kVersion = 5;
+constexpr uint32_t kOldestReadVersion = 4;
 
 // Thread slots: a thread binds one for its lifetime (kit/epoch.h bounds the
-// epoch manager to this number; scans stop at the highest slot ever bound).
-constexpr int kMaxSlots = 256;
+// epoch manager to max_threads; scans stop at the highest slot ever bound).
+// The first kRootSlots persistent slots are in the root, the others in the
+// block root.xslots. max_threads is fixed at creation (parameter
+// max_threads, default kRootSlots, at most kMaxThreads).
+constexpr int kRootSlots = 256;
+constexpr int kMaxThreads = 1 << 16;
 constexpr int kMaxSegments = 40;
 constexpr uint64_t kMaxBuckets = 1ull << 32;
 
@@ -130,13 +142,16 @@ struct Root {
   uint64_t clean;         // 1 after a clean close
   uint64_t scratch;       // Free() destination during recovery
   uint64_t slab_pending;  // a new slab until it is linked into slab_head
-  uint64_t pad1[3];
+  uint64_t max_threads;   // thread slots; 0 (version 4): kRootSlots. Written once.
+  uint64_t xslots;        // PSlot[max_threads - kRootSlots] if max_threads > kRootSlots. Written once.
+  uint64_t pad1[1];
   // Bucket-table segments: segment 0 holds buckets [0, seg0), segment s >= 1
   // holds [seg0 << (s-1), seg0 << s). Each slot is an 8-byte dummy (its next
   // word); slot 0 is the list head.
   uint64_t seg[kMaxSegments];
-  PSlot slots[kMaxSlots];
+  PSlot slots[kRootSlots];
 };
+static_assert(offsetof(Root, bucket_count) == 64 && offsetof(Root, max_threads) == 104 && offsetof(Root, xslots) == 112);
 
 // Node slabs (node_alloc=slab): one allocator block of kSlabSize bytes holds
 // this header and fixed-size node slots of one class. 32 KiB is the

@@ -24,15 +24,18 @@ using internal::nvc::g_batch_slot_fail_hook;
 using internal::nvc::g_before_value_hook;
 using internal::nvc::g_find_hook;
 using internal::nvc::g_link_hook;
+using internal::nvc::g_mark_hook;
 using internal::nvc::g_value_hook;
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
 void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
 void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, std::memory_order_release); }
+void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order_release); }
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
 
 uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::nvc::SoRegular(internal::nvc::HashKey(kind, key)); }
-int MaxThreadSlots() { return internal::nvc::kMaxSlots; }
+int MaxThreadSlots() { return internal::nvc::kRootSlots; }
+uint64_t BucketCount(Index* idx) { return static_cast<internal::nvc::NvcHashmap*>(idx)->BucketCountForTest(); }
 }  // namespace nvc_hashmap_testing
 
 namespace internal {
@@ -45,11 +48,12 @@ struct Config {
   long long initial_buckets = 1024;
   long long load_factor = 2;
   bool slab = true;
+  long long max_threads = kRootSlots;
 };
 
 Status ParseConfig(const Options& o, Config* cfg) {
   Params p(o.params);
-  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "node_alloc"}));
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "max_threads", "node_alloc"}));
   std::string na;
   PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "slab", &na));
   cfg->slab = na == "slab";
@@ -64,6 +68,7 @@ Status ParseConfig(const Options& o, Config* cfg) {
   if (cfg->initial_buckets & (cfg->initial_buckets - 1))
     return Status::InvalidArgument("parameter initial_buckets must be a power of two");
   PMINDEX_RETURN_IF_ERROR(p.GetInt("load_factor", 2, 1, 64, &cfg->load_factor));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("max_threads", kRootSlots, 1, kMaxThreads, &cfg->max_threads));
   return Status::OK();
 }
 
@@ -76,7 +81,7 @@ Status NvcHashmap::Create(std::unique_ptr<pm::Pool> pool, const Options& o, std:
   if (o.max_key_size == 0 || o.max_key_size > (1u << 20) || o.max_value_size > (1u << 24))
     return Status::InvalidArgument("nvc_hashmap: max_key_size/max_value_size out of range");
   auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
-  const Status s = h->InitNew(o, uint64_t(cfg.initial_buckets));
+  const Status s = h->InitNew(o, uint64_t(cfg.initial_buckets), uint32_t(cfg.max_threads));
   return Finish(std::move(h), s, out);
 }
 

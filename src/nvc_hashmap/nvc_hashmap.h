@@ -22,6 +22,10 @@ void SetAfterValueStoreHook(LinkHook hook);
 // Called by an updating thread after it checked that the node is not marked
 // and right before its store into the value word. nullptr removes the hook.
 void SetBeforeValueStoreHook(LinkHook hook);
+// Called by a removing thread right after the compare-and-swap that marks
+// the node's next word (the remove's linearization point) and before it
+// persists the mark. nullptr removes the hook.
+void SetAfterMarkHook(LinkHook hook);
 // Called by a finding thread after its search found the key's node and
 // before it loads the node's value word. nullptr removes the hook.
 void SetFindHook(LinkHook hook);
@@ -35,8 +39,11 @@ void SetInitBatchSlotFailHook(BucketFailHook hook);
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.
 uint64_t SplitOrderKey(KeyKind kind, Slice key);
 
-// The number of thread slots of an index (threads using it at once): tests
-// run more threads than this to catch a slot that is never given back.
+// The default number of thread slots of an index (threads using it at once;
+// parameter max_threads): tests run more threads than this to catch a slot
+// that is never given back.
 int MaxThreadSlots();
+// The current bucket count of an nvc_hashmap index (tests of growth).
+uint64_t BucketCount(Index* idx);
 
 }  // namespace pmindex::nvc_hashmap_testing

@@ -25,7 +25,14 @@ namespace pmindex {
 namespace {
 
 using internal::kit::DurableImage;
+using nvc_test::CrashHarness;
 using nvc_test::ExpectNoLeak;
+using nvc_test::g_pause;
+using nvc_test::NeighbourKeys;
+using nvc_test::PauseHook;
+using nvc_test::PauseState;
+using nvc_test::ReleaseAndJoin;
+using nvc_test::WaitPaused;
 using nvc_test::MakeKey;
 using nvc_test::MakeValue;
 using nvc_test::PoolFile;
@@ -225,7 +232,7 @@ TEST(NvcHashmap, NodeAllocIsSelectableAndKept) {
 // slots): a pool of an older format is refused with a clear error, not
 // misread. Version 3 included: three incompatible layouts were written as 3.
 TEST(NvcHashmap, OlderFormatVersionIsRefused) {
-  for (uint32_t old : {2u, 3u}) {
+  for (uint32_t old : {2u, 3u, 6u}) {
     SCOPED_TRACE(old);
     PoolFile pf("version");
     Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
@@ -238,7 +245,7 @@ TEST(NvcHashmap, OlderFormatVersionIsRefused) {
       pm::PoolOptions po;
       ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
       auto* version = reinterpret_cast<uint32_t*>(p->base() + *p->root_slot() + 8);  // Root::version
-      ASSERT_EQ(*version, 4u);
+      ASSERT_EQ(*version, 5u);
       pm::Store(version, old);
       pm::Persist(version, 4);
       ASSERT_TRUE(p->Close().ok());
@@ -278,6 +285,215 @@ TEST(NvcHashmap, TooSmallRootBlockIsCorrupt) {
   EXPECT_NE(s.ToString().find("root block is smaller than the root object"), std::string::npos) << s.ToString();
 }
 
+// Version 4 is version 5 with 256 thread slots (root.max_threads and
+// root.xslots 0): such a pool opens, works and keeps its version.
+TEST(NvcHashmap, Version4PoolOpens) {
+  PoolFile pf("v4");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  for (uint64_t i = 0; i < 1000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+  idx.reset();
+  auto set_v4 = [&](bool crash) {
+    std::unique_ptr<pm::Pool> p;
+    pm::PoolOptions po;
+    ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+    char* root = p->base() + *p->root_slot();
+    auto* version = reinterpret_cast<uint32_t*>(root + 8);  // Root::version
+    ASSERT_EQ(*version, 5u);
+    auto* words = reinterpret_cast<uint64_t*>(root + 64 + 5 * 8);  // Root::max_threads, xslots
+    ASSERT_EQ(words[0], 256u);
+    ASSERT_EQ(words[1], 0u);
+    pm::Store(version, 4u);
+    pm::Store(&words[0], uint64_t(0));
+    if (crash) pm::Store(reinterpret_cast<uint64_t*>(root + 64 + 2 * 8), uint64_t(0));  // Root::clean
+    pm::Persist(root, 128);
+    ASSERT_TRUE(p->Close().ok());
+  };
+  for (bool crash : {false, true}) {
+    SCOPED_TRACE(crash);
+    set_v4(crash);
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+    EXPECT_EQ(idx->Stats().recovery_seconds > 0, crash);
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    EXPECT_EQ(idx->Size(), 1000u);
+    std::string v;
+    ASSERT_TRUE(idx->Find(MakeKey(KeyKind::kU64, 7), &v).ok());
+    ExpectNoLeak(idx.get());
+    idx.reset();
+    {
+      std::unique_ptr<pm::Pool> p;
+      pm::PoolOptions po;
+      ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+      EXPECT_EQ(*reinterpret_cast<uint32_t*>(p->base() + *p->root_slot() + 8), 4u) << "a version 4 pool keeps its version";
+      // back to version 5 for the next round's check of the words
+      char* root = p->base() + *p->root_slot();
+      pm::Store(reinterpret_cast<uint32_t*>(root + 8), 5u);
+      pm::Store(reinterpret_cast<uint64_t*>(root + 64 + 5 * 8), uint64_t(256));
+      pm::Persist(root, 128);
+      ASSERT_TRUE(p->Close().ok());
+    }
+  }
+}
+
+// max_threads: the number of live threads that may use the index (a thread
+// keeps its slot until it exits), fixed at creation. With 2: the test's
+// thread takes one slot, a thread held inside an operation (the find hook)
+// the other; one more gets Busy naming the parameter. More than the root's
+// 256 slots work (slots beyond 256 live in their own block): 300 threads
+// held inside an operation at once, each then inserting with allocator nodes
+// (the pending-slot protocol in the extra slots); recovery of the pool is
+// consistent and leak-free.
+std::atomic<int> g_held{0};
+std::atomic<int> g_hold_until{0};
+void HoldHook(Slice) {
+  g_held.fetch_add(1);
+  while (g_held.load() < g_hold_until.load()) std::this_thread::yield();
+}
+
+TEST(NvcHashmap, MaxThreadsBoundsConcurrentOperations) {
+  PoolFile pf("maxthr");
+  std::unique_ptr<Index> idx;
+  EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"max_threads", "0"}}), &idx).IsInvalidArgument());
+  EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"max_threads", "65537"}}), &idx).IsInvalidArgument());
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"max_threads", "2"}});
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  const std::string k = nvc_test::U64(5);
+  ASSERT_TRUE(idx->Insert(k, k).ok());
+  for (int round = 0; round < 2; round++) {
+    g_held = 0;
+    g_hold_until = 2;  // the holder and the test's release
+    nvc_hashmap_testing::SetFindHook(&HoldHook);
+    std::string v;
+    ASSERT_TRUE(idx->Find(nvc_test::U64(7), &v).IsNotFound());  // this thread takes its slot (no hook: not found)
+    std::vector<std::thread> ts;
+    ts.emplace_back([&] {
+      std::string v2;
+      EXPECT_TRUE(idx->Find(k, &v2).ok());
+    });
+    while (g_held.load() < 1) std::this_thread::yield();
+    std::thread third([&] {
+      Status s = idx->Insert(nvc_test::U64(6), k);
+      EXPECT_TRUE(s.IsBusy()) << s.ToString();
+      EXPECT_NE(s.ToString().find("max_threads"), std::string::npos) << s.ToString();
+    });
+    third.join();
+    g_held.fetch_add(1);
+    for (auto& t : ts) t.join();
+    nvc_hashmap_testing::SetFindHook(nullptr);
+    // The pool keeps its own max_threads.
+    idx.reset();
+    o.params = {{"max_threads", "100"}};
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  }
+}
+
+TEST(NvcHashmap, MoreThreadsThanTheRootsSlots) {
+  const int n = 300;  // and the test's thread
+  PoolFile pf("maxthr300");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"max_threads", std::to_string(n + 1)}, {"node_alloc", "allocator"}});
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  const std::string k = nvc_test::U64(1);
+  ASSERT_TRUE(idx->Insert(k, k).ok());
+  g_held = 0;
+  g_hold_until = n;
+  nvc_hashmap_testing::SetFindHook(&HoldHook);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < n; t++) ts.emplace_back([&, t] {
+    std::string v;
+    EXPECT_TRUE(idx->Find(k, &v).ok());  // all n inside an operation at once
+    const Status s = idx->Insert(nvc_test::U64(1000 + t), nvc_test::U64(t));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  for (auto& t : ts) t.join();
+  nvc_hashmap_testing::SetFindHook(nullptr);
+  EXPECT_EQ(idx->Size(), uint64_t(n + 1));
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  ExpectNoLeak(idx.get());
+  // Recovery with the extra slots: reopen as after a crash.
+  idx.reset();
+  {
+    std::unique_ptr<pm::Pool> p;
+    pm::PoolOptions po;
+    ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+    auto* clean = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot() + 80);  // Root::clean
+    pm::Store(clean, uint64_t(0));
+    pm::Persist(clean, 8);
+    ASSERT_TRUE(p->Close().ok());
+  }
+  o.create_if_missing = false;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  EXPECT_GT(idx->Stats().recovery_seconds, 0);
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  ExpectNoLeak(idx.get());
+  EXPECT_EQ(idx->Size(), uint64_t(n + 1));
+}
+
+// The growth check reads one shared count (each thread adds its delta every
+// 64 inserts), not every thread slot: the table still doubles on time with
+// several threads inserting.
+TEST(NvcHashmap, TableGrowsFromTheSharedCount) {
+  PoolFile pf("grow");
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "2"}}), &idx).ok());
+  const uint64_t per = 20000;
+  std::vector<std::thread> ts;
+  for (uint64_t t = 0; t < 2; t++) ts.emplace_back([&, t] {
+    for (uint64_t i = 0; i < per; i++) EXPECT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, t * per + i), nvc_test::U64(i)).ok());
+  });
+  for (auto& t : ts) t.join();
+  // 40000 records at load factor 2: 20000 buckets' worth, doubled from 2
+  // every time the count passed bc * 2 (checked every 64 inserts a thread).
+  EXPECT_GE(nvc_hashmap_testing::BucketCount(idx.get()), 8192u);
+  EXPECT_LE(nvc_hashmap_testing::BucketCount(idx.get()), 32768u);
+  for (uint64_t i = 0; i < per; i++) ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, i)).ok());
+  EXPECT_EQ(idx->Size(), per);
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+}
+
+// Slabs with no slot in use go back to the allocator when the index opens,
+// after a clean close (from the bitmaps) and after a crash (from the
+// recovery walk's per-slab bits).
+TEST(NvcHashmap, EmptySlabsGoBackToTheAllocator) {
+  for (bool crash : {false, true}) {
+    SCOPED_TRACE(crash);
+    PoolFile pf("emptyslab");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    const uint64_t before = idx->pool()->allocator().BytesInUse();
+    const uint64_t n = 8000;  // 8 slabs of 1018 compact nodes
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    const uint64_t full = idx->pool()->allocator().BytesInUse();
+    ASSERT_GE(full - before, 7 * 32768u);
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, i)).ok());
+    ASSERT_TRUE(idx->Insert(nvc_test::U64(1), nvc_test::U64(1)).ok());  // one slot stays in use
+    idx.reset();
+    if (crash) {
+      std::unique_ptr<pm::Pool> p;
+      pm::PoolOptions po;
+      ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
+      auto* clean = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot() + 80);  // Root::clean
+      pm::Store(clean, uint64_t(0));
+      pm::Persist(clean, 8);
+      ASSERT_TRUE(p->Close().ok());
+    }
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    EXPECT_EQ(idx->Stats().recovery_seconds > 0, crash);
+    // 8 slabs in use before, 1 after (the bucket-table segments stay)
+    EXPECT_GE(full - idx->pool()->allocator().BytesInUse(), 7 * 32768u) << "empty slabs were kept";
+    EXPECT_EQ(idx->Size(), 1u);
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    ExpectNoLeak(idx.get());
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i + n), nvc_test::U64(i)).ok());
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  }
+}
+
 // The footprint that decides find speed once the index outgrows the cache
 // (docs/nvc_hashmap.md, "Layout"): u64 records take one 32-byte slab slot
 // and the bucket table 8 bytes per bucket.
@@ -295,6 +511,35 @@ TEST(NvcHashmap, U64RecordsTakeCompactNodesAndSlots) {
   EXPECT_GT(per, 32.0);
   ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
   ExpectNoLeak(idx.get());
+}
+
+// Pre-sizing: a table created with many buckets has every initial dummy
+// linked at creation, so inserts into the fresh table pay only for their
+// node and link (2 lines, 2 fences; a new slab every 1018 inserts adds a
+// little), not for initialising buckets on demand. The persist counters are
+// exact (per thread), so this is a cost assertion, not a timing.
+TEST(NvcHashmap, PresizedTableCostsTwoFencesPerInsert) {
+  for (const char* buckets : {"65536", "1024"}) {
+    SCOPED_TRACE(buckets);
+    PoolFile pf("presize");
+    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", buckets}});
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    const uint64_t n = std::stoull(buckets) / 2;  // below the first doubling (load factor 2)
+    const pm::Counters before = pm::ThreadCounters();
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
+    const pm::Counters d = pm::ThreadCounters() - before;
+    const double fences = double(d.fences) / n, lines = double(d.lines_flushed) / n;
+    EXPECT_LT(fences, 2.05) << "fences per insert into a fresh pre-sized table";
+    EXPECT_LT(lines, 2.05) << "lines per insert into a fresh pre-sized table";
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    ExpectNoLeak(idx.get());
+    idx.reset();
+    o.create_if_missing = false;
+    ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    EXPECT_EQ(idx->Size(), n);
+  }
 }
 
 // Node slots freed before a clean close are found free again after the
@@ -336,89 +581,12 @@ TEST(NvcHashmap, FreedSlabSlotsAreReusedAfterReopen) {
 // ---------------------------------------------------------------------------
 // Crash images.
 
-// A live index whose pool has a DurableImage observer; Crash() writes the
-// durable image to a second pool file and opens it (recovery runs).
-class CrashHarness {
- public:
-  CrashHarness(const std::string& tag, std::map<std::string, std::string> params, KeyKind kk = KeyKind::kU64)
-      : live_(tag + "-live"), image_(tag + "-image") {
-    Options o = Opts(live_.path, kk, ValueKind::kU64, std::move(params));
-    o.pool_size = 8ull << 20;
-    o.max_pool_size = 8ull << 20;  // no growth: the image covers the whole pool
-    EXPECT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
-    obs_ = std::make_unique<DurableImage>(idx->pool());  // installs itself
-  }
-  ~CrashHarness() {
-    pm::SetObserver(nullptr);
-    pm::DisableAllFaults();
-  }
-  std::vector<char> Snapshot() { return obs_->Snapshot(); }
-  bool SameAsLive() { return obs_->SameAsLive(); }
-  // Closes the live index and opens the image in *out.
-  Status Crash(const std::vector<char>& img, std::unique_ptr<Index>* out) {
-    pm::SetObserver(nullptr);
-    pm::DisableAllFaults();
-    idx.reset();
-    DurableImage::Write(img, image_.path);
-    Options o;
-    o.pool_path = image_.path;
-    o.create_if_missing = false;
-    return OpenIndex("nvc_hashmap", o, out);
-  }
-  std::unique_ptr<Index> idx;
-
- private:
-  PoolFile live_, image_;
-  std::unique_ptr<DurableImage> obs_;
-};
-
-// Two u64 keys whose nodes are neighbours in split order (a before b).
-void NeighbourKeys(uint64_t seed, std::string* a, std::string* b) {
-  *a = nvc_test::U64(seed);
-  *b = nvc_test::U64(seed + 1);
-  if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *a) > nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *b)) std::swap(*a, *b);
-}
-
 // The erratum's scenario: thread A links node X but has not persisted the
 // link yet; thread B links its node Y behind X and persists its own link;
 // the power fails. Without a fix B's acknowledged insert is lost (X, and Y
 // behind it, are unreachable in the durable image); with either fix it
 // survives.
-struct PauseState {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::string key;
-  bool paused = false, release = false;
-};
-PauseState* g_pause = nullptr;
-
-void WaitPaused(PauseState& ps) {
-  std::unique_lock<std::mutex> l(ps.mu);
-  ps.cv.wait(l, [&] { return ps.paused; });
-}
-// Lets the paused thread go, joins it and removes the hooks.
-void ReleaseAndJoin(PauseState& ps, std::thread& t) {
-  {
-    std::lock_guard<std::mutex> l(ps.mu);
-    ps.release = true;
-    ps.cv.notify_all();
-  }
-  t.join();
-  nvc_hashmap_testing::SetAfterLinkHook(nullptr);
-  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
-  nvc_hashmap_testing::SetBeforeValueStoreHook(nullptr);
-  g_pause = nullptr;
-}
-
-void PauseHook(Slice key) {
-  PauseState& p = *g_pause;
-  std::unique_lock<std::mutex> l(p.mu);
-  if (key != p.key || p.paused) return;
-  p.paused = true;
-  p.cv.notify_all();
-  p.cv.wait(l, [&] { return p.release; });
-}
-
+//
 // Returns whether B's key survived the crash; also checks the image recovers
 // into a consistent, leak-free index.
 bool RunErratumScenario(const std::map<std::string, std::string>& params, bool no_fix_fault) {
@@ -475,29 +643,37 @@ TEST(NvcHashmapErratum, AllocatorNodesFlushOnReadFixKeepsIt) {
   EXPECT_TRUE(RunErratumScenario({{"erratum_fix", "flush_on_read"}, {"node_alloc", "allocator"}}, false));
 }
 
-// Format 3: a dummy is its slot's word, and bit 0 of that word is kUnpub
-// (claimed, not published), not a deletion mark. Thread A initialises
-// bucket 8 and is paused right after linking the dummy (before persisting the
-// link and publishing); thread B inserts a key of bucket 8: it cannot start
-// at the unpublished dummy, walks from the head through it (treating it as a
-// live dummy, not a marked node) and links behind it, keeping kUnpub. B's
-// insert is acknowledged before A resumes, so it must survive a crash taken
-// then (B made the link to the dummy durable first); after A resumes the
-// bucket is published and everything checks. With erratum_fix=none B does
-// not persist A's link before its own, and its key is lost in the crash: the
-// control that keeps this scenario discriminating (bucket 8, not bucket 1:
-// bucket 1's slot shares a cache line with slot 0, so B's own flush would
-// persist A's link and the loss would not show).
+// A dummy is its slot's word, and bit 0 of that word is kUnpub (claimed,
+// not published), not a deletion mark. The table starts with 8 buckets
+// (load_factor=1, all linked at creation); 64 keys outside bucket 8 (of 16)
+// double it to 16, so bucket 8 is not initialised yet. Thread A inserts a
+// key of bucket 8: it initialises the bucket and is paused right after
+// linking the dummy (before persisting the link and publishing); thread B
+// inserts a key of bucket 8: it cannot start at the unpublished dummy, walks
+// from bucket 0 through it (treating it as a live dummy, not a marked node)
+// and links behind it, keeping kUnpub. B's insert is acknowledged before A
+// resumes, so it must survive a crash taken then (B made the link to the
+// dummy durable first); after A resumes the bucket is published and
+// everything checks. With erratum_fix=none B does not persist A's link
+// before its own, and its key is lost in the crash: the control that keeps
+// this scenario discriminating (bucket 8's slot is on another line than the
+// word that links to it, the head or a node of bucket 0, so B's own flush
+// does not persist A's link).
 void RunUnpublishedDummyScenario(const std::string& fix) {
   SCOPED_TRACE(fix);
-  // 16 buckets: bucket 8's slot is on another line than the head's (slot
-  // 0), whose word links to it, so B's own flush does not persist A's link.
-  CrashHarness h("unpub", {{"erratum_fix", fix}, {"initial_buckets", "16"}});
-  std::string ka, kb;  // two keys of bucket 8: hash & 15 == 0b1000, so so's top 4 bits are 0b0001
-  for (uint64_t i = 1; kb.empty(); i++) {
+  CrashHarness h("unpub", {{"erratum_fix", fix}, {"initial_buckets", "8"}, {"load_factor", "1"}});
+  std::string ka, kb;  // two keys of bucket 8 (of 16): hash & 15 == 0b1000, so so's top 4 bits are 0b0001
+  int loaded = 0;
+  for (uint64_t i = 1; kb.empty() || loaded < 64; i++) {
     const std::string k = nvc_test::U64(i * 7919);
-    if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, k) >> 60 != 1) continue;
-    (ka.empty() ? ka : kb) = k;
+    if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, k) >> 60 != 1) {
+      if (loaded < 64) {
+        EXPECT_TRUE(h.idx->Insert(k, nvc_test::U64(i)).ok());
+        loaded++;
+      }
+      continue;
+    }
+    if (kb.empty()) (ka.empty() ? ka : kb) = k;
   }
   PauseState ps;
   ps.key = "";  // the first dummy link (A's, bucket 8)

@@ -205,7 +205,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
+  if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
   uint64_t* start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
@@ -301,6 +301,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     if (dirty_mode()) ClearDirty(pos.prev_word, desired);
     fresh = nullptr;
     c.st->delta.fetch_add(1, std::memory_order_relaxed);
+    c.st->unpushed++;
     MaybeGrow(c);
     result = Status::OK();
     break;
@@ -318,7 +319,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
+  if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
   Pos pos;
   // Finds never initialise buckets (that would flush on the read path): an
@@ -367,7 +368,7 @@ Status NvcHashmap::Remove(Slice key) {
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
   Op op(this);
-  if (!op.ok()) return Status::Busy("nvc_hashmap: more than 256 threads use this index");
+  if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
   uint64_t* start = StartFor(h, c, false);
   Pos pos;
@@ -388,6 +389,8 @@ Status NvcHashmap::Remove(Slice key) {
     if (pm::Cas(&cur->next, &n, desired)) break;
   }
   c.st->delta.fetch_sub(1, std::memory_order_relaxed);
+  if (--c.st->unpushed <= -64) PushCount(c);
+  if (auto hook = g_mark_hook.load(std::memory_order_acquire)) hook(key);
   const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
   if (!skip_mark) pm::Persist(&cur->next, 8);
   if (dirty_mode()) ClearDirty(&cur->next, desired);

@@ -18,27 +18,30 @@
 //
 // DRAM state (rebuilt on open, never trusted across a crash): the bucket
 // count, mapped segment pointers, the eager-initialisation cursor, per-slot
-// record deltas, retire lists and free slab slots, the slab index, and the
-// per-stripe counters of in-flight value updates (dirty_bit mode).
+// record deltas (exact, read by Size) and the shared approximate count (read
+// by the growth check), retire lists and free slab slots (one SlotState per
+// thread slot, max_threads of them), the slab index, and the per-stripe
+// counters of in-flight value updates (dirty_bit mode).
 //
 // Invariants: a node is freed only after it was unlinked, the unlink was
 // persisted and its epoch grace period passed (kit/epoch.h: no reader can
 // hold it). Segments are never freed while the index is open.
 //
 // Thread safety: Insert/Update/Upsert/Find/Remove/Size may be called by any
-// number of threads at once (up to kMaxSlots bound at a time: more get
+// number of threads at once (up to max_threads bound at a time: more get
 // Busy); Check, ForEachOwnedBlock, Stats and Close need quiescence (no
 // operation in flight), as do Create/Open (single-threaded).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "core/index_util.h"
@@ -75,6 +78,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_link_hook
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
@@ -94,9 +98,61 @@ class BucketSet {
   std::vector<bool> bits_;
 };
 
+// Slab slots as bits (Check, Recover: the reachable slots), one bitmap of
+// 16 words per slab (128 bytes per 32 KiB slab): DRAM in proportion to the
+// slabs, none per record.
+class SlabBits {
+ public:
+  // Sets slot idx of slab `slab`; false if it was already set.
+  bool Set(uint64_t slab, uint64_t idx) {
+    uint64_t& w = bits_[slab][idx / 64];
+    const uint64_t m = 1ull << (idx % 64);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  bool Test(uint64_t slab, uint64_t idx) const {
+    auto it = bits_.find(slab);
+    return it != bits_.end() && (it->second[idx / 64] >> (idx % 64) & 1);
+  }
+  bool Empty(uint64_t slab) const {
+    auto it = bits_.find(slab);
+    if (it == bits_.end()) return true;
+    for (uint64_t w : it->second)
+      if (w) return false;
+    return true;
+  }
+
+ private:
+  std::unordered_map<uint64_t, std::array<uint64_t, 16>> bits_;
+};
+
+// Allocator blocks as bits (Recover: the blocks the list owns, nodes
+// outside slabs and out-of-line value records), one bit per 16 bytes of
+// the pool (the allocator's alignment), allocated on the first Set: DRAM in
+// proportion to the pool, at most 1/8 of an 8-byte offset per 64-byte node.
+class BlockBits {
+ public:
+  explicit BlockBits(uint64_t pool_size) : words_((pool_size / 16 + 63) / 64) {}
+  // false if off was already set.
+  bool Set(uint64_t off) {
+    if (bits_.empty()) bits_.assign(words_, 0);
+    uint64_t& w = bits_[off / 16 / 64];
+    const uint64_t m = 1ull << (off / 16 % 64);
+    if (w & m) return false;
+    w |= m;
+    return true;
+  }
+  bool Test(uint64_t off) const { return !bits_.empty() && off / 16 / 64 < bits_.size() && (bits_[off / 16 / 64] >> (off / 16 % 64) & 1); }
+
+ private:
+  uint64_t words_;
+  std::vector<uint64_t> bits_;
+};
+
 // ---------------------------------------------------------------------------
 // Thread -> slot binding: the index's epoch manager (kit/epoch.h, bounded to
-// kMaxSlots) binds each thread using the index to one slot number until the
+// max_threads) binds each thread using the index to one slot number until the
 // thread exits (an operation run during thread exit, after the binding was
 // released, takes a slot for its own duration). The slot number indexes the
 // DRAM SlotState and the persistent PSlot.
@@ -107,7 +163,8 @@ struct Retired {
 };
 
 struct alignas(64) SlotState {
-  std::atomic<int64_t> delta{0};   // records inserted - removed through this slot
+  std::atomic<int64_t> delta{0};   // records inserted - removed through this slot (read by Size)
+  int64_t unpushed = 0;  // owner thread only: delta not yet added to approx_count_
   uint64_t ops = 0;  // owner thread only
   std::mutex limbo_mu;
   RetireList<Retired> limbo;  // retired by this slot's operations, freed after their grace period
@@ -154,7 +211,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   }
   uint64_t Size() override {
     int64_t n = int64_t(base_count_);
-    const uint32_t hwm = epoch_.SlotCount();
+    const uint32_t hwm = epoch_->SlotCount();
     for (uint32_t i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
     return n < 0 ? 0 : uint64_t(n);
   }
@@ -163,6 +220,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   IndexStats Stats() override;
   pm::Pool* pool() override { return pool_.get(); }
   Status Close() override;
+  uint64_t BucketCountForTest() const { return bucket_count_.load(); }
 
  private:
   struct Ctx {
@@ -171,20 +229,39 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     PSlot* ps;
   };
   // An operation: this thread's slot, inside an epoch guard. !ok(): all
-  // kMaxSlots slots are bound to other threads (the operation returns Busy).
+  // max_threads slots are bound to other threads (the operation returns Busy).
   class Op {
    public:
-    explicit Op(NvcHashmap* h) : h_(h), g_(h->epoch_) {}
+    explicit Op(NvcHashmap* h) : h_(h), g_(*h->epoch_) {}
     bool ok() const { return g_.ok(); }
     Ctx ctx() const {
       const int s = int(g_.slot());
-      return Ctx{s, &h_->slots_[s], &h_->root_->slots[s]};
+      return Ctx{s, &h_->slots_[s], h_->PS(s)};
     }
 
    private:
     NvcHashmap* h_;
     EpochManager::Guard g_;
   };
+
+  // Persistent thread slot s (< nslots_): in the root, or in root.xslots.
+  PSlot* PS(int s) const { return s < kRootSlots ? &root_->slots[s] : xslots_ + (s - kRootSlots); }
+  // The thread slots (DRAM SlotStates, the epoch manager) for n threads;
+  // called once, by InitNew or LoadRoot.
+  void SetThreadSlots(uint32_t n) {
+    nslots_ = n;
+    slots_ = std::make_unique<SlotState[]>(n);
+    epoch_ = std::make_unique<EpochManager>(n);
+  }
+  Status BusyStatus() const {
+    return Status::Busy("nvc_hashmap: all " + std::to_string(nslots_) + " thread slots are in use (parameter max_threads)");
+  }
+  // Adds this slot's unpushed record delta to approx_count_ (the growth
+  // check's count; Size() reads the exact per-slot deltas).
+  void PushCount(const Ctx& c) {
+    approx_count_.fetch_add(c.st->unpushed, std::memory_order_relaxed);
+    c.st->unpushed = 0;
+  }
 
   // The regular node an untagged link names (raw & kBucketLink == 0).
   Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
@@ -352,10 +429,13 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   int SlabClassOf(const Node* n) const { return compact_ ? 0 : int(n->flags >> 4); }
 
   // The validating walk of the whole list shared by Check and Recover
-  // (nvc_walk.h); live_slab collects the reachable slab nodes.
+  // (nvc_walk.h); live_slab collects the reachable slab nodes (*nlive: how many).
   template <class Visitor>
-  Status WalkList(Visitor& v, std::unordered_set<uint64_t>* live_slab);
-  Status InitNew(const Options& o, uint64_t initial_buckets);
+  Status WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive);
+  // Unlinks every slab `empty` says has no slot in use from the slab list
+  // and frees it (open: recovery, or after a clean close).
+  void FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty);
+  Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
 
@@ -379,8 +459,13 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   alignas(64) std::atomic<char*> segs_[kMaxSegments] = {};
   std::mutex seg_mu_;
   uint64_t base_count_ = 0;
-  EpochManager epoch_{kMaxSlots};  // binds threads to slots; guards every operation
-  SlotState slots_[kMaxSlots];
+  // Record count for the growth check: every slot adds its delta every 64
+  // inserts (or removes), so growth reads one word instead of every slot.
+  alignas(64) std::atomic<int64_t> approx_count_{0};
+  uint32_t nslots_ = kRootSlots;  // thread slots (root.max_threads)
+  PSlot* xslots_ = nullptr;       // persistent slots kRootSlots.. (root.xslots)
+  std::unique_ptr<EpochManager> epoch_;  // binds threads to slots; guards every operation
+  std::unique_ptr<SlotState[]> slots_;
   // dirty_bit mode: in-flight in-place value updates per stripe of nodes
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader

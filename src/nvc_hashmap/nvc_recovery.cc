@@ -7,7 +7,8 @@
 // does not own (the paper leaks them).
 //
 // Open (LoadRoot) validates the root before reading past its first line
-// (block size, magic, version 4 only, kinds, segment size, the head). After
+// (block size, magic, version 4 or 5, kinds, segment size, thread slots,
+// the head). After
 // a clean close (root.clean == 1) it takes the record count and the slabs'
 // free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
 // list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
@@ -16,14 +17,18 @@
 // per-thread pending slots (reachable -> clear, else free) and frees every
 // allocated block the structure does not own (nodes and value records of
 // unfinished operations, nodes waiting for their epoch, replaced records).
-// Every unreachable slab slot is free.
+// Every unreachable slab slot is free; a slab with none reachable is freed.
+// Its DRAM is bitmaps (per bucket, per slab slot, and per 16 bytes of pool
+// for blocks outside slabs), nothing per record.
 //
 // Persist order:
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
-//           the head (kEnd) persisted -> root persisted -> magic, persisted.
+//           the initial buckets' dummies linked in split order (the head
+//           first), persisted -> root persisted -> magic, persisted.
 //   recover: the walk's link repairs (flushed) -> fence -> bucket slots
 //           reset (flushed) -> fence -> pending slots resolved, unowned
-//           blocks freed (allocator transactions) -> fence.
+//           blocks freed (allocator transactions) -> fence -> empty slabs
+//           unlinked (persisted) and freed, each in turn -> fence.
 //   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
 //           fence -> count, persisted -> clean = 1, persisted.
 //
@@ -32,7 +37,6 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "nvc_hashmap/nvc_walk.h"
@@ -40,7 +44,7 @@ namespace pmindex::internal::nvc {
 
 Status NvcHashmap::Close() {
   if (closed_) return Status::OK();
-  for (int i = 0; i < kMaxSlots; i++) Reclaim(i, true);
+  for (uint32_t i = 0; i < nslots_; i++) Reclaim(int(i), true);
   if (!slab_cls_.empty()) WriteSlabBitmaps();
   // Slot states were published with volatile stores: make them durable so a
   // clean open can trust them.
@@ -55,10 +59,16 @@ Status NvcHashmap::Close() {
   return pool_->Close();
 }
 
-Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
+Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads) {
   pm::Allocator& a = pool_->allocator();
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
   root_ = pool_->root<Root>();
+  SetThreadSlots(max_threads);
+  pm::Store(&root_->max_threads, uint64_t(max_threads));
+  if (max_threads > uint32_t(kRootSlots)) {
+    PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->xslots, (max_threads - kRootSlots) * sizeof(PSlot)));
+    xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
+  }
   kk_ = o.key_kind;
   vk_ = o.value_kind;
   max_key_ = o.max_key_size;
@@ -75,12 +85,18 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets) {
   pm::Store(&root_->node_alloc, uint64_t(slab_ ? 1 : 0));
   pm::Store(&root_->bucket_count, initial_buckets);
   bucket_count_.store(initial_buckets);
-  init_end_.store(initial_buckets);  // initialise the initial buckets eagerly
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->seg[0], seg0_ * kSlotBytes));
   segs_[0].store(base_ + root_->seg[0]);
-  uint64_t* head = BucketSlot(0, false);  // bucket 0's dummy: the list head, published, empty list
-  pm::StoreAtomic(head, kEnd);
-  pm::Persist(head, kSlotBytes);
+  // The list is empty: it is exactly the initial buckets' dummies in split
+  // order (bucket Reverse(i) is the i-th dummy), all published, ending with
+  // kEnd. Bucket 0's slot is the head. One persist pass over the slots; the
+  // root's magic, written last, makes them part of the index.
+  uint64_t* table = BucketSlot(0, false);
+  const int bits = __builtin_ctzll(initial_buckets);
+  auto nth = [bits](uint64_t i) { return bits ? Reverse64(i) >> (64 - bits) : 0; };
+  for (uint64_t i = 0; i < initial_buckets; i++)
+    pm::StoreAtomic(&table[nth(i)], i + 1 < initial_buckets ? BucketLink(nth(i + 1)) : kEnd);
+  pm::Persist(table, initial_buckets * kSlotBytes);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);
@@ -96,9 +112,24 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
     return Status::Corrupt("nvc_hashmap: the root block is smaller than the root object (" + std::to_string(sizeof(Root)) +
                            " bytes): not an nvc_hashmap pool of this format");
   if (root_->magic != kMagic) return Status::Corrupt("nvc_hashmap: bad root magic (not an nvc_hashmap pool or creation interrupted)");
-  if (root_->version != kVersion)
-    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads version " +
-                           std::to_string(kVersion) + " only; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
+  if (root_->version < kOldestReadVersion || root_->version > kVersion)
+    return Status::Corrupt("nvc_hashmap: unsupported format version " + std::to_string(root_->version) + " (this build reads versions " +
+                           std::to_string(kOldestReadVersion) + " to " + std::to_string(kVersion) +
+                           "; version 3 pools may hold any of three incompatible layouts; recreate the pool)");
+  // Thread slots: version 4 pools have none beyond the root's (both words 0).
+  uint64_t nt = root_->max_threads;
+  if (root_->version == 4 && (nt || root_->xslots)) return Status::Corrupt("nvc_hashmap: a version 4 root with thread-slot words set");
+  if (nt == 0) nt = kRootSlots;
+  if (nt > uint64_t(kMaxThreads)) return Status::Corrupt("nvc_hashmap: bad max_threads " + std::to_string(nt) + " in root");
+  if (nt > uint64_t(kRootSlots)) {
+    if (!root_->xslots || !pool_->allocator().IsAllocated(root_->xslots) ||
+        pool_->allocator().UsableSize(root_->xslots) < (nt - kRootSlots) * sizeof(PSlot))
+      return Status::Corrupt("nvc_hashmap: the thread-slot block (root.xslots) is missing or too small");
+    xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
+  } else if (root_->xslots) {
+    return Status::Corrupt("nvc_hashmap: a thread-slot block with max_threads <= " + std::to_string(kRootSlots));
+  }
+  SetThreadSlots(uint32_t(nt));
   if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
   kk_ = KeyKind(root_->key_kind);
   vk_ = ValueKind(root_->value_kind);
@@ -131,8 +162,8 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
     base_count_ = root_->count;
     // After a clean close every slot's block is linked or freed; a nonzero
     // word is a volatile clear that did not reach PM (DAX): drop it.
-    for (auto& ps : root_->slots)
-      for (uint64_t* w : {&ps.pending, &ps.pending_val, &ps.scratch})
+    for (uint32_t i = 0; i < nslots_; i++)
+      for (uint64_t* w : {&PS(int(i))->pending, &PS(int(i))->pending_val, &PS(int(i))->scratch})
         if (*w) {
           pm::StoreAtomic(w, uint64_t(0));
           pm::Persist(w, 8);
@@ -145,18 +176,23 @@ Status NvcHashmap::Recover() {
   const auto t0 = std::chrono::steady_clock::now();
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); };
-  std::vector<uint64_t> owned;
+  std::vector<uint64_t> owned;  // the structure's own blocks (root, segments, thread slots, slabs)
   owned.push_back(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) owned.push_back(root_->seg[s]);
+  if (root_->xslots) owned.push_back(root_->xslots);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
-  std::unordered_set<uint64_t> live_slab;  // reachable slab nodes; every other slot is free
+  SlabBits live_slab;  // reachable slab nodes; every other slot is free
+  uint64_t nlive = 0;
+  BlockBits owned_nodes(pool_->size());  // reachable nodes outside slabs and value records
+  bool twice = false;
   uint64_t count = 0;
   BucketSet linked;  // buckets whose dummy is reachable
   struct Visitor {
     NvcHashmap* h;
-    std::vector<uint64_t>* owned;
+    BlockBits* owned;
+    bool* twice;
     BucketSet* linked;
     uint64_t* count;
     Status Bad(const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); }
@@ -184,17 +220,20 @@ Status NvcHashmap::Recover() {
       return true;
     }
     Status OnNode(Node* n, uint64_t off, bool in_slab, uint64_t value_word) {
-      if (!in_slab) owned->push_back(off);
+      if (!in_slab && !owned->Set(off)) *twice = true;
       ++*count;
-      if (h->HasRecord(n, value_word)) owned->push_back(value_word);
+      if (h->HasRecord(n, value_word) && !owned->Set(value_word)) *twice = true;
       return Status::OK();
     }
-  } visitor{this, &owned, &linked, &count};
-  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab));
+  } visitor{this, &owned_nodes, &twice, &linked, &count};
+  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
   pm::Fence();
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
-  auto is_owned = [&](uint64_t off) { return std::binary_search(owned.begin(), owned.end(), off); };
+  for (uint64_t off : owned)
+    if (owned_nodes.Test(off)) twice = true;
+  if (twice) return bad("a block is owned twice");
+  auto is_owned = [&](uint64_t off) { return owned_nodes.Test(off) || std::binary_search(owned.begin(), owned.end(), off); };
   // Slot states: a reachable dummy is published (its word was cleaned in the
   // walk); every other slot is reset (a claim, or a dummy whose link did not
   // become durable).
@@ -232,7 +271,8 @@ Status NvcHashmap::Recover() {
       pm::Persist(w, 8);
     }
   };
-  for (auto& ps : root_->slots) {
+  for (uint32_t i = 0; i < nslots_; i++) {
+    PSlot& ps = *PS(int(i));
     resolve(&ps.pending);
     resolve(&ps.pending_val);
     resolve(&ps.scratch);
@@ -245,10 +285,11 @@ Status NvcHashmap::Recover() {
     a.Free(&root_->scratch);
   }
   pm::Fence();
+  FreeEmptySlabs([&](uint64_t off, const SlabHdr*) { return live_slab.Empty(off); });
   for (auto& [off, cls] : slab_cls_) {
     const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
     for (uint64_t i = 0; i < n; i++)
-      if (!live_slab.count(SlabSlot(off, cls, i))) gfree_[cls].push_back(SlabSlot(off, cls, i));
+      if (!live_slab.Test(off, i)) gfree_[cls].push_back(SlabSlot(off, cls, i));
   }
   base_count_ = count;
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

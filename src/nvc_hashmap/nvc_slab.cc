@@ -11,7 +11,8 @@
 // live only in DRAM (per-thread lists, used by the thread owning the slot,
 // and a shared list under slab_mu_) and are rebuilt on open: from the slab
 // bitmaps written at a clean close, or by the recovery walk after a crash
-// (every unreachable slot is free). Larger nodes, and all nodes with
+// (every unreachable slot is free); a slab with no slot in use goes back to
+// the allocator then. Larger nodes, and all nodes with
 // node_alloc=allocator, are allocator blocks (pending-slot protocol).
 //
 // Reclamation: a node or value record is retired by the operation that
@@ -30,7 +31,10 @@
 // persist its header -> root.slab_head = slab, persist -> clear
 // root.slab_pending, persist. Clean close: every slab's bitmap, one fence.
 // A crash after the allocation leaves the slab in slab_pending or in the
-// list; recovery frees a pending slab that is not in the list.
+// list; recovery frees a pending slab that is not in the list. Empty slab
+// (at open): its predecessor's next (or root.slab_head) skips it, persisted
+// -> freed through root.scratch; a crash in between leaves a block nothing
+// owns, which recovery frees.
 //
 // Thread safety: SlabAlloc/SlabFree on a thread's own SlotState; the shared
 // list, the slab index and new slabs under slab_mu_; retire lists under
@@ -92,10 +96,17 @@ Status NvcHashmap::SlabRefill(const Ctx& c, int cls) {
   if (mine.empty()) {
     Status s = NewSlab(cls, &mine);
     if (s.IsPoolFull()) {
+      // Free what this thread retired, then try again: its slab slots may
+      // be of another class, its allocator blocks make room for a slab, and
+      // other threads may have shared free slots meanwhile.
       slab_mu_.unlock();
       const bool got = ReclaimForSpace(c);
       slab_mu_.lock();
-      if (got && !mine.empty()) s = Status::OK();
+      const size_t more = std::min<size_t>(g_free.size(), 256);
+      mine.insert(mine.end(), g_free.end() - more, g_free.end());
+      g_free.resize(g_free.size() - more);
+      if (!mine.empty()) s = Status::OK();
+      else if (got) s = NewSlab(cls, &mine);
     }
     if (!s.ok()) return s;
   }
@@ -138,6 +149,28 @@ Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
   return Status::OK();
 }
 
+// Unlinks and frees the slabs `empty` selects (open).
+// Persist order: the predecessor's next word (or root.slab_head) skips the
+// slab, persisted -> the slab freed through root.scratch (an allocator
+// transaction). A crash in between leaves an allocated block that nothing
+// owns, which the next recovery frees.
+void NvcHashmap::FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty) {
+  uint64_t* pw = &root_->slab_head;
+  while (const uint64_t off = *pw) {
+    SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    if (!empty(off, h)) {
+      pw = &h->next;
+      continue;
+    }
+    pm::StoreAtomic(pw, h->next);
+    pm::Persist(pw, 8);
+    slab_cls_.erase(off);
+    pm::StoreAtomic(&root_->scratch, off);
+    pool_->allocator().Free(&root_->scratch);
+  }
+  pm::Fence();
+}
+
 // Rebuilds slab_cls_ from the persistent slab list and, if use_bitmaps (open
 // after a clean close), the shared free lists from the slabs' bitmaps.
 Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
@@ -154,9 +187,20 @@ Status NvcHashmap::LoadSlabs(bool use_bitmaps) {
       return Status::Corrupt("nvc_hashmap: bad slab header at " + std::to_string(off));
     if (!slab_cls_.emplace(off, int(h->cls)).second || ++n > pool_->size() / kSlabSize)
       return Status::Corrupt("nvc_hashmap: slab list has a cycle");
-    if (use_bitmaps)
-      for (uint64_t i = 0; i < h->nslots; i++)
-        if (h->free_bits[i / 64] >> (i % 64) & 1) gfree_[h->cls].push_back(SlabSlot(off, int(h->cls), i));
+  }
+  if (!use_bitmaps) return Status::OK();
+  // After a clean close: a slab whose bitmap says every slot is free goes
+  // back to the allocator; the free slots of the others to the free lists.
+  auto all_free = [](uint64_t, const SlabHdr* h) {
+    for (uint64_t i = 0; i < h->nslots; i++)
+      if (!(h->free_bits[i / 64] >> (i % 64) & 1)) return false;
+    return true;
+  };
+  FreeEmptySlabs(all_free);
+  for (auto& [off, cls] : slab_cls_) {
+    const SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    for (uint64_t i = 0; i < h->nslots; i++)
+      if (h->free_bits[i / 64] >> (i % 64) & 1) gfree_[cls].push_back(SlabSlot(off, cls, i));
   }
   return Status::OK();
 }
@@ -173,8 +217,8 @@ void NvcHashmap::WriteSlabBitmaps() {
   };
   for (int k = 0; k < kNumClasses; k++) {
     for (uint64_t o : gfree_[k]) mark(o);
-    for (auto& st : slots_)
-      for (uint64_t o : st.free_nodes[k]) mark(o);
+    for (uint32_t i = 0; i < nslots_; i++)
+      for (uint64_t o : slots_[i].free_nodes[k]) mark(o);
   }
   for (auto& [off, b] : bits) {
     SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
@@ -186,12 +230,12 @@ void NvcHashmap::WriteSlabBitmaps() {
 
 void NvcHashmap::Reclaim(int slot, bool all) {
   SlotState& st = slots_[slot];
-  PSlot* ps = &root_->slots[slot];
+  PSlot* ps = PS(slot);
   std::lock_guard<std::mutex> g(st.limbo_mu);
   bool freed = false;
   auto free_one = [&](const Retired& r) { freed |= FreeRetired(&st, ps, r); };
   if (all) st.limbo.ReclaimAll(free_one);
-  else st.limbo.Reclaim(epoch_, free_one);
+  else st.limbo.Reclaim(*epoch_, free_one);
   // Free leaves its lane clear to the caller's next fence; returning slab
   // slots to the DRAM free lists stores nothing to PM (no fence needed).
   if (freed) pm::Fence();

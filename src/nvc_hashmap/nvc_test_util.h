@@ -1,25 +1,32 @@
-// Test helpers for the NVC-Hashmap tests: pool paths, key/value generators
-// and a leak check. The crash tests' durable-image observer is
-// kit/test_observer.h.
+// Test helpers for the NVC-Hashmap tests: pool paths, key/value generators,
+// a leak check, CrashHarness (a live index whose pool has the durable-image
+// observer of kit/test_observer.h, crashed into a second pool), and
+// PauseHook, which holds a thread at one of the test hooks of nvc_hashmap.h
+// until the test releases it.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "nvc_hashmap/nvc_hashmap.h"
 #include "pm/image_file.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "kit/test_observer.h"
 
 namespace pmindex::nvc_test {
 
@@ -59,6 +66,95 @@ inline void ExpectNoLeak(Index* idx) {
   idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
   EXPECT_EQ(owned.size(), allocated.size());
   EXPECT_TRUE(owned == allocated) << "owned " << owned.size() << " blocks, allocator has " << allocated.size();
+}
+
+// ---------------------------------------------------------------------------
+// Crash images and paused threads.
+
+// A live index whose pool has a DurableImage observer; Crash() writes the
+// durable image to a second pool file and opens it (recovery runs).
+class CrashHarness {
+ public:
+  CrashHarness(const std::string& tag, std::map<std::string, std::string> params, KeyKind kk = KeyKind::kU64)
+      : live_(tag + "-live"), image_(tag + "-image") {
+    Options o;
+    o.pool_path = live_.path;
+    o.key_kind = kk;
+    o.value_kind = ValueKind::kU64;
+    o.params = std::move(params);
+    o.pool_size = 8ull << 20;
+    o.max_pool_size = 8ull << 20;  // no growth: the image covers the whole pool
+    EXPECT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+    obs_ = std::make_unique<internal::kit::DurableImage>(idx->pool());  // installs itself
+  }
+  ~CrashHarness() {
+    pm::SetObserver(nullptr);
+    pm::DisableAllFaults();
+  }
+  std::vector<char> Snapshot() { return obs_->Snapshot(); }
+  bool SameAsLive() { return obs_->SameAsLive(); }
+  // Closes the live index and opens the image in *out.
+  Status Crash(const std::vector<char>& img, std::unique_ptr<Index>* out) {
+    pm::SetObserver(nullptr);
+    pm::DisableAllFaults();
+    idx.reset();
+    internal::kit::DurableImage::Write(img, image_.path);
+    Options o;
+    o.pool_path = image_.path;
+    o.create_if_missing = false;
+    return OpenIndex("nvc_hashmap", o, out);
+  }
+  std::unique_ptr<Index> idx;
+
+ private:
+  PoolFile live_, image_;
+  std::unique_ptr<internal::kit::DurableImage> obs_;
+};
+
+// Two u64 keys whose nodes are neighbours in split order (a before b).
+inline void NeighbourKeys(uint64_t seed, std::string* a, std::string* b) {
+  *a = nvc_test::U64(seed);
+  *b = nvc_test::U64(seed + 1);
+  if (nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *a) > nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, *b)) std::swap(*a, *b);
+}
+
+// A thread held at a test hook: PauseHook (installed as the hook, with
+// g_pause pointing here) holds the first thread that reaches it with `key`
+// until ReleaseAndJoin.
+struct PauseState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string key;
+  bool paused = false, release = false;
+};
+inline PauseState* g_pause = nullptr;
+
+inline void WaitPaused(PauseState& ps) {
+  std::unique_lock<std::mutex> l(ps.mu);
+  ps.cv.wait(l, [&] { return ps.paused; });
+}
+// Lets the paused thread go, joins it and removes the hooks.
+inline void ReleaseAndJoin(PauseState& ps, std::thread& t) {
+  {
+    std::lock_guard<std::mutex> l(ps.mu);
+    ps.release = true;
+    ps.cv.notify_all();
+  }
+  t.join();
+  nvc_hashmap_testing::SetAfterLinkHook(nullptr);
+  nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
+  nvc_hashmap_testing::SetBeforeValueStoreHook(nullptr);
+  nvc_hashmap_testing::SetAfterMarkHook(nullptr);
+  g_pause = nullptr;
+}
+
+inline void PauseHook(Slice key) {
+  PauseState& p = *g_pause;
+  std::unique_lock<std::mutex> l(p.mu);
+  if (key != p.key || p.paused) return;
+  p.paused = true;
+  p.cv.notify_all();
+  p.cv.wait(l, [&] { return p.release; });
 }
 
 }  // namespace pmindex::nvc_test

@@ -32,14 +32,13 @@
 #pragma once
 
 #include <string>
-#include <unordered_set>
 
 #include "nvc_hashmap/nvc_map.h"
 
 namespace pmindex::internal::nvc {
 
 template <class Visitor>
-Status NvcHashmap::WalkList(Visitor& v, std::unordered_set<uint64_t>* live_slab) {
+Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive) {
   pm::Allocator& a = pool_->allocator();
   const uint64_t psize = pool_->size();
   uint64_t* pw = BucketSlot(0, false);  // the word we stand on (the head: checked by the callers)
@@ -77,7 +76,8 @@ Status NvcHashmap::WalkList(Visitor& v, std::unordered_set<uint64_t>* live_slab)
     if (prev_so > n->so) return v.Bad("split order violated at node " + std::to_string(off));
     if (prev_so == n->so && (!prev || Cmp(prev, n->so, NodeKey(n)) >= 0))
       return v.Bad("duplicate or unordered keys at node " + std::to_string(off));
-    if (in_slab && !live_slab->insert(off).second) return v.Bad("slab node " + std::to_string(off) + " reached twice");
+    if (in_slab && !live_slab->Set(sl, ix)) return v.Bad("slab node " + std::to_string(off) + " reached twice");
+    if (in_slab) ++*nlive;
     const uint64_t value_word = LoadW(&n->value);
     if (HasRecord(n, value_word) && (value_word >= psize || !a.IsAllocated(value_word)))
       return v.Bad("value record of node " + std::to_string(off) + " not allocated");
