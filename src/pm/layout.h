@@ -1,4 +1,5 @@
-// Internal: the on-media layout shared by pool.cc and allocator.cc.
+// Internal: the on-media layout shared by pool.cc, the allocator files and
+// the PMwCAS descriptor region (pmwcas.cc).
 //
 // See docs/pool-format.md. Everything here is fixed by the format version:
 //   [0, 4 KiB)          pool header (Pool::Header in pool.cc)

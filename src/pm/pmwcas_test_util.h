@@ -18,13 +18,11 @@
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pmwcas.h"
 #include "pmindex/pm/pool.h"
+#include "testing/pm_test_util.h"
 
 namespace pmindex::pm::pmwcas_test {
 
-inline std::string TempPath(const std::string& tag) {
-  static std::atomic<int> n{0};
-  return "/dev/shm/pmwcas-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".pool";
-}
+using testing::TempPoolPath;
 
 // A pool whose root block holds `nwords` zeroed target words.
 struct TestPool {
@@ -34,7 +32,7 @@ struct TestPool {
 
   explicit TestPool(const std::string& tag, size_t nwords = 64, uint32_t max_words = PMwCAS::kDefaultMaxWords,
                     uint64_t size = 1 << 20)
-      : path(TempPath(tag)) {
+      : path(TempPoolPath(tag)) {
     PoolOptions po;
     po.size = size;
     po.max_size = size;

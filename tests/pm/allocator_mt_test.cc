@@ -15,7 +15,7 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
 #include "pm/layout.h"
-#include "test_util.h"
+#include "testing/pm_test_util.h"
 
 namespace pmindex::pm {
 namespace {

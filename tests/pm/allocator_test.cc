@@ -21,7 +21,7 @@
 #include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
-#include "test_util.h"
+#include "testing/pm_test_util.h"
 
 namespace pmindex::pm {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
-#include "test_util.h"
+#include "testing/pm_test_util.h"
 #include "testing/process.h"
 
 namespace pmindex::pm {

@@ -12,7 +12,7 @@
 
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
-#include "test_util.h"
+#include "testing/pm_test_util.h"
 #include "testing/process.h"
 
 namespace pmindex::pm {
