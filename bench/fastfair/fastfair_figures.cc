@@ -6,14 +6,11 @@
 //      N = --records and --big. Exact counts, independent of machine load.
 //   2. Open time of a --big pool: fastfair (lazy recovery) vs fptree (rebuilds
 //      its DRAM inner nodes).
-// Throughput is not measured here any more (session 6): this tool's former
-// section 2 ran whole phases of one index after the other in a fixed order
-// (best of 3), and reported find 0.67 / insert 0.39 of dram_btree in a quiet
-// session where pmbench's balanced rounds gave 0.82-0.92 / 0.49-0.51. Use
-// `pmbench --index dram_btree,fptree,fastfair` (interleaved in balanced
-// rounds, "median of the per-round ratios") for the goal ratios and
+// Throughput is not measured here: use `pmbench --index
+// dram_btree,fptree,fastfair` (interleaved in balanced rounds, "median of the
+// per-round ratios") for ratios against the baseline and
 // `fastfair_interleave` (chunks alternating, no harness cost per operation)
-// to compare builds: docs/fastfair.md, "Session 6".
+// to compare builds (docs/fastfair.md).
 // Usage: fastfair_figures [--records N] [--big N] [--skip-big]
 //        [--persist_mode flush|none]
 // Pools live in /dev/shm and are removed at exit.
@@ -162,10 +159,6 @@ int main(int argc, char** argv) {
       pm::PersistMode m;
       if (!pm::ParsePersistMode(argv[++i], &m)) return 2;
       pm::SetPersistMode(m);
-    } else if (a == "--ops" || a == "--repeat") {
-      // Accepted and ignored: they sized the throughput section, removed in
-      // session 6 (older command lines in docs/fastfair.md still pass them).
-      next();
     } else {
       std::fprintf(stderr, "usage: %s [--records N] [--big N] [--skip-big] [--persist_mode flush|none]\n", argv[0]);
       return 2;

@@ -10,6 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "pmcheck.h"
+#include "target.h"
 #include "pmindex/index.h"
 
 namespace {
@@ -60,13 +61,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-reported", c.max_reported, "failures printed per kind");
   app.add_flag("--verbose", c.verbose, "one line per crash image / kill round");
   app.add_option("--trace-line", c.trace_line, "print a backtrace of every store to / flush of the line holding this pool offset");
-  app.add_flag("--list", list, "list the indexes pmcheck can check");
+  app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive) pmcheck can check");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
     for (const auto& i : pmindex::ListIndexes())
       if (i.persistent) std::printf("%s\n", i.name.c_str());
-    std::printf("pmcheck_toy\n");
+    std::printf("%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName);
     return 0;
   }
   c.key_kind = key_kind == "u64" ? pmindex::KeyKind::kU64 : pmindex::KeyKind::kBytes;
