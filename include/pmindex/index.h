@@ -5,6 +5,8 @@
 //   Update  fails with NotFound if the key is absent.
 //   Upsert  inserts or replaces.
 //   Find    copies the value into *value; NotFound if absent.
+//   FindMany  Find over a batch of keys, overlapping their cache misses
+//           where the index can.
 //   Remove  NotFound if absent.
 //   Scan    visits up to n records with key >= start in ascending key order;
 //           hash indexes return Unsupported.
@@ -81,6 +83,16 @@ class Index {
   virtual Status Update(Slice key, Slice value) = 0;
   virtual Status Upsert(Slice key, Slice value) = 0;
   virtual Status Find(Slice key, std::string* value) = 0;
+  // Batched Find: for i < n, statuses[i] is what Find(keys[i], &values[i])
+  // returns, and values[i] holds the value when statuses[i] is OK (else it
+  // is unspecified). Each lookup is linearizable on its own, exactly as a
+  // Find; the batch as a whole is not atomic (a writer may run between two
+  // of its lookups). Keys may repeat. An index overrides this to overlap the
+  // cache misses of the batch's lookups (fptree: interleaved descents with
+  // software prefetch, fptree_batch.cc); the default runs them one by one.
+  virtual void FindMany(const Slice* keys, size_t n, std::string* values, Status* statuses) {
+    for (size_t i = 0; i < n; i++) statuses[i] = Find(keys[i], &values[i]);
+  }
   virtual Status Remove(Slice key) = 0;
   // *count (if not null) receives the number of records visited.
   virtual Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count = nullptr) = 0;

@@ -14,6 +14,7 @@
 //   fptree_recovery.cc  creation, open, validation of a damaged pool, recovery
 //   fptree_scan.cc      scans and the scan-order hint
 //   fptree_check.cc     Check, owned blocks, introspection for tests
+//   fptree_batch.cc     FindMany: a batch of finds with interleaved descents
 //
 // Concurrency (fptree): no HTM. DRAM inner nodes use optimistic lock
 // coupling (fptree_inner.h). Each leaf has a seqlock word
@@ -117,6 +118,8 @@ class FPTree final : public Index, public FPTreeIntrospect {
   Status Update(Slice key, Slice value) override { return Put(key, value, Mode::kUpdate); }
   Status Upsert(Slice key, Slice value) override { return Put(key, value, Mode::kUpsert); }
   Status Find(Slice key, std::string* value) override;
+  // fptree_batch.cc
+  void FindMany(const Slice* keys, size_t n, std::string* values, Status* statuses) override;
   Status Remove(Slice key) override;
   uint64_t Size() override;
   IndexStats Stats() override;

@@ -136,8 +136,8 @@ Status KV::get_many(const std::vector<Slice>& keys, std::vector<std::string>* va
   values->resize(keys.size());
   statuses->resize(keys.size());
   Status first;
+  index_->FindMany(keys.data(), keys.size(), values->data(), statuses->data());
   for (size_t i = 0; i < keys.size(); i++) {
-    (*statuses)[i] = index_->Find(keys[i], &(*values)[i]);
     if (!(*statuses)[i].ok()) {
       (*values)[i].clear();
       if (first.ok() && !(*statuses)[i].IsNotFound()) first = (*statuses)[i];

@@ -13,8 +13,10 @@
 #include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "common/cli.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
 
@@ -144,16 +146,7 @@ int main(int argc, char** argv) {
   info->add_flag("--json", json, "print JSON");
   auto* check = app.add_subcommand("check", "open read-only and verify the header and allocator metadata");
   check->add_option("POOL", path, "pool file")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kExitUsage;
-  }
+  if (std::optional<int> rc = tools::ParseArgs(app, argc, argv, kExitUsage)) return *rc;
   if (info->parsed()) return Info(path, json);
   return Check(path);
 }

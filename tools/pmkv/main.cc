@@ -25,8 +25,10 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
+#include "common/cli.h"
 #include "pmindex/kv.h"
 
 using namespace pmindex;
@@ -290,16 +292,7 @@ int main(int argc, char** argv) {
   pool_arg(info);
   info->add_flag("--json", json);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kUsage;
-  }
+  if (std::optional<int> rc = tools::ParseArgs(app, argc, argv, kUsage)) return *rc;
 
   bool creates = put->parsed() || load->parsed();
   std::unique_ptr<KV> kv;
