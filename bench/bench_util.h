@@ -1,5 +1,5 @@
 // bench/bench_util.h: helpers shared by the benchmark programs under bench/
-// (fastfair_figures, fastfair_interleave, fptree_figures, fptree_opcost,
+// (fastfair_figures, fastfair_interleave, fptree_figures, fptree_opcost, fptree_space,
 // fptree_scanmix, fptree_findmix): a wall clock, the two key mappings they
 // use (pmbench's multiplication and a scramble), a median, exit on error.
 #pragma once

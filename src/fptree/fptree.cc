@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "fptree/fptree_tree.h"
+#include "pm/allocator_format.h"
 #include "pmindex/pm/fault.h"
 
 namespace pmindex::internal {
@@ -300,6 +301,17 @@ FPT_INSTANTIATE_ALL(FPT_INSTANTIATE)
 // Factories.
 namespace {
 
+// fptree_single's default leaves per group: as many as fill the allocator
+// size class that a group of 8 leaves lands in (a group is 64 + G * leaf
+// bytes: 8 leaves of 1,024 bytes take 8,256 bytes and their 10,240-byte
+// class, which 9 leaves nearly fill).
+long long DefaultGroupSize(bool fp, uint32_t m) {
+  const uint64_t lb = LeafBytes(fp, m), b8 = 64 + 8 * lb;
+  if (b8 > pm::Allocator::kMaxRunBlock) return 8;
+  const uint64_t cls = pm::alloc_internal::kClassSizes[pm::alloc_internal::ClassOf(b8)];
+  return std::min<long long>(64, (cls - 64) / lb);
+}
+
 template <uint8_t V>
 Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out, bool create) {
   if (o.read_only) return Status::Unsupported("fptree recovers on open and cannot open a pool read-only");
@@ -333,7 +345,7 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   long long def_inner = V == kConcurrent ? (bytes ? 64 : 128) : V == kSingle ? (bytes ? 2048 : 4096) : (bytes ? 256 : 4096);
   PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", def_leaf, 2, V == kPTree ? 64 : 56, &leaf));
   PMINDEX_RETURN_IF_ERROR(p.GetInt("inner_size", def_inner, 3, 65536, &inner));
-  PMINDEX_RETURN_IF_ERROR(p.GetInt("group_size", 8, 1, 64, &group));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("group_size", DefaultGroupSize(V != kPTree, uint32_t(leaf)), 1, 64, &group));
   std::string upd;
   PMINDEX_RETURN_IF_ERROR(p.GetString("update", "inplace", &upd));
   if (upd != "inplace" && upd != "flip") return Status::InvalidArgument("parameter update must be 'inplace' or 'flip'");

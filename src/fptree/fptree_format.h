@@ -42,11 +42,13 @@
 //     the leaf or group list, a slot, a micro-log word).
 //
 // Persist order: see fptree_smo.cc (split, leaf delete), fptree.cc (insert,
-// update, delete), fptree_group.cc (groups), fptree_recovery.cc (creation).
+// update, delete), fptree_group.cc (groups), fptree_recovery.cc (creation),
+// fptree_compact.cc (leaf merges and group compaction at open).
 //
 // Thread safety: declarations only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -54,8 +56,13 @@
 
 namespace pmindex::internal::fptree {
 
-// Format magic ("PFTRT01"); the format has one version.
-constexpr uint64_t kMagic = 0x31305452544650ull;
+// Format magic: "PFTRT02" (format 2: the leaf-merge log in the root's head
+// line). Format 1 ("PFTRT01") has the same layout with that log never used
+// (its words are zero); open accepts it and stores the format-2 magic before
+// its first merge, so a binary that knows only format 1 refuses a pool whose
+// merge log may be in use (bad magic) instead of ignoring the log.
+constexpr uint64_t kMagic = 0x32305452544650ull;
+constexpr uint64_t kMagicV1 = 0x31305452544650ull;
 // Micro-log slots per kind: concurrent splits/deletes take one each.
 constexpr int kLogs = 64;
 
@@ -89,6 +96,10 @@ struct alignas(64) Root {
   uint32_t max_key, max_value;
   uint64_t initialized;  // alg. 9 "Tree.Status": 1 once creation finished
   alignas(64) uint64_t head;  // first leaf
+  // Leaf-merge log (format 2; fptree_compact.cc): right is merged into left,
+  // whose bitmap before the merge was left_bm. right is stored last (same
+  // line) and is nonzero iff the log is in use.
+  uint64_t merge_left, merge_left_bm, merge_right;
   alignas(64) uint64_t groups_head;
   uint64_t groups_tail;
   GroupLog get_log;
@@ -96,6 +107,8 @@ struct alignas(64) Root {
   SplitLog split[kLogs];
   DeleteLog del[kLogs];
 };
+static_assert(offsetof(Root, merge_right) < 128 && offsetof(Root, groups_head) == 128,
+              "the merge log fits in the head's line; format-1 offsets unchanged");
 
 // ---------------------------------------------------------------------------
 // Leaf geometry.

@@ -75,12 +75,18 @@ std::map<uint64_t, uint32_t>::iterator FPTree<kConc, kBytes>::GroupOf(uint64_t l
 template <bool kConc, bool kBytes>
 void FPTree<kConc, kBytes>::FreeLeaf(uint64_t leaf) {
   auto it = GroupOf(leaf);
-  uint64_t g = it->first;
   if (--it->second > 0) {
     free_leaves_.push_back(leaf);
     return;
   }
-  // The whole group is free: drop its leaves from the vector, unlink, free.
+  FreeGroup(it);
+}
+
+// Alg. 12 lines 4-19: group it has no listed leaf; drop its leaves from the
+// vector, unlink it, free it.
+template <bool kConc, bool kBytes>
+void FPTree<kConc, kBytes>::FreeGroup(std::map<uint64_t, uint32_t>::iterator it) {
+  const uint64_t g = it->first;
   uint64_t lo = g, hi = g + GroupBytes();
   free_leaves_.erase(std::remove_if(free_leaves_.begin(), free_leaves_.end(), [&](uint64_t x) { return x >= lo && x < hi; }),
                      free_leaves_.end());
@@ -163,6 +169,7 @@ std::map<uint64_t, uint32_t>::iterator FPTree<kConc, kBytes>::GroupOfChecked(uin
   template void FPTree<C, B>::RecoverGetLog();                                                  \
   template std::map<uint64_t, uint32_t>::iterator FPTree<C, B>::GroupOf(uint64_t);              \
   template void FPTree<C, B>::FreeLeaf(uint64_t);                                               \
+  template void FPTree<C, B>::FreeGroup(std::map<uint64_t, uint32_t>::iterator);                \
   template void FPTree<C, B>::FinishFreeGroup();                                                \
   template bool FPTree<C, B>::GroupOk(uint64_t) const;                                          \
   template Status FPTree<C, B>::GroupWord(const std::string&, uint64_t) const;                  \

@@ -24,8 +24,10 @@
 // of alg. 17 for keys and values (a block word of a free slot is freed, or
 // zeroed if a valid slot shares it), emptiness and minimum keys; then empty
 // leaves are unlinked (with the delete log, as at run time; the tree's last
-// leaf stays), fptree_single's free-leaf vector is rebuilt, and the inner
-// nodes are bulk-loaded about 75% full.
+// leaf stays), sparse leaves are merged and fptree_single's groups compacted
+// (fptree_compact.cc, after the merge log of an interrupted open is redone
+// with the delete logs), fptree_single's free-leaf vector is rebuilt, and
+// the inner nodes are bulk-loaded about 75% full.
 //
 // Corrupt pools (docs/fptree.md "Corrupt pools"): before recovery stores
 // anything, open range-checks what it dereferences (root config, log
@@ -66,7 +68,12 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
   *fresh = *pm_config = false;
   const kit::RootSpec spec{"fptree", kMagic, sizeof(Root), offsetof(Root, magic), offsetof(Root, initialized)};
   kit::RootState state;
-  PMINDEX_RETURN_IF_ERROR(kit::ClassifyRoot(pool, spec, &state));
+  if (!kit::ClassifyRoot(pool, spec, &state).ok()) {
+    // A format-1 root (fptree_format.h: kMagicV1) opens as well.
+    kit::RootSpec v1 = spec;
+    v1.magic = kMagicV1;
+    PMINDEX_RETURN_IF_ERROR(kit::ClassifyRoot(pool, v1, &state));
+  }
   if (state == kit::RootState::kAbsent) {
     *fresh = true;
     return Status::OK();
@@ -85,7 +92,7 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
                                                    "root not initialised (initialized = 0, head " + Num(r->head) + ")"));
   *fresh = true;
   if (!allocated) return Status::OK();
-  if (r->magic != kMagic) return Bad("root not initialised, without magic, but leaves allocated");
+  if (r->magic != kMagic && r->magic != kMagicV1) return Bad("root not initialised, without magic, but leaves allocated");
   PMINDEX_RETURN_IF_ERROR(CheckConfig(r, v));
   *pm_config = true;
   if (r->head) {
@@ -143,7 +150,8 @@ Status FPTree<kConc, kBytes>::Format(uint8_t variant, const Options& o, uint32_t
 template <bool kConc, bool kBytes>
 Status FPTree<kConc, kBytes>::Open() {
   root_ = pool_->root<Root>();
-  if (!root_ || root_->magic != kMagic) return Status::Corrupt("fptree root object missing or bad magic");
+  if (!root_ || (root_->magic != kMagic && root_->magic != kMagicV1))
+    return Status::Corrupt("fptree root object missing or bad magic (not an fptree pool, or a format newer than 2)");
   if (VariantName(root_->variant) != pool_->type()) return Status::Corrupt("fptree root variant does not match the pool type");
   LoadConfig();
   if (root_->leaf_bytes != lay_.bytes) return Status::Corrupt("fptree leaf size mismatch");
@@ -248,6 +256,7 @@ Status FPTree<kConc, kBytes>::Recover() {
   del_free_.store(~0ull);
   // Everything the log passes below dereference, before they store.
   PMINDEX_RETURN_IF_ERROR(CheckLogs());
+  PMINDEX_RETURN_IF_ERROR(CheckMergeLog());
   // Leaf groups: rebuild the DRAM map first (logs may need it).
   if (groups_) {
     PMINDEX_RETURN_IF_ERROR(CheckGroups());
@@ -289,6 +298,7 @@ Status FPTree<kConc, kBytes>::Recover() {
     if (!lg->cur) continue;
     RedoUnlink(lg->prev, lg->cur);
   }
+  RecoverMergeLog();  // fptree_compact.cc
   // Collect the leaf list.
   std::vector<uint64_t> leaves;
   PMINDEX_RETURN_IF_ERROR(CollectLeaves(&leaves));
@@ -417,6 +427,9 @@ Status FPTree<kConc, kBytes>::Recover() {
     LogUnlink(lg, prev, leaves[j]);
     FinishDeleteLog(lg);
   }
+  // Merge sparse neighbours; fptree_single: vacate the sparsest groups.
+  CompactLeaves(&keep, &keepmin);
+  CompactGroups(&keep);
   if (groups_) {
     // Free leaves: group members not in the list.
     std::vector<uint64_t> sorted = keep;

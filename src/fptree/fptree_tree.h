@@ -12,6 +12,7 @@
 //                       inner-node splits, deferred deletions
 //   fptree_group.cc     fptree_single's leaf groups (appendix B)
 //   fptree_recovery.cc  creation, open, validation of a damaged pool, recovery
+//   fptree_compact.cc   leaf merges and group compaction at open
 //   fptree_scan.cc      scans and the scan-order hint
 //   fptree_check.cc     Check, owned blocks, introspection for tests
 //   fptree_batch.cc     FindMany: a batch of finds with interleaved descents
@@ -313,6 +314,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void RecoverGetLog();
   std::map<uint64_t, uint32_t>::iterator GroupOf(uint64_t leaf);
   void FreeLeaf(uint64_t leaf);
+  void FreeGroup(std::map<uint64_t, uint32_t>::iterator it);
   void FinishFreeGroup();
   bool GroupOk(uint64_t g) const;
   Status GroupWord(const std::string& what, uint64_t g) const;
@@ -329,6 +331,14 @@ class FPTree final : public Index, public FPTreeIntrospect {
   Status CheckLogs() const;
   Status Recover();
   void BuildInner(const std::vector<uint64_t>& leaves, std::vector<Rec>& mins);
+
+  // ---- leaf merges and group compaction at open (fptree_compact.cc) ----------------------
+  Status CheckMergeLog() const;
+  void RedoMerge();
+  void RecoverMergeLog();
+  void MergeLeaves(uint64_t loff, uint64_t roff);
+  void CompactLeaves(std::vector<uint64_t>* leaves, std::vector<Rec>* mins);
+  void CompactGroups(std::vector<uint64_t>* leaves);
 
   // ---- scans (fptree_scan.cc) -------------------------------------------------------------
   static KV* ScanBuffer();
