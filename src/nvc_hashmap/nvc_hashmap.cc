@@ -107,6 +107,7 @@ Status NvcHashmap::Finish(std::unique_ptr<NvcHashmap> h, Status s, std::unique_p
   }
   pm::StoreAtomic(&h->root_->clean, uint64_t(0));
   pm::Persist(&h->root_->clean, 8);
+  if (h->late_max_threads_) pm::StoreAtomic(&h->root_->max_threads, uint64_t(h->late_max_threads_));
   *out = std::move(h);
   return Status::OK();
 }

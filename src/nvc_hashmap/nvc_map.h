@@ -476,6 +476,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   UpdCounter upd_[kUpdStripes];
   double recovery_seconds_ = 0;
   bool closed_ = false;
+  uint32_t late_max_threads_ = 0;  // fault nvc.create.skip_max_threads_persist: stored by Finish, unflushed
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
   bool compact_ = false;     // u64 keys and values: CompactNode layout
   std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_

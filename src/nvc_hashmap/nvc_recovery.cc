@@ -64,7 +64,10 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
   root_ = pool_->root<Root>();
   SetThreadSlots(max_threads);
-  pm::Store(&root_->max_threads, uint64_t(max_threads));
+  // Fault nvc.create.skip_max_threads_persist: the word is stored only after
+  // the index is handed out (Finish), and not flushed.
+  late_max_threads_ = PMINDEX_FAULT("nvc.create.skip_max_threads_persist") ? max_threads : 0;
+  if (!late_max_threads_) pm::Store(&root_->max_threads, uint64_t(max_threads));
   if (max_threads > uint32_t(kRootSlots)) {
     PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->xslots, (max_threads - kRootSlots) * sizeof(PSlot)));
     xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
@@ -96,7 +99,7 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   auto nth = [bits](uint64_t i) { return bits ? Reverse64(i) >> (64 - bits) : 0; };
   for (uint64_t i = 0; i < initial_buckets; i++)
     pm::StoreAtomic(&table[nth(i)], i + 1 < initial_buckets ? BucketLink(nth(i + 1)) : kEnd);
-  pm::Persist(table, initial_buckets * kSlotBytes);
+  if (!PMINDEX_FAULT("nvc.create.skip_dummy_persist")) pm::Persist(table, initial_buckets * kSlotBytes);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);

@@ -155,18 +155,26 @@ Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
 // transaction). A crash in between leaves an allocated block that nothing
 // owns, which the next recovery frees.
 void NvcHashmap::FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty) {
+  // Fault nvc.open.skip_empty_slab_unlink: the slab is freed but stays in
+  // the list.
+  const bool skip_unlink = PMINDEX_FAULT("nvc.open.skip_empty_slab_unlink");
   uint64_t* pw = &root_->slab_head;
-  while (const uint64_t off = *pw) {
+  for (uint64_t off = *pw; off;) {
     SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    const uint64_t next = h->next;
     if (!empty(off, h)) {
       pw = &h->next;
+      off = next;
       continue;
     }
-    pm::StoreAtomic(pw, h->next);
-    pm::Persist(pw, 8);
+    if (!skip_unlink) {
+      pm::StoreAtomic(pw, next);
+      pm::Persist(pw, 8);
+    }
     slab_cls_.erase(off);
     pm::StoreAtomic(&root_->scratch, off);
     pool_->allocator().Free(&root_->scratch);
+    off = next;
   }
   pm::Fence();
 }

@@ -17,6 +17,8 @@ struct IndexFault {
   const char* fault;
   const char* param;  // "name=value" or ""
   bool lint;
+  const char* param2 = "";  // a second "name=value", or ""
+  uint64_t keys = 0;        // keys per thread (0: pmcheck's default)
 };
 
 std::ostream& operator<<(std::ostream& o, const IndexFault& f) { return o << f.fault; }
@@ -36,8 +38,9 @@ TEST_P(PmcheckIndexFault, IsReported) {
   c.lint = f.lint;
   c.max_reported = 3;
   c.faults = {f.fault};
-  std::string p = f.param;
-  if (!p.empty()) c.params[p.substr(0, p.find('='))] = p.substr(p.find('=') + 1);
+  c.keys = f.keys;
+  for (std::string p : {f.param, f.param2})
+    if (!p.empty()) c.params[p.substr(0, p.find('='))] = p.substr(p.find('=') + 1);
   Report r;
   ASSERT_TRUE(pmcheck::Run(c, &r).ok());
   EXPECT_GT(r.total_failures(), 0u) << FormatReport(c, r);
@@ -55,7 +58,12 @@ INSTANTIATE_TEST_SUITE_P(
                       IndexFault{"fastfair", "fastfair.split.link_before_persist", "node_size=256", false},
                       IndexFault{"nvc_hashmap", "nvc.insert.skip_node_persist", "initial_buckets=16", false},
                       IndexFault{"nvc_hashmap", "nvc.insert.skip_link_persist", "initial_buckets=16", false},
-                      IndexFault{"nvc_hashmap", "nvc.remove.skip_mark_persist", "initial_buckets=16", true}),
+                      IndexFault{"nvc_hashmap", "nvc.remove.skip_mark_persist", "initial_buckets=16", true},
+                      IndexFault{"nvc_hashmap", "nvc.create.skip_dummy_persist", "initial_buckets=16", false},
+                      IndexFault{"nvc_hashmap", "nvc.create.skip_max_threads_persist", "initial_buckets=16", false, "max_threads=300"},
+                      // Empty slabs (freed when a recovered image opens) need
+                      // images with no record: a tiny key space.
+                      IndexFault{"nvc_hashmap", "nvc.open.skip_empty_slab_unlink", "initial_buckets=16", false, "", 3}),
     [](const ::testing::TestParamInfo<IndexFault>& i) {
       std::string n = i.param.fault;
       for (char& ch : n)
