@@ -32,6 +32,7 @@ void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, st
 void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order_release); }
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
+uint64_t SlabRefillRetries() { return internal::nvc::g_slab_refill_retries.load(std::memory_order_relaxed); }
 
 uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::nvc::SoRegular(internal::nvc::HashKey(kind, key)); }
 int MaxThreadSlots() { return internal::nvc::kRootSlots; }

@@ -35,6 +35,11 @@ void SetFindHook(LinkHook hook);
 using BucketFailHook = bool (*)(uint64_t bucket);
 void SetInitBatchSlotFailHook(BucketFailHook hook);
 
+// How many times (process-wide) a thread found no free slab slot, got
+// PoolFull for a new slab and took the retry path (reclaim, then the shared
+// list, then one more slab).
+uint64_t SlabRefillRetries();
+
 // The split-order key of a user key (bit-reversed 63-bit hash with the low bit
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.
 uint64_t SplitOrderKey(KeyKind kind, Slice key);

@@ -488,6 +488,63 @@ TEST(NvcHashmap, SkippedEmptySlabUnlinkIsReported) {
   }
 }
 
+// SlabRefill's PoolFull path: a fixed 8 MiB pool (no growth) and a bucket
+// table that never grows (131072 buckets at load factor 64), so only slabs
+// allocate. Inserts fill the pool: the insert that finds no free slot and no
+// room for a slab takes the retry path and, with nothing retired, returns a
+// clean PoolFull (every record present, Check, no leak). Then 40 removes
+// retire 40 slots (the first 32 are stamped by the reclaim at the 32nd
+// retirement, not yet freed): the next insert takes the retry path again,
+// whose reclaim frees them, and succeeds; the inserts that follow use the
+// freed slots until a clean PoolFull again.
+TEST(NvcHashmap, SlabRefillRetriesAfterPoolFull) {
+  PoolFile pf("poolfull");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "131072"}, {"load_factor", "64"}});
+  o.pool_size = 8ull << 20;
+  o.max_pool_size = 8ull << 20;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  const uint64_t r0 = nvc_hashmap_testing::SlabRefillRetries();
+  uint64_t n = 0;
+  Status s;
+  while ((s = idx->Insert(MakeKey(KeyKind::kU64, n), nvc_test::U64(n))).ok()) n++;
+  ASSERT_TRUE(s.IsPoolFull()) << s.ToString();
+  ASSERT_GT(n, 100000u);
+  EXPECT_EQ(nvc_hashmap_testing::SlabRefillRetries(), r0 + 1) << "the PoolFull insert did not take the retry path";
+  auto verify = [&](uint64_t lo, uint64_t hi, uint64_t removed_below) {
+    EXPECT_EQ(idx->Size(), hi - lo - removed_below);
+    std::string v;
+    for (uint64_t i = lo; i < hi; i++) {
+      const Status f = idx->Find(MakeKey(KeyKind::kU64, i), &v);
+      ASSERT_EQ(f.ok(), i >= lo + removed_below) << i;
+      if (f.ok()) {
+        ASSERT_EQ(v, nvc_test::U64(i));
+      }
+    }
+    Status c = idx->Check();
+    ASSERT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(idx.get());
+  };
+  verify(0, n, 0);
+  const uint64_t bytes = idx->pool()->allocator().BytesInUse();
+  for (uint64_t i = 0; i < 40; i++) ASSERT_TRUE(idx->Remove(MakeKey(KeyKind::kU64, i)).ok());
+  const uint64_t r1 = nvc_hashmap_testing::SlabRefillRetries();
+  ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, n), nvc_test::U64(n)).ok()) << "the retry after reclaim did not succeed";
+  EXPECT_EQ(nvc_hashmap_testing::SlabRefillRetries(), r1 + 1);
+  uint64_t m = n + 1;
+  while ((s = idx->Insert(MakeKey(KeyKind::kU64, m), nvc_test::U64(m))).ok()) m++;
+  ASSERT_TRUE(s.IsPoolFull()) << s.ToString();
+  EXPECT_GE(m - n, 32u) << "the reclaimed slots were not reused";
+  EXPECT_LE(m - n, 40u);
+  EXPECT_EQ(idx->pool()->allocator().BytesInUse(), bytes) << "slab slots, not new allocations";
+  verify(0, m, 40);
+  // The state survives a clean reopen.
+  idx.reset();
+  o.create_if_missing = false;
+  ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+  verify(0, m, 40);
+}
+
 // The footprint that decides find speed once the index outgrows the cache
 // (docs/nvc_hashmap.md, "Layout"): u64 records take one 32-byte slab slot
 // and the bucket table 8 bytes per bucket.

@@ -80,6 +80,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_va
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<uint64_t> g_slab_refill_retries{0};  // SlabRefill's PoolFull path taken
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 

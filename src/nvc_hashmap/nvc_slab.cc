@@ -99,6 +99,7 @@ Status NvcHashmap::SlabRefill(const Ctx& c, int cls) {
       // Free what this thread retired, then try again: its slab slots may
       // be of another class, its allocator blocks make room for a slab, and
       // other threads may have shared free slots meanwhile.
+      g_slab_refill_retries.fetch_add(1, std::memory_order_relaxed);
       slab_mu_.unlock();
       const bool got = ReclaimForSpace(c);
       slab_mu_.lock();
