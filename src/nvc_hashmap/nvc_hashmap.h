@@ -48,6 +48,9 @@ uint64_t SplitOrderKey(KeyKind kind, Slice key);
 // parameter max_threads): tests run more threads than this to catch a slot
 // that is never given back.
 int MaxThreadSlots();
+// The number of threads that walked the list in the index's crash recovery
+// at open (0: the open found a clean close).
+int RecoveryWalkers(Index* idx);
 // The current bucket count of an nvc_hashmap index (tests of growth).
 uint64_t BucketCount(Index* idx);
 
