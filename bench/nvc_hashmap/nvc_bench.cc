@@ -24,6 +24,7 @@
 // recovery_seconds. A size is skipped if /dev/shm lacks room for its pool.
 //
 // Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets a,b,...]
+//        [--fixed_pool] (no 64 GiB address-space reservation: runs under valgrind)
 //        nvc_bench --open 1000000,10000000,50000000 [--recovery_threads 1,2] [--rounds R] [--targets nvc_hashmap,fptree]
 // A target is an index name with optional settings after ':' joined by '+':
 // an erratum mode (dirty_bit, flush_on_read, none), a node allocation (slab,
@@ -58,6 +59,10 @@
 using namespace pmindex;
 
 namespace {
+
+// --fixed_pool: the pool does not reserve room to grow (64 GiB of address
+// space by default), so that the benchmark runs under valgrind.
+bool g_fixed_pool = false;
 
 struct Result {
   double insert_ops = 0, find_ops = 0;
@@ -135,6 +140,7 @@ Result RunIndex(const Target& tg, int T, const std::vector<uint64_t>& keys, cons
   static int seq = 0;
   o.pool_path = "/dev/shm/nvc_bench-" + std::to_string(::getpid()) + "-" + std::to_string(seq++) + ".pool";
   o.pool_size = std::max<uint64_t>(256ull << 20, n * 256);
+  if (g_fixed_pool) o.max_pool_size = o.pool_size;
   o.params = tg.params;
   o.num_threads = T;
   std::unique_ptr<Index> idx;
@@ -278,6 +284,8 @@ int main(int argc, char** argv) {
     } else if (a == "--targets") {
       want = Split(next());
       targets_given = true;
+    } else if (a == "--fixed_pool") {
+      g_fixed_pool = true;
     } else if (a == "--open") {
       for (auto& x : Split(next())) open_sizes.push_back(std::strtoull(x.c_str(), nullptr, 10));
     } else if (a == "--recovery_threads") {
