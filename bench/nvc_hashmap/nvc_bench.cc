@@ -16,12 +16,23 @@
 // threads): on a shared, oversubscribed machine the latter removes the time
 // the workers were descheduled; neither is a timing assertion.
 //
+// --open N1,N2,... measures open time after a crash instead: for each N, each
+// persistent target and each --recovery_threads value, a forked child loads N
+// random u64 records (2 threads) and exits without closing the index (the
+// pool is not clean, so the open recovers as after a crash); the parent
+// times OpenIndex (wall, pool mapping included) and reports the index's own
+// recovery_seconds. A size is skipped if /dev/shm lacks room for its pool.
+//
 // Usage: nvc_bench [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets a,b,...]
+//        [--fixed_pool] (no 64 GiB address-space reservation: runs under valgrind)
+//        nvc_bench --open 1000000,10000000,50000000 [--recovery_threads 1,2] [--rounds R] [--targets nvc_hashmap,fptree]
 // A target is an index name with optional settings after ':' joined by '+':
 // an erratum mode (dirty_bit, flush_on_read, none), a node allocation (slab,
 // allocator) or any param=value, e.g. nvc_hashmap:none+slab. Ratios are
 // printed for every nvc_hashmap target; the erratum-fix cost pairs a target
 // with the same label where its mode is replaced by none.
+#include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <tbb/concurrent_hash_map.h>
 #include <unistd.h>
 
@@ -48,6 +59,10 @@
 using namespace pmindex;
 
 namespace {
+
+// --fixed_pool: the pool does not reserve room to grow (64 GiB of address
+// space by default), so that the benchmark runs under valgrind.
+bool g_fixed_pool = false;
 
 struct Result {
   double insert_ops = 0, find_ops = 0;
@@ -125,6 +140,7 @@ Result RunIndex(const Target& tg, int T, const std::vector<uint64_t>& keys, cons
   static int seq = 0;
   o.pool_path = "/dev/shm/nvc_bench-" + std::to_string(::getpid()) + "-" + std::to_string(seq++) + ".pool";
   o.pool_size = std::max<uint64_t>(256ull << 20, n * 256);
+  if (g_fixed_pool) o.max_pool_size = o.pool_size;
   o.params = tg.params;
   o.num_threads = T;
   std::unique_ptr<Index> idx;
@@ -196,6 +212,50 @@ Result RunTbb(int T, const std::vector<uint64_t>& keys, const std::vector<uint64
   return r;
 }
 
+// Open after a crash (--open): see the file comment. Returns the wall
+// seconds of OpenIndex and the index's recovery_seconds; false if skipped.
+bool RunOpen(const Target& tg, uint64_t n, int rthreads, double* open_s, double* recovery_s) {
+  Options o;
+  o.pool_path = "/dev/shm/nvc_bench-open-" + std::to_string(::getpid()) + ".pool";
+  o.pool_size = std::max<uint64_t>(256ull << 20, n * 64);
+  o.params = tg.params;
+  struct statvfs fs;
+  if (::statvfs("/dev/shm", &fs) == 0 && uint64_t(fs.f_bavail) * fs.f_frsize < n * 80 + (256ull << 20)) return false;
+  pm::Pool::Remove(o.pool_path);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::unique_ptr<Index> idx;
+    if (!OpenIndex(tg.index, o, &idx).ok()) ::_exit(2);
+    std::atomic<uint64_t> errors{0};
+    Parallel(2, n, nullptr, nullptr, [&](int t, uint64_t b, uint64_t e) {
+      std::mt19937_64 rng(77 + t);
+      for (uint64_t i = b; i < e; i++)
+        if (!idx->Insert(U64Slice(rng() | 1), U64Slice(i)).ok()) errors++;
+    });
+    ::_exit(errors ? 3 : 0);  // no Close: the pool is left as after a crash
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "%s: loading child failed (status %d)\n", tg.label.c_str(), status);
+    std::exit(1);
+  }
+  o.create_if_missing = false;
+  o.recovery_threads = rthreads;
+  std::unique_ptr<Index> idx;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = OpenIndex(tg.index, o, &idx);
+  *open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.ok() || !idx->pool()->recovered_from_crash()) {
+    std::fprintf(stderr, "%s: open after the crash: %s\n", tg.label.c_str(), s.ok() ? "not a crash recovery" : s.ToString().c_str());
+    std::exit(1);
+  }
+  *recovery_s = idx->Stats().recovery_seconds;
+  idx.reset();
+  pm::Pool::Remove(o.pool_path);
+  return true;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -207,6 +267,9 @@ int main(int argc, char** argv) {
   uint64_t n = 1000000;
   int rounds = 3;
   std::vector<int> threads = {1, 2};
+  std::vector<uint64_t> open_sizes;  // --open
+  std::vector<int> rthreads = {1, 2};
+  bool targets_given = false;
   std::vector<std::string> want = {"nvc_hashmap:dirty_bit+slab",      "nvc_hashmap:flush_on_read+slab", "nvc_hashmap:none+slab",
                                    "nvc_hashmap:dirty_bit+allocator", "nvc_hashmap:none+allocator",     "fptree",
                                    "tbb",                             "dram_btree"};
@@ -218,7 +281,17 @@ int main(int argc, char** argv) {
     else if (a == "--threads") {
       threads.clear();
       for (auto& x : Split(next())) threads.push_back(std::atoi(x.c_str()));
-    } else if (a == "--targets") want = Split(next());
+    } else if (a == "--targets") {
+      want = Split(next());
+      targets_given = true;
+    } else if (a == "--fixed_pool") {
+      g_fixed_pool = true;
+    } else if (a == "--open") {
+      for (auto& x : Split(next())) open_sizes.push_back(std::strtoull(x.c_str(), nullptr, 10));
+    } else if (a == "--recovery_threads") {
+      rthreads.clear();
+      for (auto& x : Split(next())) rthreads.push_back(std::atoi(x.c_str()));
+    }
     else if (a == "--persist_mode") {  // flush (default) or none (eADR: no flushes, fences kept)
       pm::PersistMode m;
       if (!pm::ParsePersistMode(next(), &m)) {
@@ -227,7 +300,8 @@ int main(int argc, char** argv) {
       }
       pm::SetPersistMode(m);
     } else {
-      std::fprintf(stderr, "usage: %s [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets nvc_hashmap,nvc_hashmap:flush_on_read,nvc_hashmap:none,fptree,tbb,dram_btree]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--n N] [--threads 1,2] [--rounds R] [--persist_mode flush|none] [--targets nvc_hashmap,nvc_hashmap:flush_on_read,nvc_hashmap:none,fptree,tbb,dram_btree]\n"
+                   "       %s --open N1,N2 [--recovery_threads 1,2] [--rounds R] [--targets nvc_hashmap,fptree]\n", argv[0], argv[0]);
       return 2;
     }
   }
@@ -235,6 +309,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bad arguments\n");
     return 2;
   }
+  if (!open_sizes.empty() && !targets_given) want = {"nvc_hashmap", "fptree"};
   std::vector<Target> targets;
   for (const auto& w : want) {
     if (w == "tbb") {
@@ -264,6 +339,29 @@ int main(int argc, char** argv) {
     }
     if (name == "nvc_hashmap" && fix.empty()) t.label = "nvc_hashmap:default";
     targets.push_back(t);
+  }
+  if (!open_sizes.empty()) {
+    std::printf("# nvc_bench --open: open after a crash (a child loaded the records and exited without closing), rounds=%d (median), %u hardware threads\n",
+                rounds, std::thread::hardware_concurrency());
+    std::printf("%-28s %11s %4s %11s %11s\n", "target", "records", "thr", "open s", "recovery s");
+    for (uint64_t sz : open_sizes)
+      for (int rt : rthreads)
+        for (const auto& tg : targets) {
+          if (tg.index.empty()) continue;
+          IndexInfo info;
+          if (!FindIndexInfo(tg.index, &info) || !info.persistent) continue;
+          std::vector<double> os, rs;
+          for (int round = 0; round < rounds; round++) {
+            double o = 0, r = 0;
+            if (!RunOpen(tg, sz, rt, &o, &r)) break;
+            os.push_back(o);
+            rs.push_back(r);
+          }
+          if (os.empty()) std::printf("%-28s %11llu %4d %11s %11s\n", tg.label.c_str(), (unsigned long long)sz, rt, "skipped", "(/dev/shm)");
+          else std::printf("%-28s %11llu %4d %11.3f %11.3f\n", tg.label.c_str(), (unsigned long long)sz, rt, Median(os), Median(rs));
+          std::fflush(stdout);
+        }
+    return 0;
   }
   std::mt19937_64 rng(1729);
   std::vector<uint64_t> keys(n), probes(n);

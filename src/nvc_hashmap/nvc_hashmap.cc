@@ -32,6 +32,8 @@ void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, st
 void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order_release); }
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
+int RecoveryWalkers(Index* idx) { return static_cast<internal::nvc::NvcHashmap*>(idx)->RecoveryWalkersForTest(); }
+uint64_t SlabRefillRetries() { return internal::nvc::g_slab_refill_retries.load(std::memory_order_relaxed); }
 
 uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::nvc::SoRegular(internal::nvc::HashKey(kind, key)); }
 int MaxThreadSlots() { return internal::nvc::kRootSlots; }
@@ -91,6 +93,7 @@ Status NvcHashmap::Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::u
   if (o.read_only || pool->read_only())
     return Status::Unsupported("nvc_hashmap does not support read-only opens (recovery writes)");
   auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
+  h->recovery_threads_ = o.recovery_threads;
   bool recover = false;
   Status s = h->LoadRoot(&recover);
   if (s.ok() && recover) s = h->Recover();
@@ -107,6 +110,7 @@ Status NvcHashmap::Finish(std::unique_ptr<NvcHashmap> h, Status s, std::unique_p
   }
   pm::StoreAtomic(&h->root_->clean, uint64_t(0));
   pm::Persist(&h->root_->clean, 8);
+  if (h->late_max_threads_) pm::StoreAtomic(&h->root_->max_threads, uint64_t(h->late_max_threads_));
   *out = std::move(h);
   return Status::OK();
 }

@@ -35,6 +35,11 @@ void SetFindHook(LinkHook hook);
 using BucketFailHook = bool (*)(uint64_t bucket);
 void SetInitBatchSlotFailHook(BucketFailHook hook);
 
+// How many times (process-wide) a thread found no free slab slot, got
+// PoolFull for a new slab and took the retry path (reclaim, then the shared
+// list, then one more slab).
+uint64_t SlabRefillRetries();
+
 // The split-order key of a user key (bit-reversed 63-bit hash with the low bit
 // set): nodes are sorted by it, so tests can pick keys that are neighbours.
 uint64_t SplitOrderKey(KeyKind kind, Slice key);
@@ -43,6 +48,9 @@ uint64_t SplitOrderKey(KeyKind kind, Slice key);
 // parameter max_threads): tests run more threads than this to catch a slot
 // that is never given back.
 int MaxThreadSlots();
+// The number of threads that walked the list in the index's crash recovery
+// at open (0: the open found a clean close).
+int RecoveryWalkers(Index* idx);
 // The current bucket count of an nvc_hashmap index (tests of growth).
 uint64_t BucketCount(Index* idx);
 

@@ -80,6 +80,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_va
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<uint64_t> g_slab_refill_retries{0};  // SlabRefill's PoolFull path taken
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
@@ -93,6 +94,10 @@ class BucketSet {
     bits_[b] = true;
   }
   bool Contains(uint64_t b) const { return b < bits_.size() && bits_[b]; }
+  void Merge(const BucketSet& o) {
+    for (uint64_t b = 0; b < o.bits_.size(); b++)
+      if (o.bits_[b]) Insert(b);
+  }
 
  private:
   std::vector<bool> bits_;
@@ -122,6 +127,18 @@ class SlabBits {
       if (w) return false;
     return true;
   }
+  // ORs o in; false if a slot is set in both.
+  bool Merge(const SlabBits& o) {
+    bool disjoint = true;
+    for (const auto& [slab, words] : o.bits_) {
+      auto& mine = bits_[slab];
+      for (size_t i = 0; i < mine.size(); i++) {
+        disjoint &= !(mine[i] & words[i]);
+        mine[i] |= words[i];
+      }
+    }
+    return disjoint;
+  }
 
  private:
   std::unordered_map<uint64_t, std::array<uint64_t, 16>> bits_;
@@ -144,10 +161,30 @@ class BlockBits {
     return true;
   }
   bool Test(uint64_t off) const { return !bits_.empty() && off / 16 / 64 < bits_.size() && (bits_[off / 16 / 64] >> (off / 16 % 64) & 1); }
+  // ORs o in; false if a block is set in both.
+  bool Merge(const BlockBits& o) {
+    if (o.bits_.empty()) return true;
+    if (bits_.empty()) bits_.assign(words_, 0);
+    bool disjoint = true;
+    for (size_t i = 0; i < bits_.size(); i++) {
+      disjoint &= !(bits_[i] & o.bits_[i]);
+      bits_[i] |= o.bits_[i];
+    }
+    return disjoint;
+  }
 
  private:
   uint64_t words_;
   std::vector<uint64_t> bits_;
+};
+
+// A part of the list for WalkList: from bucket `start`'s dummy (0: the
+// head) up to bucket `stop`'s dummy (0: to kEnd). Reaching stop's dummy
+// (which the part visits but does not walk past) sets *stopped.
+struct WalkRange {
+  uint64_t start = 0;
+  uint64_t stop = 0;
+  bool* stopped = nullptr;
 };
 
 // ---------------------------------------------------------------------------
@@ -221,6 +258,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   pm::Pool* pool() override { return pool_.get(); }
   Status Close() override;
   uint64_t BucketCountForTest() const { return bucket_count_.load(); }
+  int RecoveryWalkersForTest() const { return recovery_walkers_; }
 
  private:
   struct Ctx {
@@ -431,13 +469,16 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // The validating walk of the whole list shared by Check and Recover
   // (nvc_walk.h); live_slab collects the reachable slab nodes (*nlive: how many).
   template <class Visitor>
-  Status WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive);
+  Status WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive, const WalkRange& range = {});
   // Unlinks every slab `empty` says has no slot in use from the slab list
   // and frees it (open: recovery, or after a clean close).
   void FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty);
   Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
+  // The two walkers of Recover (nvc_recovery.cc).
+  struct RecoveryPart;
+  Status RecoverWalk(RecoveryPart* parts, int nparts);
 
   std::unique_ptr<pm::Pool> pool_;
   char* base_;
@@ -476,6 +517,9 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   UpdCounter upd_[kUpdStripes];
   double recovery_seconds_ = 0;
   bool closed_ = false;
+  int recovery_threads_ = 1;  // Options::recovery_threads (0: hardware concurrency); the walk uses at most 2
+  int recovery_walkers_ = 0;  // walkers of the last crash recovery (tests)
+  uint32_t late_max_threads_ = 0;  // fault nvc.create.skip_max_threads_persist: stored by Finish, unflushed
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
   bool compact_ = false;     // u64 keys and values: CompactNode layout
   std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_

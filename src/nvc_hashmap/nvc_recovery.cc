@@ -19,7 +19,9 @@
 // unfinished operations, nodes waiting for their epoch, replaced records).
 // Every unreachable slab slot is free; a slab with none reachable is freed.
 // Its DRAM is bitmaps (per bucket, per slab slot, and per 16 bytes of pool
-// for blocks outside slabs), nothing per record.
+// for blocks outside slabs), nothing per record. The walk runs on two
+// threads (Options::recovery_threads), the list split at bucket 1's dummy
+// when that dummy is published (RecoverWalk).
 //
 // Persist order:
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
@@ -32,11 +34,12 @@
 //   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
 //           fence -> count, persisted -> clean = 1, persisted.
 //
-// Thread safety: single-threaded (Create, Open, Close with no operation in
-// flight).
+// Thread safety: Create, Open and Close run with no operation in flight;
+// Recover's two walkers store to disjoint link words and own their bitmaps.
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nvc_hashmap/nvc_walk.h"
@@ -64,7 +67,10 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
   root_ = pool_->root<Root>();
   SetThreadSlots(max_threads);
-  pm::Store(&root_->max_threads, uint64_t(max_threads));
+  // Fault nvc.create.skip_max_threads_persist: the word is stored only after
+  // the index is handed out (Finish), and not flushed.
+  late_max_threads_ = PMINDEX_FAULT("nvc.create.skip_max_threads_persist") ? max_threads : 0;
+  if (!late_max_threads_) pm::Store(&root_->max_threads, uint64_t(max_threads));
   if (max_threads > uint32_t(kRootSlots)) {
     PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(&root_->xslots, (max_threads - kRootSlots) * sizeof(PSlot)));
     xslots_ = reinterpret_cast<PSlot*>(base_ + root_->xslots);
@@ -96,7 +102,7 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   auto nth = [bits](uint64_t i) { return bits ? Reverse64(i) >> (64 - bits) : 0; };
   for (uint64_t i = 0; i < initial_buckets; i++)
     pm::StoreAtomic(&table[nth(i)], i + 1 < initial_buckets ? BucketLink(nth(i + 1)) : kEnd);
-  pm::Persist(table, initial_buckets * kSlotBytes);
+  if (!PMINDEX_FAULT("nvc.create.skip_dummy_persist")) pm::Persist(table, initial_buckets * kSlotBytes);
   pm::Persist(root_, 2 * pm::kCacheLine);
   pm::StoreAtomic(&root_->magic, kMagic);  // the root is valid from here on
   pm::Persist(&root_->magic, 8);
@@ -172,6 +178,78 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
   return Status::OK();
 }
 
+// One part of the recovery walk and its findings (the walk's visitor, see
+// nvc_walk.h): reachable nodes outside slabs and value records, reachable
+// slab slots, reachable dummies, the record count.
+struct NvcHashmap::RecoveryPart {
+  RecoveryPart(NvcHashmap* map, uint64_t pool_size) : h(map), owned(pool_size) {}
+  NvcHashmap* h;
+  WalkRange range;
+  bool stopped = false;  // the part reached range.stop's dummy
+  BlockBits owned;
+  bool twice = false;
+  BucketSet linked;  // buckets whose dummy is reachable
+  uint64_t count = 0;
+  SlabBits live_slab;  // reachable slab nodes; every other slot is free
+  uint64_t nlive = 0;
+  Status status;
+
+  Status Bad(const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); }
+  // The word's owner is live (marked nodes are unlinked before we step on
+  // them): kDirty is moot now, and a reachable dummy is published (kUnpub,
+  // the mark bit of a dummy's word, cleared).
+  Status OnWord(uint64_t* w, const Node*, uint64_t* raw) {
+    if (*raw & (kDirty | kMark)) {
+      *raw &= ~(kDirty | kMark);
+      pm::StoreAtomic(w, *raw);
+      pm::Flush(w, 8);
+    }
+    return Status::OK();
+  }
+  Status OnDummy(uint64_t b, uint64_t*) {
+    linked.Insert(b);
+    return Status::OK();
+  }
+  // A remove reached its linearization point durably: complete it
+  // (unlink); the node is freed by the sweep in Recover.
+  bool OnMarked(uint64_t* w, Node* n) {
+    if (!(n->next & kMark)) return false;
+    pm::StoreAtomic(w, Succ(n->next));
+    pm::Flush(w, 8);
+    return true;
+  }
+  Status OnNode(Node* n, uint64_t off, bool in_slab, uint64_t value_word) {
+    if (!in_slab && !owned.Set(off)) twice = true;
+    ++count;
+    if (h->HasRecord(n, value_word) && !owned.Set(value_word)) twice = true;
+    return Status::OK();
+  }
+  void Walk() {
+    range.stopped = &stopped;
+    status = h->WalkList(*this, &live_slab, &nlive, range);
+    pm::Fence();  // this thread's repairs are durable before the sweep
+  }
+};
+
+// Walks the parts, the first on this thread, a second one (if any) on a
+// thread of its own. Two parts split the list at bucket 1's dummy: bucket
+// 1's split-order key is 100...0, so the dummies of even buckets (and their
+// records) come before it, the odd ones after. The split is used only if
+// bucket 1's slot is published in PM: a dummy is published only after its
+// link was persisted, and dummies are never unlinked, so a published dummy
+// is reachable (the first part must reach it: Corrupt otherwise). The parts
+// store to disjoint link words.
+Status NvcHashmap::RecoverWalk(RecoveryPart* parts, int nparts) {
+  std::thread second;
+  if (nparts > 1) second = std::thread([&] { parts[1].Walk(); });
+  parts[0].Walk();
+  if (second.joinable()) second.join();
+  for (int i = 0; i < nparts; i++) PMINDEX_RETURN_IF_ERROR(parts[i].status);
+  if (nparts > 1 && !parts[0].stopped)
+    return Status::Corrupt("nvc_hashmap recovery: bucket 1's dummy is published but not in the list");
+  return Status::OK();
+}
+
 Status NvcHashmap::Recover() {
   const auto t0 = std::chrono::steady_clock::now();
   pm::Allocator& a = pool_->allocator();
@@ -183,51 +261,32 @@ Status NvcHashmap::Recover() {
   if (root_->xslots) owned.push_back(root_->xslots);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
-  SlabBits live_slab;  // reachable slab nodes; every other slot is free
-  uint64_t nlive = 0;
-  BlockBits owned_nodes(pool_->size());  // reachable nodes outside slabs and value records
-  bool twice = false;
-  uint64_t count = 0;
-  BucketSet linked;  // buckets whose dummy is reachable
-  struct Visitor {
-    NvcHashmap* h;
-    BlockBits* owned;
-    bool* twice;
-    BucketSet* linked;
-    uint64_t* count;
-    Status Bad(const std::string& m) { return Status::Corrupt("nvc_hashmap recovery: " + m); }
-    // The word's owner is live (marked nodes are unlinked before we step on
-    // them): kDirty is moot now, and a reachable dummy is published (kUnpub,
-    // the mark bit of a dummy's word, cleared).
-    Status OnWord(uint64_t* w, const Node*, uint64_t* raw) {
-      if (*raw & (kDirty | kMark)) {
-        *raw &= ~(kDirty | kMark);
-        pm::StoreAtomic(w, *raw);
-        pm::Flush(w, 8);
-      }
-      return Status::OK();
-    }
-    Status OnDummy(uint64_t b, uint64_t*) {
-      linked->Insert(b);
-      return Status::OK();
-    }
-    // A remove reached its linearization point durably: complete it
-    // (unlink); the node is freed by the sweep below.
-    bool OnMarked(uint64_t* w, Node* n) {
-      if (!(n->next & kMark)) return false;
-      pm::StoreAtomic(w, Succ(n->next));
-      pm::Flush(w, 8);
-      return true;
-    }
-    Status OnNode(Node* n, uint64_t off, bool in_slab, uint64_t value_word) {
-      if (!in_slab && !owned->Set(off)) *twice = true;
-      ++*count;
-      if (h->HasRecord(n, value_word) && !owned->Set(value_word)) *twice = true;
-      return Status::OK();
-    }
-  } visitor{this, &owned_nodes, &twice, &linked, &count};
-  PMINDEX_RETURN_IF_ERROR(WalkList(visitor, &live_slab, &nlive));
-  pm::Fence();
+  // The walk: one part, or two at once (the list split at bucket 1's dummy,
+  // see RecoverWalk), each with its own bitmaps, merged here.
+  const int want = recovery_threads_ > 0 ? recovery_threads_ : int(std::thread::hardware_concurrency());
+  const bool split = want >= 2 && IsPublished(*BucketSlot(1, false));
+  std::vector<RecoveryPart> parts;
+  parts.reserve(2);
+  parts.emplace_back(this, pool_->size());
+  if (split) {
+    parts.emplace_back(this, pool_->size());
+    parts[0].range.stop = 1;
+    parts[1].range.start = 1;
+  }
+  PMINDEX_RETURN_IF_ERROR(RecoverWalk(parts.data(), int(parts.size())));
+  recovery_walkers_ = int(parts.size());
+  RecoveryPart& all = parts[0];
+  bool twice = all.twice;
+  for (size_t i = 1; i < parts.size(); i++) {
+    twice |= parts[i].twice || !all.owned.Merge(parts[i].owned);
+    if (!all.live_slab.Merge(parts[i].live_slab)) return bad("a slab node is reached twice");
+    all.linked.Merge(parts[i].linked);
+    all.count += parts[i].count;
+  }
+  BlockBits& owned_nodes = all.owned;
+  SlabBits& live_slab = all.live_slab;
+  BucketSet& linked = all.linked;
+  const uint64_t count = all.count;
   std::sort(owned.begin(), owned.end());
   if (std::adjacent_find(owned.begin(), owned.end()) != owned.end()) return bad("a block is owned twice");
   for (uint64_t off : owned)

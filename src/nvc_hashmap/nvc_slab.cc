@@ -99,6 +99,7 @@ Status NvcHashmap::SlabRefill(const Ctx& c, int cls) {
       // Free what this thread retired, then try again: its slab slots may
       // be of another class, its allocator blocks make room for a slab, and
       // other threads may have shared free slots meanwhile.
+      g_slab_refill_retries.fetch_add(1, std::memory_order_relaxed);
       slab_mu_.unlock();
       const bool got = ReclaimForSpace(c);
       slab_mu_.lock();
@@ -155,18 +156,26 @@ Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
 // transaction). A crash in between leaves an allocated block that nothing
 // owns, which the next recovery frees.
 void NvcHashmap::FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty) {
+  // Fault nvc.open.skip_empty_slab_unlink: the slab is freed but stays in
+  // the list.
+  const bool skip_unlink = PMINDEX_FAULT("nvc.open.skip_empty_slab_unlink");
   uint64_t* pw = &root_->slab_head;
-  while (const uint64_t off = *pw) {
+  for (uint64_t off = *pw; off;) {
     SlabHdr* h = reinterpret_cast<SlabHdr*>(base_ + off);
+    const uint64_t next = h->next;
     if (!empty(off, h)) {
       pw = &h->next;
+      off = next;
       continue;
     }
-    pm::StoreAtomic(pw, h->next);
-    pm::Persist(pw, 8);
+    if (!skip_unlink) {
+      pm::StoreAtomic(pw, next);
+      pm::Persist(pw, 8);
+    }
     slab_cls_.erase(off);
     pm::StoreAtomic(&root_->scratch, off);
     pool_->allocator().Free(&root_->scratch);
+    off = next;
   }
   pm::Fence();
 }

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "nvc_hashmap/nvc_format.h"
 #include "nvc_hashmap/nvc_hashmap.h"
 #include "pm/image_file.h"
 #include "pmindex/index.h"
@@ -66,6 +67,18 @@ inline void ExpectNoLeak(Index* idx) {
   idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
   EXPECT_EQ(owned.size(), allocated.size());
   EXPECT_TRUE(owned == allocated) << "owned " << owned.size() << " blocks, allocator has " << allocated.size();
+}
+
+// Makes a closed pool look as if its process died: Root::clean is cleared
+// (persisted), so the next open runs crash recovery.
+inline void MarkUnclean(const std::string& path) {
+  std::unique_ptr<pm::Pool> p;
+  pm::PoolOptions po;
+  ASSERT_TRUE(pm::Pool::Open(path, "", po, &p).ok());
+  auto* clean = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot() + offsetof(internal::nvc::Root, clean));
+  pm::StoreAtomic(clean, uint64_t(0));
+  pm::Persist(clean, 8);
+  ASSERT_TRUE(p->Close().ok());
 }
 
 // ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 // Paper: Schwalb et al., IMDM'15, section 3.3 (5) (recovery walks the list
 // from the persistent entry point).
 //
-// The walk starts at bucket 0's slot and follows links to kEnd. It trusts
+// The walk starts at bucket 0's slot and follows links to kEnd (or walks
+// one part of the list: WalkRange, from a dummy to another). It trusts
 // nothing it reads from PM: every link must name a bucket inside the bucket
 // table or an allocated node (a slot of a known slab with matching flags, or
 // a 64-byte aligned allocator block); every regular node must have an odd
@@ -28,7 +29,8 @@
 // after the walk).
 //
 // Thread safety: needs quiescence (open, or Check with no operation in
-// flight).
+// flight). Walks of disjoint parts may run at once with a visitor each
+// (recovery): a part stores only to the link words it walks.
 #pragma once
 
 #include <string>
@@ -38,12 +40,12 @@
 namespace pmindex::internal::nvc {
 
 template <class Visitor>
-Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive) {
+Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive, const WalkRange& range) {
   pm::Allocator& a = pool_->allocator();
   const uint64_t psize = pool_->size();
-  uint64_t* pw = BucketSlot(0, false);  // the word we stand on (the head: checked by the callers)
-  const Node* prev = nullptr;           // the regular node we stand on (nullptr: a dummy)
-  uint64_t prev_so = 0;
+  uint64_t* pw = BucketSlot(range.start, false);  // the word we stand on (the head or a published dummy: checked by the callers)
+  const Node* prev = nullptr;                     // the regular node we stand on (nullptr: a dummy)
+  uint64_t prev_so = SoDummy(range.start);
   for (;;) {
     uint64_t raw = LoadW(pw);
     PMINDEX_RETURN_IF_ERROR(v.OnWord(pw, prev, &raw));
@@ -54,6 +56,10 @@ Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive) {
       if (!w) return v.Bad("link to bucket " + std::to_string(b) + " outside the bucket table");
       if (prev_so >= SoDummy(b)) return v.Bad("split order violated at bucket " + std::to_string(b) + "'s dummy");
       PMINDEX_RETURN_IF_ERROR(v.OnDummy(b, w));
+      if (b == range.stop) {
+        *range.stopped = true;
+        return Status::OK();
+      }
       pw = w;
       prev = nullptr;
       prev_so = SoDummy(b);

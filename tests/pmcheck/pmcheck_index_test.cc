@@ -15,7 +15,7 @@ namespace {
 struct IndexFault {
   const char* index;
   const char* fault;
-  const char* param;  // "name=value" or ""
+  const char* param;  // "name=value,..." or ""; "keys=N" sets pmcheck's keys per thread
   bool lint;
 };
 
@@ -36,8 +36,15 @@ TEST_P(PmcheckIndexFault, IsReported) {
   c.lint = f.lint;
   c.max_reported = 3;
   c.faults = {f.fault};
-  std::string p = f.param;
-  if (!p.empty()) c.params[p.substr(0, p.find('='))] = p.substr(p.find('=') + 1);
+  std::string list = f.param;
+  for (size_t from = 0; from < list.size();) {
+    size_t to = list.find(',', from);
+    if (to == std::string::npos) to = list.size();
+    const std::string p = list.substr(from, to - from), name = p.substr(0, p.find('=')), value = p.substr(p.find('=') + 1);
+    if (name == "keys") c.keys = std::stoull(value);
+    else c.params[name] = value;
+    from = to + 1;
+  }
   Report r;
   ASSERT_TRUE(pmcheck::Run(c, &r).ok());
   EXPECT_GT(r.total_failures(), 0u) << FormatReport(c, r);
@@ -55,7 +62,12 @@ INSTANTIATE_TEST_SUITE_P(
                       IndexFault{"fastfair", "fastfair.split.link_before_persist", "node_size=256", false},
                       IndexFault{"nvc_hashmap", "nvc.insert.skip_node_persist", "initial_buckets=16", false},
                       IndexFault{"nvc_hashmap", "nvc.insert.skip_link_persist", "initial_buckets=16", false},
-                      IndexFault{"nvc_hashmap", "nvc.remove.skip_mark_persist", "initial_buckets=16", true}),
+                      IndexFault{"nvc_hashmap", "nvc.remove.skip_mark_persist", "initial_buckets=16", true},
+                      IndexFault{"nvc_hashmap", "nvc.create.skip_dummy_persist", "initial_buckets=16", false},
+                      IndexFault{"nvc_hashmap", "nvc.create.skip_max_threads_persist", "initial_buckets=16,max_threads=300", false},
+                      // Empty slabs (freed when a recovered image opens) need
+                      // images with no record: a tiny key space.
+                      IndexFault{"nvc_hashmap", "nvc.open.skip_empty_slab_unlink", "initial_buckets=16,keys=3", false}),
     [](const ::testing::TestParamInfo<IndexFault>& i) {
       std::string n = i.param.fault;
       for (char& ch : n)

@@ -145,6 +145,9 @@ fastfair fastfair.merge.free_before_unlink --keys 30
 nvc_hashmap nvc.insert.skip_node_persist
 nvc_hashmap nvc.insert.skip_link_persist
 nvc_hashmap nvc.remove.skip_mark_persist --lint
+nvc_hashmap nvc.create.skip_dummy_persist
+nvc_hashmap nvc.create.skip_max_threads_persist --param max_threads=300
+nvc_hashmap nvc.open.skip_empty_slab_unlink --keys 3
 pmwcas pmwcas.skip_descriptor_persist
 pmwcas pmwcas.skip_status_persist
 pmwcas pmwcas.skip_dirty_flush
