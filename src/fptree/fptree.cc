@@ -32,7 +32,10 @@ namespace pmindex::internal {
 namespace fptree {
 FPT_TLS uint64_t tl_probes = 0;
 std::atomic<uint64_t> g_deferred_deletions{0};
+std::atomic<void (*)(uint64_t)> g_leaf_unlinked_hook{nullptr};
 }  // namespace fptree
+
+void SetFPTreeLeafUnlinkedHook(void (*hook)(uint64_t leaf)) { fptree::g_leaf_unlinked_hook.store(hook); }
 
 uint64_t FPTreeKeyProbes() { return fptree::tl_probes; }
 uint64_t FPTreeDeferredLeafDeletions() { return fptree::g_deferred_deletions.load(); }

@@ -55,4 +55,11 @@ uint64_t FPTreeKeyProbes();
 // retried by a later Remove. Process-wide.
 uint64_t FPTreeDeferredLeafDeletions();
 
+// Test hook of fptree's (concurrent) leaf deletion: called with the unlinked
+// leaf's offset once the unlink is durable and every lock is released,
+// outside any epoch guard, before the grace period and the leaf's free. A
+// hook that blocks holds that deletion there (fptree_grace_test). nullptr
+// removes it. Process-wide; set it while no fptree is in use.
+void SetFPTreeLeafUnlinkedHook(void (*hook)(uint64_t leaf));
+
 }  // namespace pmindex::internal

@@ -73,6 +73,8 @@ using EpochGuard = EpochManager::Guard;
 
 // Process-wide count of deferred leaf deletions (FPTreeDeferredLeafDeletions).
 extern std::atomic<uint64_t> g_deferred_deletions;
+// Test hook (SetFPTreeLeafUnlinkedHook in fptree.h); nullptr: none.
+extern std::atomic<void (*)(uint64_t)> g_leaf_unlinked_hook;
 
 // What an existing pool's root object is (fptree_recovery.cc): *fresh if it
 // is to be formatted (absent, or a crashed creation), *pm_config if that
