@@ -129,11 +129,11 @@ Status FPTree<kConc, kBytes>::Put(Slice key, Slice value, Mode mode) {
   uint64_t bm = Ld(Bm(l));
   int slot = FindSlot(l, bm, k);
   if (slot >= 0 && mode == Mode::kInsert) {
-    LeafUnlock(l);
+    LeafUnlockUnchanged(l, lv);
     return Status::AlreadyExists();
   }
   if (slot < 0 && mode == Mode::kUpdate) {
-    LeafUnlock(l);
+    LeafUnlockUnchanged(l, lv);
     return Status::NotFound();
   }
   bool need_slot = slot < 0 || !inplace_;
@@ -213,7 +213,7 @@ Status FPTree<kConc, kBytes>::Remove(Slice key) {
     uint64_t bm = Ld(Bm(l));
     const int slot = FindSlot(l, bm, k);
     if (slot < 0) {
-      LeafUnlock(l);
+      LeafUnlockUnchanged(l, lv);
     } else {
       found = true;
       bm &= ~(1ull << slot);

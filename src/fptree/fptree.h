@@ -42,6 +42,7 @@ struct FPTreePmWords {
   uint64_t groups_head = 0, get_log = 0;  // fptree_single
   uint32_t leaf_bytes = 0, next_in_leaf = 0, slot0_key_in_leaf = 0, key_stride = 0, slot0_val_in_leaf = 0, val_stride = 0;
   std::vector<uint64_t> leaves;  // leaf offsets in list order
+  std::vector<uint64_t> leaf_versions;  // fptree: each leaf's lock/version word, list order (else empty)
 };
 bool FPTreeGetPmWords(Index* idx, FPTreePmWords* out);
 

@@ -220,8 +220,10 @@ void FPTree<kConc, kBytes>::PmWords(FPTreePmWords* w) {
   w->slot0_val_in_leaf = lay_.val_off;
   w->val_stride = lay_.val_stride;
   w->leaves.clear();
+  w->leaf_versions.clear();
   ForEachLeaf([&](uint64_t x) {
     w->leaves.push_back(x);
+    if (kConc) w->leaf_versions.push_back(LeafVersion(L(x)));
     return NextAcquire(L(x));
   });
 }

@@ -617,5 +617,42 @@ TEST(FPTreeMisc, FaultSwitchesChangePersistSequence) {
   EXPECT_TRUE(idx->Check().ok());
 }
 
+// An Insert of a present key, an Update or a Remove of an absent key
+// changes nothing: the leaf's version word must not move either (a bump
+// aborts concurrent optimistic readers of that leaf for nothing). A real
+// write moves it.
+TEST(FPTreeMisc, WritesThatChangeNothingKeepLeafVersions) {
+  for (bool bytes : {false, true}) {
+    std::string path = PoolPath("unchanged");
+    Options o;
+    o.pool_path = path;
+    o.key_kind = bytes ? KeyKind::kBytes : KeyKind::kU64;
+    o.value_kind = bytes ? ValueKind::kBytes : ValueKind::kU64;
+    o.params = {{"leaf_size", "8"}, {"inner_size", "4"}};
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fptree", o, &idx).ok());
+    auto key = [&](uint64_t i) { return bytes ? "k" + std::to_string(1000 + i) : std::string(U64Slice(i)); };
+    for (uint64_t i = 0; i < 100; i += 2) ASSERT_TRUE(idx->Insert(key(i), U64Slice(i)).ok());
+    internal::FPTreePmWords before, after;
+    ASSERT_TRUE(internal::FPTreeGetPmWords(idx.get(), &before));
+    ASSERT_EQ(before.leaf_versions.size(), before.leaves.size());
+    ASSERT_GT(before.leaves.size(), 4u);
+    for (uint64_t i = 0; i < 100; i += 2) EXPECT_TRUE(idx->Insert(key(i), U64Slice(7)).IsAlreadyExists());
+    for (uint64_t i = 1; i < 100; i += 2) {
+      EXPECT_TRUE(idx->Remove(key(i)).IsNotFound());
+      EXPECT_TRUE(idx->Update(key(i), U64Slice(7)).IsNotFound());
+    }
+    ASSERT_TRUE(internal::FPTreeGetPmWords(idx.get(), &after));
+    EXPECT_EQ(after.leaves, before.leaves);
+    EXPECT_EQ(after.leaf_versions, before.leaf_versions) << (bytes ? "byte keys" : "u64 keys");
+    ASSERT_TRUE(idx->Update(key(0), U64Slice(9)).ok());
+    ASSERT_TRUE(internal::FPTreeGetPmWords(idx.get(), &after));
+    EXPECT_NE(after.leaf_versions[0], before.leaf_versions[0]) << "a real write must move the version";
+    EXPECT_TRUE(idx->Check().ok());
+    idx.reset();
+    pm::Pool::Remove(path);
+  }
+}
+
 }  // namespace
 }  // namespace pmindex

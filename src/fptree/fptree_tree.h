@@ -196,6 +196,13 @@ class FPTree final : public Index, public FPTreeIntrospect {
     if constexpr (!kConc) return;
     Ver(l)->UnlockFrom(lv);
   }
+  // Unlock of a leaf locked by LeafTryLock(l, lv) that the holder did not
+  // change (an Insert of a present key, a Remove of an absent one): the
+  // word returns to lv, so optimistic readers that read lv still validate.
+  void LeafUnlockUnchanged(char* l, uint64_t lv) {
+    if constexpr (!kConc) return;
+    __atomic_store_n(&Ver(l)->word, uint64_t(lv & ~kit::VersionLock::kBusy), __ATOMIC_RELEASE);
+  }
 
   // ---- keys, values and their blocks -------------------------------------------
   Status WriteBlock(uint64_t* dest, Slice s) { return kit::WriteBlock(pool_->allocator(), base_, dest, s); }
