@@ -7,8 +7,11 @@
 //
 // Persist order, creation (Format): the root block (allocated zeroed into
 // the pool's root slot); line 0 (magic, config) persisted with one fence;
-// the first leaf (fptree_single: its group, via get_log) allocated into
-// head; initialized = 1. A crash inside it leaves initialized == 0, magic 0
+// the first leaf allocated into head (fptree_single: a group, via get_log,
+// whose first leaf is then stored into head); initialized = 1. Format is
+// idempotent: run again on a crashed creation it reuses the root, the leaf
+// or the group it finds, so any number of crashes inside creation leave
+// initialized == 0, magic 0
 // or kMagic, at most two allocated blocks (the root, one leaf or group),
 // and, once anything beyond the root is allocated, magic and a valid config
 // durable, head 0 or one empty leaf that ends the list, and no split,
@@ -128,9 +131,14 @@ Status FPTree<kConc, kBytes>::Format(uint8_t variant, const Options& o, uint32_t
   }
   if (r->head == 0) {
     if (groups_) {
-      // One group holding the first leaf (alg. 10 path without a free vector).
+      // One group holding the first leaf (alg. 10 path without a free
+      // vector). A crashed creation may have linked that group already
+      // (RecoverGetLog above finishes one it had only allocated): its
+      // first leaf, still zeroed, becomes the head, so that a creation
+      // crashing again never allocates a second group.
       uint64_t leaf = 0;
-      PMINDEX_RETURN_IF_ERROR(GetLeaf(&leaf));
+      if (r->groups_head) leaf = r->groups_head + 64;
+      else PMINDEX_RETURN_IF_ERROR(GetLeaf(&leaf));
       pm::StorePersist(&r->head, leaf);
     } else {
       PMINDEX_RETURN_IF_ERROR(pool_->allocator().AllocateZeroed(&r->head, lay_.bytes));
