@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,5 +63,11 @@ uint64_t FPTreeDeferredLeafDeletions();
 // hook that blocks holds that deletion there (fptree_grace_test). nullptr
 // removes it. Process-wide; set it while no fptree is in use.
 void SetFPTreeLeafUnlinkedHook(void (*hook)(uint64_t leaf));
+
+// Runs fn inside one epoch guard of idx, as a lock-free reader is while it
+// reads leaves and blocks (fptree; the others have no readers to wait for).
+// fn must not wait for a leaf deletion of idx (its grace period waits for
+// this guard). False if idx is not an FPTree.
+bool FPTreeInEpoch(Index* idx, const std::function<void()>& fn);
 
 }  // namespace pmindex::internal

@@ -129,6 +129,8 @@ Status FPTree<kConc, kBytes>::ForEachOwnedBlock(const std::function<void(uint64_
     if (root_->split[i].nw && !groups_) fn(root_->split[i].nw);
     if (root_->del[i].cur && !groups_) fn(root_->del[i].cur);
   }
+  if (root_->retire_area) fn(root_->retire_area);
+  if (retire_) retire_->ForEachUsed([&](const kit::RetireSlot& s) { fn(s.block); });
   return Status::OK();
 }
 

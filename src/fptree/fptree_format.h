@@ -39,10 +39,13 @@
 //     below every key of the next leaf; it is never empty;
 //   - every invalid slot has zero key/value block words;
 //   - every PM block is owned by exactly one persistent word (the root slot,
-//     the leaf or group list, a slot, a micro-log word).
+//     the leaf or group list, a slot, a micro-log word, a retire slot); a
+//     retire slot whose tag is set shares its block with the leaf word
+//     the tag names until the tag is cleared (fptree_retire.cc).
 //
 // Persist order: see fptree_smo.cc (split, leaf delete), fptree.cc (insert,
-// update, delete), fptree_group.cc (groups), fptree_recovery.cc (creation).
+// update, delete), fptree_retire.cc (retired key/value blocks),
+// fptree_group.cc (groups), fptree_recovery.cc (creation).
 //
 // Thread safety: declarations only.
 #pragma once
@@ -54,10 +57,20 @@
 
 namespace pmindex::internal::fptree {
 
-// Format magic ("PFTRT01"); the format has one version.
-constexpr uint64_t kMagic = 0x31305452544650ull;
+// Format magic, which carries the format version: "PFTRT02" (version 2).
+// Version 1 ("PFTRT01") lacks Root::retire_area, whose bytes were zero
+// padding in every version-1 root (allocated zeroed, never written): it is
+// opened as a version-2 root with no retire list, its magic rewritten to
+// version 2 first (fptree_recovery.cc, ClassifyRoot). A build that knows
+// only version 1 refuses a version-2 pool (bad magic).
+constexpr uint64_t kMagic = 0x32305452544650ull;
+constexpr uint64_t kMagicV1 = 0x31305452544650ull;
 // Micro-log slots per kind: concurrent splits/deletes take one each.
 constexpr int kLogs = 64;
+// fptree with byte keys or values: slots of the persistent retire list
+// (kit/retire_list.h) that owns removed and replaced key/value blocks from
+// their unlink until the epoch grace period has passed (fptree_retire.cc).
+constexpr uint32_t kRetireSlots = 512;
 
 enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
 inline const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
@@ -88,6 +101,7 @@ struct alignas(64) Root {
   uint32_t leaf_slots, inner_size, group_size, leaf_bytes;
   uint32_t max_key, max_value;
   uint64_t initialized;  // alg. 9 "Tree.Status": 1 once creation finished
+  uint64_t retire_area;  // fptree, byte keys or values: the retire slots' block (0: none yet)
   alignas(64) uint64_t head;  // first leaf
   alignas(64) uint64_t groups_head;
   uint64_t groups_tail;

@@ -67,6 +67,11 @@ Status CheckConfig(const Root* r, uint8_t v) {
 
 Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
   *fresh = *pm_config = false;
+  // Format version 1 -> 2 (fptree_format.h): only the magic differs.
+  if (const uint64_t ro = *pool->root_slot(); ro && ro % 8 == 0 && pool->size() >= sizeof(Root) && ro <= pool->size() - sizeof(Root)) {
+    Root* r = reinterpret_cast<Root*>(pool->base() + ro);
+    if (r->magic == kMagicV1 && r->retire_area == 0) pm::StorePersist(&r->magic, kMagic);
+  }
   const kit::RootSpec spec{"fptree", kMagic, sizeof(Root), offsetof(Root, magic), offsetof(Root, initialized)};
   kit::RootState state;
   PMINDEX_RETURN_IF_ERROR(kit::ClassifyRoot(pool, spec, &state));
@@ -256,6 +261,9 @@ Status FPTree<kConc, kBytes>::Recover() {
   del_free_.store(~0ull);
   // Everything the log passes below dereference, before they store.
   PMINDEX_RETURN_IF_ERROR(CheckLogs());
+  // Retired key/value blocks first: a slot may hand its block back to a
+  // leaf word that the per-leaf pass below then frees (fptree_retire.cc).
+  PMINDEX_RETURN_IF_ERROR(RecoverRetired());
   // Leaf groups: rebuild the DRAM map first (logs may need it).
   if (groups_) {
     PMINDEX_RETURN_IF_ERROR(CheckGroups());
