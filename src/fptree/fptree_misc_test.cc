@@ -3,7 +3,8 @@
 // the scan-order hint, size hints, leaf version words, home-line placement,
 // a full pool in the middle of a split, PM cost per operation, SIGKILL of a
 // loading child (leak check: allocator enumeration == ForEachOwnedBlock),
-// deferred deletions, fault switches. The parameterised differential tests
+// deferred deletions, fault switches, writes that change nothing keeping
+// the leaf versions. The parameterised differential tests
 // over every variant live in fptree_test.cc.
 // PMINDEX_LONG=1 makes the random sequences longer.
 #include <signal.h>
