@@ -33,7 +33,10 @@ namespace pmindex::internal {
 namespace fptree {
 FPT_TLS uint64_t tl_probes = 0;
 std::atomic<uint64_t> g_deferred_deletions{0};
+std::atomic<void (*)(uint64_t)> g_leaf_unlinked_hook{nullptr};
 }  // namespace fptree
+
+void SetFPTreeLeafUnlinkedHook(void (*hook)(uint64_t leaf)) { fptree::g_leaf_unlinked_hook.store(hook); }
 
 uint64_t FPTreeKeyProbes() { return fptree::tl_probes; }
 uint64_t FPTreeDeferredLeafDeletions() { return fptree::g_deferred_deletions.load(); }
@@ -82,7 +85,7 @@ Status FPTree<kConc, kBytes>::InsertInto(char* l, int s, const SKey& k, Slice va
 
 // Alg. 8 (bitmap flip) or the in-place p-atomic value store.
 template <bool kConc, bool kBytes>
-Status FPTree<kConc, kBytes>::UpdateIn(char* l, int old, const SKey& k, Slice value) {
+Status FPTree<kConc, kBytes>::UpdateIn(char* l, int old, const SKey& k, Slice value, Claims* rc) {
   if (inplace_) {
     pm::StoreAtomic(Val(l, old), SliceToU64(value));
     pm::Persist(Val(l, old), 8);
@@ -104,12 +107,13 @@ Status FPTree<kConc, kBytes>::UpdateIn(char* l, int old, const SKey& k, Slice va
   pm::StoreAtomic(Bm(l), uint64_t((bm & ~(1ull << old)) | (1ull << s)));
   pm::Persist(l, 8);
   // Cleanup of the old slot: its key pointer is now shared (reset), its value
-  // block is garbage (free). Recovery's alg. 17 check finishes this.
+  // block is garbage (retired: readers may still be in it; fptree_retire.cc).
+  // Recovery's alg. 17 check finishes this.
   if (kBytes) {
     pm::StoreAtomic(Key(l, old), uint64_t(0));
     if (!vbytes_ || !lay_.fp) pm::Persist(Key(l, old), 8);
   }
-  if (vbytes_) pool_->allocator().Free(Val(l, old));
+  if (vbytes_) DropBlockWord(Val(l, old), rc);
   return Status::OK();
 }
 
@@ -120,6 +124,8 @@ Status FPTree<kConc, kBytes>::Put(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
   SKey k = MakeKey(key);
+  Claims rc;  // before the guard: retires after it ends
+  if (vbytes_ && mode != Mode::kInsert) PMINDEX_RETURN_IF_ERROR(ClaimRetire(1, &rc));
   EpochGuard g(epoch_, kConc);
   uint64_t lv = 0;
   const uint64_t loff = FindAndLockLeaf(k, &lv);
@@ -127,11 +133,11 @@ Status FPTree<kConc, kBytes>::Put(Slice key, Slice value, Mode mode) {
   uint64_t bm = Ld(Bm(l));
   int slot = FindSlot(l, bm, k);
   if (slot >= 0 && mode == Mode::kInsert) {
-    LeafUnlock(l);
+    LeafUnlockUnchanged(l, lv);
     return Status::AlreadyExists();
   }
   if (slot < 0 && mode == Mode::kUpdate) {
-    LeafUnlock(l);
+    LeafUnlockUnchanged(l, lv);
     return Status::NotFound();
   }
   bool need_slot = slot < 0 || !inplace_;
@@ -149,14 +155,14 @@ Status FPTree<kConc, kBytes>::Put(Slice key, Slice value, Mode mode) {
     int c = kBytes ? CompareKeys(KeyKind::kBytes, k.s, sep.ks) : (k.u < sep.k ? -1 : (k.u > sep.k ? 1 : 0));
     if (c >= 0) target = L(noff);
     // Slots keep their index in the copy, so `slot` is valid in target.
-    if (slot >= 0) st = UpdateIn(target, slot, k, value);
+    if (slot >= 0) st = UpdateIn(target, slot, k, value, &rc);
     else st = InsertInto(target, FreeSlotFor(Ld(Bm(target)), HomeLine(k)), k, value);
     InsertSeparator(sk, KeyWordForInner(sk), noff);
     LeafUnlock(L(noff));
     LeafUnlock(l);
     return st;
   }
-  if (slot >= 0) st = UpdateIn(l, slot, k, value);
+  if (slot >= 0) st = UpdateIn(l, slot, k, value, &rc);
   else st = InsertInto(l, FreeSlotFor(bm, HomeLine(k)), k, value);
   LeafUnlockAt(l, lv);
   return st;
@@ -203,6 +209,8 @@ Status FPTree<kConc, kBytes>::Remove(Slice key) {
   bool found = false;
   int pending = -1;
   Retired ret;
+  Claims rc;  // before the guard: retires after it ends
+  PMINDEX_RETURN_IF_ERROR(ClaimRetire(int(kBytes) + int(vbytes_), &rc));
   {
     EpochGuard g(epoch_, kConc);
     uint64_t lv = 0;
@@ -211,14 +219,14 @@ Status FPTree<kConc, kBytes>::Remove(Slice key) {
     uint64_t bm = Ld(Bm(l));
     const int slot = FindSlot(l, bm, k);
     if (slot < 0) {
-      LeafUnlock(l);
+      LeafUnlockUnchanged(l, lv);
     } else {
       found = true;
       bm &= ~(1ull << slot);
       pm::StoreAtomic(Bm(l), bm);
       if (!PMINDEX_FAULT("fptree.delete.skip_flush")) pm::Persist(l, 8);
-      if (kBytes) pool_->allocator().Free(Key(l, slot));
-      if (vbytes_) pool_->allocator().Free(Val(l, slot));
+      if (kBytes) DropBlockWord(Key(l, slot), &rc);
+      if (vbytes_) DropBlockWord(Val(l, slot), &rc);
       if (bm == 0) pending = DeleteEmptyLeaf(loff, k, &ret);
       else LeafUnlockAt(l, lv);
     }
@@ -281,13 +289,15 @@ Status FPTree<kConc, kBytes>::Close() {
   }
   nodes_.clear();
   deferred_.clear();
+  if (retire_) retire_->Reclaim(epoch_, true, [](const kit::RetireSlot&) {});
+  retire_.reset();
   Status s = pool_ ? pool_->Close() : Status::OK();
   return s;
 }
 
 #define FPT_INSTANTIATE(C, B)                                                    \
   template Status FPTree<C, B>::InsertInto(char*, int, const SKey&, Slice);      \
-  template Status FPTree<C, B>::UpdateIn(char*, int, const SKey&, Slice);        \
+  template Status FPTree<C, B>::UpdateIn(char*, int, const SKey&, Slice, Claims*); \
   template Status FPTree<C, B>::Put(Slice, Slice, Mode);                         \
   template Status FPTree<C, B>::Find(Slice, std::string*);                       \
   template Status FPTree<C, B>::Remove(Slice);                                   \
@@ -408,6 +418,13 @@ bool FPTreeGetPmWords(Index* idx, FPTreePmWords* out) {
   auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
   if (!t) return false;
   t->PmWords(out);
+  return true;
+}
+
+bool FPTreeInEpoch(Index* idx, const std::function<void()>& fn) {
+  auto* t = dynamic_cast<FPTreeIntrospect*>(idx);
+  if (!t) return false;
+  t->InEpoch(fn);
   return true;
 }
 

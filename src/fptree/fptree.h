@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct FPTreePmWords {
   uint64_t groups_head = 0, get_log = 0;  // fptree_single
   uint32_t leaf_bytes = 0, next_in_leaf = 0, slot0_key_in_leaf = 0, key_stride = 0, slot0_val_in_leaf = 0, val_stride = 0;
   std::vector<uint64_t> leaves;  // leaf offsets in list order
+  std::vector<uint64_t> leaf_versions;  // fptree: each leaf's lock/version word, list order (else empty)
 };
 bool FPTreeGetPmWords(Index* idx, FPTreePmWords* out);
 
@@ -54,5 +56,18 @@ uint64_t FPTreeKeyProbes();
 // inner node) stayed busy for 64 tries (fptree only); a deferred deletion is
 // retried by a later Remove. Process-wide.
 uint64_t FPTreeDeferredLeafDeletions();
+
+// Test hook of fptree's (concurrent) leaf deletion: called with the unlinked
+// leaf's offset once the unlink is durable and every lock is released,
+// outside any epoch guard, before the grace period and the leaf's free. A
+// hook that blocks holds that deletion there (fptree_grace_test). nullptr
+// removes it. Process-wide; set it while no fptree is in use.
+void SetFPTreeLeafUnlinkedHook(void (*hook)(uint64_t leaf));
+
+// Runs fn inside one epoch guard of idx, as a lock-free reader is while it
+// reads leaves and blocks (fptree; the others have no readers to wait for).
+// fn must not wait for a leaf deletion of idx (its grace period waits for
+// this guard). False if idx is not an FPTree.
+bool FPTreeInEpoch(Index* idx, const std::function<void()>& fn);
 
 }  // namespace pmindex::internal

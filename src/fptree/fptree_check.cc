@@ -130,6 +130,8 @@ Status FPTree<kConc, kBytes>::ForEachOwnedBlock(const std::function<void(uint64_
     if (root_->split[i].nw && !groups_) fn(root_->split[i].nw);
     if (root_->del[i].cur && !groups_) fn(root_->del[i].cur);
   }
+  if (root_->retire_area) fn(root_->retire_area);
+  if (retire_) retire_->ForEachUsed([&](const kit::RetireSlot& s) { fn(s.block); });
   return Status::OK();
 }
 
@@ -221,8 +223,10 @@ void FPTree<kConc, kBytes>::PmWords(FPTreePmWords* w) {
   w->slot0_val_in_leaf = lay_.val_off;
   w->val_stride = lay_.val_stride;
   w->leaves.clear();
+  w->leaf_versions.clear();
   ForEachLeaf([&](uint64_t x) {
     w->leaves.push_back(x);
+    if (kConc) w->leaf_versions.push_back(LeafVersion(L(x)));
     return NextAcquire(L(x));
   });
 }

@@ -244,7 +244,11 @@ TEST_P(FPTreeCorruptTest, DamagedWordsGiveCorrupt) {
 // after the first leaf was allocated (initialized still 0, one empty leaf)
 // is finished on open, with the root's config (the leaf was allocated for
 // it), whatever parameters the caller passes.
+// A finished fptree with byte keys owns its retire slot array, which
+// creation never allocates: zeroing initialized there makes no crash state
+// (fptree_create_test covers real crashed creations of that kind).
 TEST_P(FPTreeCorruptTest, CrashedCreationIsFinishedWithTheRootsConfig) {
+  if (GetParam().name == "fptree" && GetParam().kk == KeyKind::kBytes) GTEST_SKIP() << "owns a retire list";
   test::TestWatchdog wd(GetParam().label + " crashed creation", 120);
   internal::FPTreePmWords w;
   {
@@ -271,6 +275,37 @@ TEST_P(FPTreeCorruptTest, CrashedCreationIsFinishedWithTheRootsConfig) {
   for (uint64_t i = 0; i < 30; i++) ASSERT_TRUE(idx->Insert(Key(i), Val(i)).ok());
   EXPECT_EQ(Dump(idx.get(), GetParam().kk).size(), 30u);
   EXPECT_TRUE(idx->Check().ok());
+}
+
+// Format version 1 ("PFTRT01") differs from version 2 only in the root's
+// retire_area word, zero padding in version 1: such a pool opens with its
+// contents, its magic rewritten to version 2. A version-1 magic beside a
+// retire area (fptree with byte keys owns one) is no pool any build wrote:
+// Corrupt.
+TEST_P(FPTreeCorruptTest, FormatVersion1Opens) {
+  test::TestWatchdog wd(GetParam().label + " version 1", 120);
+  internal::FPTreePmWords w;
+  Contents before;
+  ASSERT_NO_FATAL_FAILURE(Build(&w, &before));
+  const uint64_t v1 = 0x31305452544650ull, v2 = 0x32305452544650ull;
+  {
+    File f(path_);
+    ASSERT_GE(f.fd, 0);
+    ASSERT_EQ(f.Get<uint64_t>(w.magic), v2);
+    f.Put<uint64_t>(w.magic, v1);
+  }
+  std::unique_ptr<Index> idx;
+  Status s = Reopen(&idx);
+  if (GetParam().name == "fptree" && GetParam().kk == KeyKind::kBytes) {
+    EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
+    return;
+  }
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Dump(idx.get(), GetParam().kk), before);
+  EXPECT_TRUE(idx->Check().ok());
+  idx.reset();
+  File f(path_);
+  EXPECT_EQ(f.Get<uint64_t>(w.magic), v2);
 }
 
 // A value block's length is not read at open (that would cost a PM read per

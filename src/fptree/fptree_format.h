@@ -39,10 +39,13 @@
 //     below every key of the next leaf; it is never empty;
 //   - every invalid slot has zero key/value block words;
 //   - every PM block is owned by exactly one persistent word (the root slot,
-//     the leaf or group list, a slot, a micro-log word).
+//     the leaf or group list, a slot, a micro-log word, a retire slot); a
+//     retire slot whose tag is set shares its block with the leaf word
+//     the tag names until the tag is cleared (fptree_retire.cc).
 //
 // Persist order: see fptree_smo.cc (split, leaf delete), fptree.cc (insert,
-// update, delete), fptree_group.cc (groups), fptree_recovery.cc (creation),
+// update, delete), fptree_retire.cc (retired key/value blocks),
+// fptree_group.cc (groups), fptree_recovery.cc (creation),
 // fptree_compact.cc (leaf merges and group compaction at open).
 //
 // Thread safety: declarations only.
@@ -56,15 +59,23 @@
 
 namespace pmindex::internal::fptree {
 
-// Format magic: "PFTRT02" (format 2: the leaf-merge log in the root's head
-// line). Format 1 ("PFTRT01") has the same layout with that log never used
-// (its words are zero); open accepts it and stores the format-2 magic before
-// its first merge, so a binary that knows only format 1 refuses a pool whose
-// merge log may be in use (bad magic) instead of ignoring the log.
+// Format magic, which carries the format version: "PFTRT02" (version 2).
+// Version 2 adds two things to version 1 ("PFTRT01"), both in bytes that
+// were zero padding in every version-1 root (allocated zeroed, never
+// written): Root::retire_area (fptree_retire.cc) and the leaf-merge log in
+// the head line (fptree_compact.cc). A version-1 root is opened as a
+// version-2 root with no retire list and an unused merge log, its magic
+// rewritten to version 2 first (fptree_recovery.cc, ClassifyRoot), so a build
+// that knows only version 1 refuses the pool (bad magic) instead of ignoring
+// a retire list or a merge in flight.
 constexpr uint64_t kMagic = 0x32305452544650ull;
 constexpr uint64_t kMagicV1 = 0x31305452544650ull;
 // Micro-log slots per kind: concurrent splits/deletes take one each.
 constexpr int kLogs = 64;
+// fptree with byte keys or values: slots of the persistent retire list
+// (kit/retire_list.h) that owns removed and replaced key/value blocks from
+// their unlink until the epoch grace period has passed (fptree_retire.cc).
+constexpr uint32_t kRetireSlots = 512;
 
 enum Variant : uint8_t { kConcurrent = 0, kSingle = 1, kPTree = 2 };
 inline const char* VariantName(uint8_t v) { return v == kConcurrent ? "fptree" : v == kSingle ? "fptree_single" : "ptree"; }
@@ -95,6 +106,7 @@ struct alignas(64) Root {
   uint32_t leaf_slots, inner_size, group_size, leaf_bytes;
   uint32_t max_key, max_value;
   uint64_t initialized;  // alg. 9 "Tree.Status": 1 once creation finished
+  uint64_t retire_area;  // fptree, byte keys or values: the retire slots' block (0: none yet)
   alignas(64) uint64_t head;  // first leaf
   // Leaf-merge log (format 2; fptree_compact.cc): right is merged into left,
   // whose bitmap before the merge was left_bm. right is stored last (same

@@ -7,8 +7,11 @@
 //
 // Persist order, creation (Format): the root block (allocated zeroed into
 // the pool's root slot); line 0 (magic, config) persisted with one fence;
-// the first leaf (fptree_single: its group, via get_log) allocated into
-// head; initialized = 1. A crash inside it leaves initialized == 0, magic 0
+// the first leaf allocated into head (fptree_single: a group, via get_log,
+// whose first leaf is then stored into head); initialized = 1. Format is
+// idempotent: run again on a crashed creation it reuses the root, the leaf
+// or the group it finds, so any number of crashes inside creation leave
+// initialized == 0, magic 0
 // or kMagic, at most two allocated blocks (the root, one leaf or group),
 // and, once anything beyond the root is allocated, magic and a valid config
 // durable, head 0 or one empty leaf that ends the list, and no split,
@@ -66,14 +69,18 @@ Status CheckConfig(const Root* r, uint8_t v) {
 
 Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
   *fresh = *pm_config = false;
+  // Format version 1 -> 2 (fptree_format.h): only the magic differs, since
+  // a version-1 root holds zeros where version 2 keeps its retire area and
+  // merge log. A version-1 magic beside nonzero words there is not a
+  // version-1 pool and stays refused.
+  if (const uint64_t ro = *pool->root_slot(); ro && ro % 8 == 0 && pool->size() >= sizeof(Root) && ro <= pool->size() - sizeof(Root)) {
+    Root* r = reinterpret_cast<Root*>(pool->base() + ro);
+    if (r->magic == kMagicV1 && r->retire_area == 0 && r->merge_left == 0 && r->merge_left_bm == 0 && r->merge_right == 0)
+      pm::StorePersist(&r->magic, kMagic);
+  }
   const kit::RootSpec spec{"fptree", kMagic, sizeof(Root), offsetof(Root, magic), offsetof(Root, initialized)};
   kit::RootState state;
-  if (!kit::ClassifyRoot(pool, spec, &state).ok()) {
-    // A format-1 root (fptree_format.h: kMagicV1) opens as well.
-    kit::RootSpec v1 = spec;
-    v1.magic = kMagicV1;
-    PMINDEX_RETURN_IF_ERROR(kit::ClassifyRoot(pool, v1, &state));
-  }
+  PMINDEX_RETURN_IF_ERROR(kit::ClassifyRoot(pool, spec, &state));
   if (state == kit::RootState::kAbsent) {
     *fresh = true;
     return Status::OK();
@@ -135,9 +142,14 @@ Status FPTree<kConc, kBytes>::Format(uint8_t variant, const Options& o, uint32_t
   }
   if (r->head == 0) {
     if (groups_) {
-      // One group holding the first leaf (alg. 10 path without a free vector).
+      // One group holding the first leaf (alg. 10 path without a free
+      // vector). A crashed creation may have linked that group already
+      // (RecoverGetLog above finishes one it had only allocated): its
+      // first leaf, still zeroed, becomes the head, so that a creation
+      // crashing again never allocates a second group.
       uint64_t leaf = 0;
-      PMINDEX_RETURN_IF_ERROR(GetLeaf(&leaf));
+      if (r->groups_head) leaf = r->groups_head + 64;
+      else PMINDEX_RETURN_IF_ERROR(GetLeaf(&leaf));
       pm::StorePersist(&r->head, leaf);
     } else {
       PMINDEX_RETURN_IF_ERROR(pool_->allocator().AllocateZeroed(&r->head, lay_.bytes));
@@ -257,6 +269,9 @@ Status FPTree<kConc, kBytes>::Recover() {
   // Everything the log passes below dereference, before they store.
   PMINDEX_RETURN_IF_ERROR(CheckLogs());
   PMINDEX_RETURN_IF_ERROR(CheckMergeLog());
+  // Retired key/value blocks first: a slot may hand its block back to a
+  // leaf word that the per-leaf pass below then frees (fptree_retire.cc).
+  PMINDEX_RETURN_IF_ERROR(RecoverRetired());
   // Leaf groups: rebuild the DRAM map first (logs may need it).
   if (groups_) {
     PMINDEX_RETURN_IF_ERROR(CheckGroups());

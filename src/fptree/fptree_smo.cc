@@ -23,9 +23,13 @@
 // neighbour locked, the inner nodes on its path write-locked):
 //   1. log {prev, cur} (prev stored first, same line), persisted;
 //   2. prev.next (or the root's head) = cur.next, persisted;
-//   3. after the epoch grace period: cur is freed (allocator, into log.cur)
-//      or returned to its group (fptree_single), then log.prev reset.
-// Recovery (alg. 7) redoes 2 for every log before it frees any leaf (3).
+//   3. log.prev = 0, persisted, before prev's lock is released: once prev
+//      is unlocked another deletion may unlink, free and reuse it, and
+//      recovery must not redo step 2 into that memory (with prev = 0 it
+//      checks the root's head, which never names the unlinked cur again);
+//   4. after the epoch grace period: cur is freed (allocator, into log.cur)
+//      or returned to its group (fptree_single), then the log line reset.
+// Recovery (alg. 7) redoes 2 for every log before it frees any leaf (4).
 // A leaf is unlinked also when it is its DRAM parent's only child: the
 // single-child inner nodes above it go with it, a single-child root
 // collapses; only the tree's last leaf stays. No deletion is left to
@@ -353,7 +357,10 @@ int FPTree<kConc, kBytes>::DeleteEmptyLeaf(uint64_t loff, const SKey& k, Retired
 template <bool kConc, bool kBytes>
 void FPTree<kConc, kBytes>::FinishLeafDeletion(int pending, Retired* ret) {
   if (pending < 0) return;
-  if (kConc) epoch_.Synchronize();
+  if (kConc) {
+    if (auto* hook = g_leaf_unlinked_hook.load(std::memory_order_acquire)) hook(root_->del[pending].cur);
+    epoch_.Synchronize();
+  }
   FinishDeleteLog(&root_->del[pending]);
   ReleaseLog(&del_free_, pending);
   for (Inner* n : ret->nodes) FreeInner(n);
@@ -523,6 +530,11 @@ int FPTree<kConc, kBytes>::TryDeleteLeaf(uint64_t loff, const SKey& k, Retired* 
       continue;
     }
     LogUnlink(&root_->del[li], prev, loff);
+    // The unlink is durable: the log must stop naming prev before prev is
+    // unlocked, or prev could be deleted, freed and reused while the log
+    // still sends recovery's RedoUnlink to it. With prev = 0 recovery
+    // checks the root's head instead, which never names cur again.
+    if (prev) pm::StorePersist(&root_->del[li].prev, uint64_t(0));
     // DRAM unlink.
     uint64_t kw = RemoveAt(pn[t], at.pi[t]);
     if constexpr (kBytes) ret->keys.push_back(kw);

@@ -16,6 +16,7 @@
 //   fptree_scan.cc      scans and the scan-order hint
 //   fptree_check.cc     Check, owned blocks, introspection for tests
 //   fptree_batch.cc     FindMany: a batch of finds with interleaved descents
+//   fptree_retire.cc    fptree's retired key/value blocks (epoch + retire list)
 //
 // Concurrency (fptree): no HTM. DRAM inner nodes use optimistic lock
 // coupling (fptree_inner.h). Each leaf has a seqlock word
@@ -24,8 +25,9 @@
 // line per find): finds and scans read leaves optimistically and validate;
 // writers lock the leaf by CAS and do the persistent work outside any
 // inner-node critical section. Deleted leaves, the inner nodes a leaf
-// deletion removes (unlocked obsolete) and their separators are freed after
-// an epoch grace period (kit/epoch.h). No thread waits for a leaf lock while
+// deletion removes (unlocked obsolete), their separators, and removed or
+// replaced key/value blocks (owned meanwhile by a persistent retire slot)
+// are freed after an epoch grace period (kit/epoch.h). No thread waits for a leaf lock while
 // holding another lock except by try-lock, and scans take no lock, so the
 // scan/insert deadlock of a lock-based FPTree cannot happen.
 //
@@ -63,6 +65,7 @@
 #include "kit/epoch.h"
 #include "kit/lock_table.h"
 #include "kit/pm_block.h"
+#include "kit/retire_list.h"
 #include "kit/version_lock.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
@@ -75,6 +78,8 @@ using EpochGuard = EpochManager::Guard;
 
 // Process-wide count of deferred leaf deletions (FPTreeDeferredLeafDeletions).
 extern std::atomic<uint64_t> g_deferred_deletions;
+// Test hook (SetFPTreeLeafUnlinkedHook in fptree.h); nullptr: none.
+extern std::atomic<void (*)(uint64_t)> g_leaf_unlinked_hook;
 
 // What an existing pool's root object is (fptree_recovery.cc): *fresh if it
 // is to be formatted (absent, or a crashed creation), *pm_config if that
@@ -87,6 +92,7 @@ struct FPTreeIntrospect {
   virtual void HomeShare(uint64_t* at_home, uint64_t* records) = 0;
   virtual bool LeafVersionWords(std::string* why) = 0;
   virtual void PmWords(FPTreePmWords* out) = 0;
+  virtual void InEpoch(const std::function<void()>& fn) = 0;
 };
 
 template <bool kConc, bool kBytes>
@@ -136,6 +142,10 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void HomeShare(uint64_t* at_home, uint64_t* records) override;
   bool LeafVersionWords(std::string* why) override;
   void PmWords(FPTreePmWords* w) override;
+  void InEpoch(const std::function<void()>& fn) override {
+    EpochGuard g(epoch_, kConc);
+    fn();
+  }
 
  private:
   using Olc = fptree::Olc<kConc>;
@@ -197,6 +207,13 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void LeafUnlockAt(char* l, uint64_t lv) {
     if constexpr (!kConc) return;
     Ver(l)->UnlockFrom(lv);
+  }
+  // Unlock of a leaf locked by LeafTryLock(l, lv) that the holder did not
+  // change (an Insert of a present key, a Remove of an absent one): the
+  // word returns to lv, so optimistic readers that read lv still validate.
+  void LeafUnlockUnchanged(char* l, uint64_t lv) {
+    if constexpr (!kConc) return;
+    __atomic_store_n(&Ver(l)->word, uint64_t(lv & ~kit::VersionLock::kBusy), __ATOMIC_RELEASE);
   }
 
   // ---- keys, values and their blocks -------------------------------------------
@@ -279,8 +296,24 @@ class FPTree final : public Index, public FPTreeIntrospect {
 
   // ---- record writes, leaf locked (fptree.cc) --------------------------------------
   Status Put(Slice key, Slice value, Mode mode);
+  // Retire slots one operation claims before its epoch guard (at most two:
+  // a removed record's key and value blocks); the destructor, which runs
+  // after the guard, retires the used ones and releases the rest.
+  struct Claims {
+    FPTree* t = nullptr;
+    int slot[2] = {-1, -1};
+    int n = 0, used = 0;
+    ~Claims() {
+      if (t) t->EndClaims(this);
+    }
+  };
   Status InsertInto(char* l, int s, const SKey& k, Slice value);
-  Status UpdateIn(char* l, int old, const SKey& k, Slice value);
+  Status UpdateIn(char* l, int old, const SKey& k, Slice value, Claims* rc);
+  // ---- retired key/value blocks (fptree_retire.cc) ----------------------------
+  Status ClaimRetire(int n, Claims* c);
+  void DropBlockWord(uint64_t* w, Claims* c);
+  void EndClaims(Claims* c);
+  Status RecoverRetired();
 
   // ---- inner nodes and structure changes (fptree_smo.cc) -----------------------------
   Inner* NewInner(bool bottom);
@@ -376,6 +409,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::atomic<size_t> deferred_n_{0};
   std::atomic<uint64_t> dram_bytes_{0};
   EpochManager epoch_;  // fptree: guards of finds, scans and writers; leaf deletions wait for it
+  std::unique_ptr<kit::PmRetireList> retire_;  // fptree with byte keys or values (fptree_retire.cc)
   // Bound of the scan's prefetch-only paths: the address space the pool
   // reserves (pools grow in place up to it; a prefetch past the mapped part
   // is harmless). Loads are bounded by the current size (InPool).
