@@ -111,6 +111,13 @@ void VerifyRecovered(Target* target, const std::string& path, const Workload& wl
     found[kid] = ver;
     const uint32_t c = (*e.committed)[kid];
     auto it = inflight.find(kid);
+    if (it != inflight.end() && ver == int64_t(c) && ver != int64_t(it->second) &&
+        std::find(e.read_inflight.begin(), e.read_inflight.end(), kid) != e.read_inflight.end()) {
+      EmitFail(fd, FailKind::kLostRead, "key " + KeyName(wl, kid) + ": found " + (ver ? "version " + std::to_string(ver) : std::string("absent")) +
+                                            ", but a completed read had returned version " + std::to_string(it->second) +
+                                            " (written by the op in flight)");
+      continue;
+    }
     if (ver == int64_t(c) || (it != inflight.end() && ver == int64_t(it->second))) continue;
     std::string allowed = c ? "version " + std::to_string(c) : "absent";
     if (it != inflight.end())
