@@ -123,7 +123,10 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (c.shared_keys) s += " --shared-keys";
   if (!c.read_rule) s += " --no-read-rule";
   if (!c.unfenced_image) s += " --no-unfenced-image";
-  if (c.recovery_crashes && f.point >= 0) s += " --recovery-crashes " + std::to_string(c.recovery_crashes);
+  if (c.recovery_crashes && f.point >= 0) {
+    s += " --recovery-crashes " + std::to_string(c.recovery_crashes);
+    if (c.recovery_image_budget != 100) s += " --recovery-images " + std::to_string(c.recovery_image_budget);
+  }
   if (f.kill_round >= 0) {
     s += " --points 0 --kill " + std::to_string(f.kill_round + 1) + " --ops-per-kill " + std::to_string(c.ops_per_kill_round) +
          "  # kill timing is random: may need several runs";

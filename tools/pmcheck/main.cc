@@ -54,7 +54,9 @@ int main(int argc, char** argv) {
   app.add_flag("--shared-keys", c.shared_keys, "finds and scans read every thread's keys (writes stay with the owner thread)");
   app.add_flag("--no-read-rule", no_read_rule, "do not require a version a completed read returned to survive later crashes");
   app.add_option("--recovery-crashes", c.recovery_crashes,
-                 "record the recovery of this many crash images and crash it at every point (double crashes)");
+                 "record the recovery of this many crash images and crash it (double crashes)");
+  app.add_option("--recovery-images", c.recovery_image_budget,
+                 "crash images per crashed recovery, sampled over its points (0: every point)");
   app.add_flag("--lint", c.lint, "missing flushes/fences and erratum reads count as failures");
   app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));
   app.add_option("--ops-per-kill", c.ops_per_kill_round, "ops per kill round")->check(CLI::Range(1, 1000000));

@@ -76,6 +76,7 @@ struct Config {
   // itself is recorded and crashed (first-level images at every point of
   // it), and the second recovery verified against the same expectations.
   uint64_t recovery_crashes = 0;
+  uint64_t recovery_image_budget = 100;  // images per crashed recovery (0: every point)
   bool lint = false;             // lint findings count as failures
   int kills = 0;                 // --kill N: process-crash rounds
   int ops_per_kill_round = 60;

@@ -23,7 +23,8 @@
 // in flight, must survive every later crash (Expectation::read_inflight).
 // Recovery crashes: for a sample of images the child records the recovery
 // itself and replays it into crash images (CrashRecovery), each recovered
-// again and held to the first crash's expectations.
+// again and held to the first crash's expectations (every point of the
+// recovery, or a sample of --recovery-images images per recovery).
 // Replay invariants: `durable` is the image a crash right after event i would
 // leave if no pending piece reached PM; pending[line] holds, in program order,
 // the pieces stored to the line and not yet made durable by a fence.
@@ -187,12 +188,15 @@ class Replayer {
       chosen.push_back(c_.only_point);
     } else if (c_.image_budget > 0) {
       // Enough randomly chosen points for the image budget: a point with no
-      // dirty line yields one image, the others images_per_point.
-      std::vector<uint32_t> per_point = ImagesAtPoints(points);
+      // dirty line yields one image, the others images_per_point (and the
+      // unfenced image). The read rule's points come first.
+      std::vector<uint8_t> first;
+      std::vector<uint32_t> per_point = ImagesAtPoints(points, &first);
       std::vector<size_t> order(points.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::mt19937_64 rng(c_.seed * 31 + 7);
       std::shuffle(order.begin(), order.end(), rng);
+      std::stable_partition(order.begin(), order.end(), [&](size_t i) { return first[i] != 0; });
       uint64_t images = 0;
       for (size_t i = 0; i < order.size() && images < c_.image_budget; ++i) {
         chosen.push_back(points[order[i]]);
@@ -202,11 +206,19 @@ class Replayer {
     } else if (c_.points < 0 || uint64_t(c_.points) >= points.size()) {
       chosen = points;
     } else if (c_.points > 0) {
+      // The read rule's points first, then a seeded sample of the others.
+      std::vector<uint8_t> first;
+      ImagesAtPoints(points, &first);
+      std::vector<int64_t> rest;
+      for (size_t i = 0; i < points.size(); ++i) {
+        if (first[i] && chosen.size() < size_t(c_.points)) chosen.push_back(points[i]);
+        else rest.push_back(points[i]);
+      }
       std::mt19937_64 rng(c_.seed * 31 + 7);
-      for (size_t i = 0; i < size_t(c_.points); ++i) {
-        size_t j = i + rng() % (points.size() - i);
-        std::swap(points[i], points[j]);
-        chosen.push_back(points[i]);
+      for (size_t i = 0; chosen.size() < size_t(c_.points); ++i) {
+        size_t j = i + rng() % (rest.size() - i);
+        std::swap(rest[i], rest[j]);
+        chosen.push_back(rest[i]);
       }
       std::sort(chosen.begin(), chosen.end());
     }
@@ -240,15 +252,22 @@ class Replayer {
   }
 
  private:
-  // For each crash point: how many images it yields (a dry replay).
-  std::vector<uint32_t> ImagesAtPoints(const std::vector<int64_t>& points) {
-    Replayer dry(c_, target_, wl_, rec_, report_);
+  // For each crash point: how many images it yields (a dry replay), and,
+  // if first is set, whether it is the first point after a completed read
+  // returned a version whose op is still in flight (the read rule's
+  // points: sampling takes them before any other).
+  std::vector<uint32_t> ImagesAtPoints(const std::vector<int64_t>& points, std::vector<uint8_t>* first = nullptr) {
+    Report scratch;
+    Replayer dry(c_, target_, wl_, rec_, &scratch);
     std::vector<uint32_t> out;
     out.reserve(points.size());
+    if (first) first->assign(points.size(), 0);
     size_t next = 0;
     for (size_t i = 0; i < rec_.events.size() && next < points.size(); ++i) {
       dry.Apply(rec_.events[i]);
       if (int64_t(i) != points[next]) continue;
+      if (first && dry.read_pending_) (*first)[next] = 1;
+      dry.read_pending_ = false;
       ++next;
       uint32_t n = 1;
       if (!dry.pending_.empty()) {
@@ -402,7 +421,9 @@ class Replayer {
     const OpRecord& w = rec_.ops[it->second];
     if (w.op.kid != kid || Workload::After(w.op, w.result, committed_[kid]) != ver) return;
     report_->reads_inflight++;
-    if (c_.read_rule) observed_[kid] = ver;
+    if (!c_.read_rule) return;
+    observed_[kid] = ver;
+    read_pending_ = true;
   }
 
   void CheckPoint(int64_t point) {
@@ -473,6 +494,7 @@ class Replayer {
       VerifyRecovered(target_, path, wl_, ex, fd);
     });
     target_->Remove(path);
+    if (alive_fd_ >= 0) Emit(alive_fd_, "I alive");  // keeps a recovery-crashing parent child's timeout fresh
     for (const std::string& i : r.info) {
       if (i.rfind("creation-interrupted", 0) == 0) report_->creation_interrupted++;
       if (i.rfind("recovery-images ", 0) == 0) {
@@ -523,13 +545,15 @@ class Replayer {
     target_->Remove(rpath);
     if (!st.ok() || !rrec) return;  // the ordinary verification reports it
     // Does the recovery change any byte?
-    std::vector<char> now = rrec->initial;
     bool changes = false;
-    for (const Event& e : rrec->events) {
-      if (e.kind != Ev::kStore && e.kind != Ev::kNT && e.kind != Ev::kLine) continue;
-      if (e.off + e.size > now.size()) now.resize(e.off + e.size, 0);
-      changes |= std::memcmp(now.data() + e.off, rrec->arena.data() + e.aux, e.size) != 0;
-      std::memcpy(now.data() + e.off, rrec->arena.data() + e.aux, e.size);
+    {
+      std::vector<char> now = rrec->initial;
+      for (const Event& e : rrec->events) {
+        if (e.kind != Ev::kStore && e.kind != Ev::kNT && e.kind != Ev::kLine) continue;
+        if (e.off + e.size > now.size()) now.resize(e.off + e.size, 0);
+        changes |= std::memcmp(now.data() + e.off, rrec->arena.data() + e.aux, e.size) != 0;
+        std::memcpy(now.data() + e.off, rrec->arena.data() + e.aux, e.size);
+      }
     }
     for (const Failure& f : rrec->findings)
       if (f.kind == FailKind::kUnloggedStore) EmitFail(fd, f.kind, "during recovery: " + f.what);
@@ -539,7 +563,7 @@ class Replayer {
     }
     Config nc = c_;
     nc.points = -1;
-    nc.image_budget = 0;
+    nc.image_budget = c_.recovery_image_budget;
     nc.only_point = -1;
     nc.only_image = -1;
     nc.recovery_crashes = 0;
@@ -547,6 +571,7 @@ class Replayer {
     nc.progress = false;
     Report nr;
     Replayer nested(nc, target_, wl_, *rrec, &nr, &ex);
+    nested.alive_fd_ = fd;
     nested.Run();
     Emit(fd, "I recovery-images " + std::to_string(nr.images));
     for (const Failure& f : nr.failures)
@@ -590,6 +615,8 @@ class Replayer {
   const Recorder& rec_;
   Report* report_;
   const Expectation* fixed_;
+  int alive_fd_ = -1;  // nested replay: the first-level child's result pipe
+  bool read_pending_ = false;  // a read of an in-flight version since the last crash point
   uint64_t rc_stride_ = 1, rc_next_ = 0, rc_done_ = 0;  // --recovery-crashes: spacing, next image, done
   static constexpr size_t kPage = 4096;
   std::vector<char> durable_;
