@@ -157,7 +157,7 @@ std::string FormatReport(const Config& c, const Report& r) {
                 r.replay_seconds);
   o << buf;
   std::snprintf(buf, sizeof buf,
-                "  unfenced images %llu%s; reads checked %llu (%llu of an op in flight)%s; recovery crash images %llu of %llu recoveries\n",
+                "  unfenced images %llu%s; reads checked %llu (%llu of an op in flight)%s; double-crash images %llu of %llu recoveries\n",
                 static_cast<unsigned long long>(r.unfenced_images), c.unfenced_image ? "" : " (off)",
                 static_cast<unsigned long long>(r.reads_observed), static_cast<unsigned long long>(r.reads_inflight),
                 c.read_rule ? "" : " (read rule off)", static_cast<unsigned long long>(r.recovery_images),

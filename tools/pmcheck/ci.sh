@@ -96,7 +96,7 @@ run() {  # run <label> <expected exit status> <pmcheck args...>
       stamp "FAILED: $label (exit $rc, expected $want): $bin $*"
       echo "$label" > "$results/$nrun.failed"
     else
-      stamp "ok: $label ($(echo "$out" | grep -oE 'crash images [0-9]+|process kills [0-9]+' | tail -1))"
+      stamp "ok: $label ($(echo "$out" | grep -oE 'tried [0-9]+, crash images [0-9]+|double-crash images [0-9]+|process kills [0-9]+' | tr '\n' ' ' | sed 's/ $//'))"
     fi
   ) &
 }
