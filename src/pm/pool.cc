@@ -409,6 +409,7 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
   if (std::memcmp(&h, p->header(), offsetof(HeaderLayout, checksum) + 8) != 0)
     return fail(Status::Corrupt(path + ": header changed while opening"));
   p->was_clean_ = h.clean == 1;
+  if (opts.on_mapped) opts.on_mapped(p.get());
   if (!p->read_only_) StorePersist(&p->header()->clean, uint64_t(0));
   std::unique_ptr<Allocator> alloc;
   if (Status s = NewPoolAllocator(p.get(), false, p->read_only_, &alloc); !s.ok()) return fail(s);

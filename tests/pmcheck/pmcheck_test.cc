@@ -114,6 +114,64 @@ TEST(PmcheckToy, FlushWithoutFenceBeforeCommitIsCaughtByCrashImages) {
   EXPECT_EQ(Count(r, FailKind::kMissingFence), 0u);
 }
 
+// The unfenced image finds the same missing fence by construction: with
+// only images 0 (keep nothing) and 1 (keep everything) per point, no random
+// prefixes, it is caught only by the image that drops the flushed but
+// unfenced slot and keeps the pending commit store; switched off, nothing is
+// found.
+TEST(PmcheckToy, MissingFenceIsCaughtByTheUnfencedImage) {
+  Config c = Toy(60);
+  c.images_per_point = 2;
+  c.faults = {"pmcheck_toy.insert.skip_kv_fence"};
+  Report r = MustRun(c);
+  EXPECT_GT(r.unfenced_images, 0u);
+  EXPECT_GT(Count(r, FailKind::kTorn) + Count(r, FailKind::kLostAck), 0u) << Describe(c, r);
+  for (const Failure& f : r.failures) EXPECT_EQ(f.image, 2) << f.what;  // only the unfenced image
+
+  c.unfenced_image = false;
+  Report off = MustRun(c);
+  EXPECT_EQ(off.unfenced_images, 0u);
+  EXPECT_EQ(off.total_failures(), 0u) << Describe(c, off);
+
+  // On the correct toy the unfenced image finds nothing (its persists
+  // are one line each, so it rarely differs from images 0 and 1).
+  c.unfenced_image = true;
+  c.faults.clear();
+  Report clean = MustRun(c);
+  EXPECT_EQ(clean.total_failures(), 0u) << Describe(c, clean);
+}
+
+// Crashes during recovery: a recovery that persists its cleared micro-log
+// before freeing the logged node is correct when it runs to the end, so
+// crash images of the workload alone find nothing; crashing the recovery
+// itself and recovering again finds the leaked node.
+TEST(PmcheckToy, RecoveryCrashesFindANonIdempotentRecovery) {
+  Config c = Toy();
+  c.faults = {"pmcheck_toy.recover.clear_log_first"};
+  // Every recovery that changes the pool (a logged allocation): the leak
+  // needs a first crash after the node's alloc bit and before its link.
+  c.recovery_crashes = 1000;
+  Report r = MustRun(c);
+  EXPECT_GT(r.recoveries_recorded, 0u) << Describe(c, r);
+  EXPECT_GT(r.recovery_images, 0u);
+  EXPECT_GT(Count(r, FailKind::kLeak), 0u) << Describe(c, r);
+  bool double_crash = false;
+  for (const Failure& f : r.failures) double_crash |= f.what.find("double crash") != std::string::npos;
+  EXPECT_TRUE(double_crash) << Describe(c, r);
+
+  c.recovery_crashes = 0;
+  Report off = MustRun(c);
+  EXPECT_EQ(off.recovery_images, 0u);
+  EXPECT_EQ(off.total_failures(), 0u) << Describe(c, off);
+
+  // The correct toy's recovery survives being crashed.
+  c.recovery_crashes = 1000;
+  c.faults.clear();
+  Report clean = MustRun(c);
+  EXPECT_GT(clean.recovery_images, 0u);
+  EXPECT_EQ(clean.total_failures(), 0u) << Describe(c, clean);
+}
+
 TEST(PmcheckToy, SampledPointsStillCatchASwappedPersist) {
   Config c = Toy(200, 150);
   c.faults = {"pmcheck_toy.insert.bitmap_before_kv"};

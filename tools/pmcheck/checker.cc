@@ -48,6 +48,7 @@ const char* FailKindName(FailKind k) {
     case FailKind::kMissingFlush: return "missing flush";
     case FailKind::kMissingFence: return "missing fence";
     case FailKind::kErratum: return "erratum read";
+    case FailKind::kLostRead: return "lost read";
     case FailKind::kSetup: return "setup";
     case FailKind::kCount: break;
   }
@@ -119,6 +120,13 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (c.pool_size != (8ull << 20)) s += " --pool-mb " + std::to_string(c.pool_size >> 20);
   for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
   for (const auto& fl : c.faults) s += " --fault " + fl;
+  if (c.shared_keys) s += " --shared-keys";
+  if (!c.read_rule) s += " --no-read-rule";
+  if (!c.unfenced_image) s += " --no-unfenced-image";
+  if (c.recovery_crashes && f.point >= 0) {
+    s += " --recovery-crashes " + std::to_string(c.recovery_crashes);
+    if (c.recovery_image_budget != 100) s += " --recovery-images " + std::to_string(c.recovery_image_budget);
+  }
   if (f.kill_round >= 0) {
     s += " --points 0 --kill " + std::to_string(f.kill_round + 1) + " --ops-per-kill " + std::to_string(c.ops_per_kill_round) +
          "  # kill timing is random: may need several runs";
@@ -147,6 +155,13 @@ std::string FormatReport(const Config& c, const Report& r) {
                 static_cast<unsigned long long>(r.points_tried), static_cast<unsigned long long>(r.images),
                 static_cast<unsigned long long>(r.images_recovered), static_cast<unsigned long long>(r.creation_interrupted),
                 r.replay_seconds);
+  o << buf;
+  std::snprintf(buf, sizeof buf,
+                "  unfenced images %llu%s; reads checked %llu (%llu of an op in flight)%s; double-crash images %llu of %llu recoveries\n",
+                static_cast<unsigned long long>(r.unfenced_images), c.unfenced_image ? "" : " (off)",
+                static_cast<unsigned long long>(r.reads_observed), static_cast<unsigned long long>(r.reads_inflight),
+                c.read_rule ? "" : " (read rule off)", static_cast<unsigned long long>(r.recovery_images),
+                static_cast<unsigned long long>(r.recoveries_recorded));
   o << buf;
   if (c.kills > 0) {
     std::snprintf(buf, sizeof buf, "  process kills %llu (%llu during open/recovery, %llu mid-workload) in %.2f s\n",

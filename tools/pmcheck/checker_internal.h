@@ -26,6 +26,9 @@ struct Expectation {
   const std::vector<uint32_t>* committed = nullptr;
   const std::vector<uint32_t>* acked = nullptr;
   std::vector<std::pair<uint32_t, uint32_t>> inflight;  // (key id, version after)
+  // Keys whose in-flight version a completed read already returned (the
+  // read rule): only that version is allowed.
+  std::vector<uint32_t> read_inflight;
   bool created = false;      // index creation returned OK before the crash
   bool report_inflight = false;  // kill mode: report the in-flight keys' versions ("V kid version")
 };

@@ -48,6 +48,15 @@ int main(int argc, char** argv) {
   app.add_option("--images", c.image_budget, "crash-image budget: sample points until this many images (overrides --points)");
   app.add_option("--stop-after", c.stop_after, "stop replaying after this many failures (fault checks)");
   app.add_flag("--long", long_mode, "long mode: 1000 ops, every crash point, 6 images per point, 100 kills");
+  bool no_unfenced = false, no_read_rule = false;
+  app.add_flag("--no-unfenced-image", no_unfenced,
+               "do not build the per-point image that drops every flushed-but-unfenced store and keeps the others");
+  app.add_flag("--shared-keys", c.shared_keys, "finds and scans read every thread's keys (writes stay with the owner thread)");
+  app.add_flag("--no-read-rule", no_read_rule, "do not require a version a completed read returned to survive later crashes");
+  app.add_option("--recovery-crashes", c.recovery_crashes,
+                 "record the recovery of this many crash images and crash it (double crashes)");
+  app.add_option("--recovery-images", c.recovery_image_budget,
+                 "crash images per crashed recovery, sampled over its points (0: every point)");
   app.add_flag("--lint", c.lint, "missing flushes/fences and erratum reads count as failures");
   app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));
   app.add_option("--ops-per-kill", c.ops_per_kill_round, "ops per kill round")->check(CLI::Range(1, 1000000));
@@ -70,6 +79,8 @@ int main(int argc, char** argv) {
     std::printf("%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName);
     return 0;
   }
+  c.unfenced_image = !no_unfenced;
+  c.read_rule = !no_read_rule;
   c.key_kind = key_kind == "u64" ? pmindex::KeyKind::kU64 : pmindex::KeyKind::kBytes;
   c.value_kind = value_kind == "u64" ? pmindex::ValueKind::kU64 : pmindex::ValueKind::kBytes;
   c.pool_size = pool_mb << 20;

@@ -40,6 +40,7 @@ enum class FailKind : int {
   kMissingFlush,    // lint: a line written by an op is unflushed when it returns
   kMissingFence,    // lint: an op returned with flushes not yet ordered by a fence
   kErratum,         // lint: acted on another thread's unflushed line (NVC erratum)
+  kLostRead,        // a value a completed Find/Scan returned is gone after a later crash
   kSetup,           // the workload itself could not run (index creation failed, ...)
   kCount
 };
@@ -60,6 +61,22 @@ struct Config {
   uint64_t image_budget = 0;     // > 0: sample points until this many images (overrides points)
   uint64_t stop_after = 0;       // > 0: stop replaying after this many failures
   int images_per_point = 4;      // 0 = "none", 1 = "all", >= 2 seeded random prefixes
+  // One more image per point (number images_per_point): every flushed but
+  // unfenced store dropped, every other pending store kept (where that
+  // differs from images 0 and 1). --no-unfenced-image switches it off.
+  bool unfenced_image = true;
+  // Shared keys: Finds and Scans of every thread pick keys of all threads
+  // (writes stay with the key's owner thread, so per-key histories remain
+  // totally ordered), with more reads in the mix.
+  bool shared_keys = false;
+  // The read rule: a version a completed Find/Scan returned must survive
+  // every later crash (that version or a later one). --no-read-rule.
+  bool read_rule = true;
+  // Crashes during recovery: for this many crash images, the recovery
+  // itself is recorded and crashed (first-level images at every point of
+  // it), and the second recovery verified against the same expectations.
+  uint64_t recovery_crashes = 0;
+  uint64_t recovery_image_budget = 100;  // images per crashed recovery (0: every point)
   bool lint = false;             // lint findings count as failures
   int kills = 0;                 // --kill N: process-crash rounds
   int ops_per_kill_round = 60;
@@ -90,6 +107,11 @@ struct Report {
   uint64_t points_tried = 0;
   uint64_t images = 0;            // crash images built and checked
   uint64_t images_recovered = 0;  // images that opened and passed every check
+  uint64_t unfenced_images = 0;   // of images: the "flushed but unfenced dropped" image
+  uint64_t reads_observed = 0;    // versions completed reads returned (the read rule's input)
+  uint64_t reads_inflight = 0;    // ... of a key whose writing op had not yet returned
+  uint64_t recovery_images = 0;   // crash images of a recovery (double crashes) checked
+  uint64_t recoveries_recorded = 0;  // recoveries recorded for --recovery-crashes
   uint64_t creation_interrupted = 0;  // images before creation returned that did not open (allowed)
   uint64_t kills = 0;
   uint64_t kills_in_open = 0;      // killed before the open/recovery returned

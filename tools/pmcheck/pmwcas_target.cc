@@ -243,13 +243,14 @@ class PmwcasTarget final : public Target {
   uint64_t max_size() const override { return raw_->max_size(); }
   Status CreateIndex(std::unique_ptr<pmindex::Index>* out) override { return PwMap::Create(std::move(pool_), out); }
   Status OpenOrCreate(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
-    if (::access(path.c_str(), F_OK) == 0) return Open(path, out);
+    if (::access(path.c_str(), F_OK) == 0) return Open(path, out, {});
     PMINDEX_RETURN_IF_ERROR(Prepare(path));
     return CreateIndex(out);
   }
-  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
+  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out, const MappedHook& on_mapped) override {
     pm::PoolOptions po;
     po.size = c_.pool_size;
+    if (on_mapped) po.on_mapped = [&on_mapped](pm::Pool* p) { on_mapped(p->base(), p->max_size(), [p] { return p->size(); }); };
     std::unique_ptr<pm::Pool> pool;
     PMINDEX_RETURN_IF_ERROR(pm::Pool::Open(path, kPmwcasTargetName, po, &pool));
     return PwMap::Open(std::move(pool), out);

@@ -264,11 +264,12 @@ size_t Recorder::BeginOp(const Op& op) {
   return rec;
 }
 
-void Recorder::EndOp(size_t rec, pmindex::Status::Code result) {
+void Recorder::EndOp(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads) {
   std::lock_guard<std::mutex> g(mu_);
   const int tid = Tid();
   ops[rec].end = int64_t(events.size());
   ops[rec].result = result;
+  ops[rec].reads = std::move(reads);
   Log(Ev::kOpEnd, tid, 0, 0, rec);
   ThreadState& ts = threads_[tid];
   const std::string label = OpLabel(ts);

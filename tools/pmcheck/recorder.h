@@ -54,6 +54,7 @@ struct OpRecord {
   int64_t begin = -1;  // event index of the op-begin marker
   int64_t end = -1;    // event index of the op-end marker (-1: never returned)
   pmindex::Status::Code result = pmindex::Status::Code::kOk;
+  std::vector<std::pair<uint32_t, uint32_t>> reads;  // Find/Scan: (key id, version) returned
 };
 
 class Recorder final : public pmindex::pm::Observer {
@@ -81,7 +82,8 @@ class Recorder final : public pmindex::pm::Observer {
   void OnLoad(const void* addr, size_t size) override;
 
   size_t BeginOp(const Op& op);
-  void EndOp(size_t rec, pmindex::Status::Code result);
+  // reads: the (key id, version) pairs a Find or Scan returned.
+  void EndOp(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads = {});
   // Compares the whole pool with the shadow (call when no thread runs).
   void FinalCheck();
 

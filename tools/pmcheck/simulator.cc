@@ -13,6 +13,18 @@
 // stores are pending until the next fence of the storing thread. So a missing
 // fence between a flush and a dependent store shows up in crash images (and
 // the lint reports an op that returns with unfenced flushes).
+// Images per crash point: 0 keeps no pending piece, 1 all of them, 2.. a
+// seeded mix per line; then, where it differs from 0 and 1, the unfenced
+// image: each line keeps its pending pieces up to the first one a flush has
+// covered (flushed, not yet fenced), so every such store is dropped while
+// the lines nobody flushed keep theirs; a missing fence before a dependent
+// store is found at every point inside the window, not by chance.
+// Read rule: a version a completed Find/Scan returned, written by an op still
+// in flight, must survive every later crash (Expectation::read_inflight).
+// Recovery crashes: for a sample of images the child records the recovery
+// itself and replays it into crash images (CrashRecovery), each recovered
+// again and held to the first crash's expectations (every point of the
+// recovery, or a sample of --recovery-images images per recovery).
 // Replay invariants: `durable` is the image a crash right after event i would
 // leave if no pending piece reached PM; pending[line] holds, in program order,
 // the pieces stored to the line and not yet made durable by a fence.
@@ -28,7 +40,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -84,14 +98,18 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
       got.clear();
       size_t rr = rec.BeginOp(op);
       Status s = wl.Apply(idx.get(), op, &got);
-      rec.EndOp(rr, s.code());
-      std::string err = wl.CheckResult(op, s.code(), state[op.kid], got);
+      rec.EndOp(rr, s.code(), s.ok() ? wl.Reads(op, got) : std::vector<std::pair<uint32_t, uint32_t>>{});
+      // Only the owner writes a key (and reads its state); a Find of
+      // another thread's key (shared keys) can only be checked for sense.
+      const bool own = wl.Owner(op.kid) == t;
+      std::string err = own || op.type == OpType::kScan ? wl.CheckResult(op, s.code(), own ? state[op.kid] : 0, got)
+                                                        : wl.CheckSharedFind(op, s.code(), got);
       if (err.empty() && op.type == OpType::kScan && s.ok()) err = wl.CheckScan(op, got, state);
       if (!err.empty()) {
         std::lock_guard<std::mutex> g(mu);
         wrong.push_back({FailKind::kInvariant, "during the workload, op " + std::to_string(rr) + " on key " + KeyName(wl, op.kid) + ": " + err});
       }
-      state[op.kid] = Workload::After(op, s.code(), state[op.kid]);
+      if (own) state[op.kid] = Workload::After(op, s.code(), state[op.kid]);
     }
   };
   if (c.threads == 1) {
@@ -142,8 +160,11 @@ struct Piece {
 
 class Replayer {
  public:
-  Replayer(const Config& c, Target* target, const Workload& wl, const Recorder& rec, Report* report)
-      : c_(c), target_(target), wl_(wl), rec_(rec), report_(report) {
+  // fixed: replaying a recorded recovery (a double crash): every image is
+  // held to these expectations, those of the first crash.
+  Replayer(const Config& c, Target* target, const Workload& wl, const Recorder& rec, Report* report,
+           const Expectation* fixed = nullptr)
+      : c_(c), target_(target), wl_(wl), rec_(rec), report_(report), fixed_(fixed) {
     durable_ = rec.initial;
     // Pages that may hold non-zero bytes: the initial image's, then every
     // page a piece is written to (WriteImage writes only these).
@@ -167,28 +188,46 @@ class Replayer {
       chosen.push_back(c_.only_point);
     } else if (c_.image_budget > 0) {
       // Enough randomly chosen points for the image budget: a point with no
-      // dirty line yields one image, the others images_per_point.
-      std::vector<uint8_t> dirty = DirtyAtPoints(points);
+      // dirty line yields one image, the others images_per_point (and the
+      // unfenced image). The read rule's points come first.
+      std::vector<uint8_t> first;
+      std::vector<uint32_t> per_point = ImagesAtPoints(points, &first);
       std::vector<size_t> order(points.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
       std::mt19937_64 rng(c_.seed * 31 + 7);
       std::shuffle(order.begin(), order.end(), rng);
+      std::stable_partition(order.begin(), order.end(), [&](size_t i) { return first[i] != 0; });
       uint64_t images = 0;
       for (size_t i = 0; i < order.size() && images < c_.image_budget; ++i) {
         chosen.push_back(points[order[i]]);
-        images += dirty[order[i]] ? uint64_t(c_.images_per_point) : 1;
+        images += per_point[order[i]];
       }
       std::sort(chosen.begin(), chosen.end());
     } else if (c_.points < 0 || uint64_t(c_.points) >= points.size()) {
       chosen = points;
     } else if (c_.points > 0) {
+      // The read rule's points first, then a seeded sample of the others.
+      std::vector<uint8_t> first;
+      ImagesAtPoints(points, &first);
+      std::vector<int64_t> rest;
+      for (size_t i = 0; i < points.size(); ++i) {
+        if (first[i] && chosen.size() < size_t(c_.points)) chosen.push_back(points[i]);
+        else rest.push_back(points[i]);
+      }
       std::mt19937_64 rng(c_.seed * 31 + 7);
-      for (size_t i = 0; i < size_t(c_.points); ++i) {
-        size_t j = i + rng() % (points.size() - i);
-        std::swap(points[i], points[j]);
-        chosen.push_back(points[i]);
+      for (size_t i = 0; chosen.size() < size_t(c_.points); ++i) {
+        size_t j = i + rng() % (rest.size() - i);
+        std::swap(rest[i], rest[j]);
+        chosen.push_back(rest[i]);
       }
       std::sort(chosen.begin(), chosen.end());
+    }
+    if (c_.recovery_crashes > 0) {
+      // Spread the recorded recoveries over the run's images.
+      uint64_t total = 0;
+      for (uint32_t n : ImagesAtPoints(chosen)) total += n;
+      rc_stride_ = std::max<uint64_t>(1, total / c_.recovery_crashes);
+      rc_next_ = rc_stride_ / 2;
     }
     size_t next = 0;
     const auto t0 = std::chrono::steady_clock::now();
@@ -213,19 +252,65 @@ class Replayer {
   }
 
  private:
-  // For each crash point: does it have dirty lines? (a dry replay)
-  std::vector<uint8_t> DirtyAtPoints(const std::vector<int64_t>& points) {
-    Replayer dry(c_, target_, wl_, rec_, report_);
-    std::vector<uint8_t> out;
+  // For each crash point: how many images it yields (a dry replay), and,
+  // if first is set, whether it is the first point after a completed read
+  // returned a version whose op is still in flight (the read rule's
+  // points: sampling takes them before any other).
+  std::vector<uint32_t> ImagesAtPoints(const std::vector<int64_t>& points, std::vector<uint8_t>* first = nullptr) {
+    Report scratch;
+    Replayer dry(c_, target_, wl_, rec_, &scratch);
+    std::vector<uint32_t> out;
     out.reserve(points.size());
+    if (first) first->assign(points.size(), 0);
     size_t next = 0;
     for (size_t i = 0; i < rec_.events.size() && next < points.size(); ++i) {
       dry.Apply(rec_.events[i]);
       if (int64_t(i) != points[next]) continue;
+      if (first && dry.read_pending_) (*first)[next] = 1;
+      dry.read_pending_ = false;
       ++next;
-      out.push_back(!dry.pending_.empty());
+      uint32_t n = 1;
+      if (!dry.pending_.empty()) {
+        std::vector<uint64_t> lines = dry.DirtyLines();
+        std::vector<size_t> keep;
+        n = uint32_t(c_.images_per_point) + (dry.UnfencedDropped(lines, &keep) ? 1 : 0);
+      }
+      out.push_back(n);
     }
     return out;
+  }
+
+  std::vector<uint64_t> DirtyLines() const {
+    std::vector<uint64_t> lines;
+    for (const auto& [l, v] : pending_) lines.push_back(l);
+    std::sort(lines.begin(), lines.end());
+    return lines;
+  }
+
+  // The unfenced image: per dirty line, the longest prefix of its pending
+  // pieces that holds no piece a flush has covered (flushed, not yet fenced
+  // by the flushing thread). Every flushed-but-unfenced store is dropped and
+  // every other pending store kept, except the stores after a dropped one in
+  // the same line (a line persists a prefix of its stores). True if this
+  // image differs from image 0 (keep none) and image 1 (keep all), i.e. the
+  // point has both kinds of line; only then is it built.
+  bool UnfencedDropped(const std::vector<uint64_t>& lines, std::vector<size_t>* keep) const {
+    if (!c_.unfenced_image) return false;
+    std::unordered_map<uint64_t, uint64_t> upto;  // line -> last piece a pending flush covers
+    for (const auto& [tid, m] : flushed_)
+      for (const auto& [line, seq] : m) upto[line] = std::max(upto[line], seq);
+    keep->assign(lines.size(), 0);
+    bool some = false, all = true;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const auto& ps = pending_.at(lines[i]);
+      auto u = upto.find(lines[i]);
+      size_t k = 0;
+      while (k < ps.size() && !(u != upto.end() && !ps[k].nt && ps[k].seq <= u->second)) ++k;
+      (*keep)[i] = k;
+      some |= k > 0;
+      all &= k == ps.size();
+    }
+    return some && !all;
   }
 
   void AddPieces(const Event& e, bool nt, bool whole) {
@@ -315,6 +400,7 @@ class Replayer {
           cv = Workload::After(r.op, r.result, cv);
           if (cv > acked_[r.op.kid]) acked_[r.op.kid] = cv;
           inflight_.erase(e.tid);
+          for (const auto& [kid, ver] : r.reads) ObserveRead(kid, ver);
         }
         break;
       }
@@ -324,21 +410,38 @@ class Replayer {
     }
   }
 
+  // The read rule: a completed read returned version ver of kid. If that
+  // is the version an op still in flight writes, every later crash must
+  // keep it (the op is no longer allowed to be absent).
+  void ObserveRead(uint32_t kid, uint32_t ver) {
+    report_->reads_observed++;
+    if (ver == committed_[kid]) return;
+    auto it = inflight_.find(wl_.Owner(kid));
+    if (it == inflight_.end()) return;
+    const OpRecord& w = rec_.ops[it->second];
+    if (w.op.kid != kid || Workload::After(w.op, w.result, committed_[kid]) != ver) return;
+    report_->reads_inflight++;
+    if (!c_.read_rule) return;
+    observed_[kid] = ver;
+    read_pending_ = true;
+  }
+
   void CheckPoint(int64_t point) {
     report_->points_tried++;
-    std::vector<uint64_t> lines;
-    for (const auto& [l, v] : pending_) lines.push_back(l);
-    std::sort(lines.begin(), lines.end());
-    int images = lines.empty() ? 1 : std::max(1, c_.images_per_point);
+    const std::vector<uint64_t> lines = DirtyLines();
+    const int images = lines.empty() ? 1 : std::max(1, c_.images_per_point);
     Expectation ex;
     ex.committed = &committed_;
     ex.acked = &acked_;
     ex.created = created_;
-    for (const auto& [tid, recno] : inflight_) {
+    if (fixed_) ex = *fixed_;
+    else for (const auto& [tid, recno] : inflight_) {
       const OpRecord& r = rec_.ops[recno];
       const uint32_t before = committed_[r.op.kid];
       const uint32_t after = Workload::After(r.op, r.result, before);
       if (after != before) ex.inflight.emplace_back(r.op.kid, after);
+      auto o = observed_.find(r.op.kid);
+      if (after != before && o != observed_.end() && o->second == after) ex.read_inflight.push_back(r.op.kid);
     }
     for (int img = 0; img < images; ++img) {
       if (c_.only_image >= 0 && img != c_.only_image) continue;
@@ -357,12 +460,21 @@ class Replayer {
       }
       RunImage(point, img, lines, keep, ex);
     }
+    // Image images_per_point: the unfenced image (deterministic; see
+    // UnfencedDropped), where it differs from images 0 and 1.
+    std::vector<size_t> keep;
+    if (!lines.empty() && (c_.only_image < 0 || c_.only_image == images) && UnfencedDropped(lines, &keep)) {
+      report_->unfenced_images++;
+      RunImage(point, images, lines, keep, ex);
+    }
   }
 
   void RunImage(int64_t point, int img, const std::vector<uint64_t>& lines, const std::vector<size_t>& keep, const Expectation& ex) {
     const std::string path = PoolPath(c_, "img");
     target_->Remove(path);
     report_->images++;
+    const bool crash_recovery =
+        c_.recovery_crashes > 0 && rc_done_ < c_.recovery_crashes && (c_.only_point >= 0 || report_->images > rc_next_);
     ChildResult r = RunInChild(c_, [&](int fd) {
       std::vector<char>& img_bytes = durable_;  // the child's private copy
       for (size_t i = 0; i < lines.size(); ++i) {
@@ -378,11 +490,20 @@ class Replayer {
         Emit(fd, "DONE");
         return;
       }
+      if (crash_recovery) CrashRecovery(img_bytes, ex, fd);
       VerifyRecovered(target_, path, wl_, ex, fd);
     });
     target_->Remove(path);
-    for (const std::string& i : r.info)
+    if (alive_fd_ >= 0) Emit(alive_fd_, "I alive");  // keeps a recovery-crashing parent child's timeout fresh
+    for (const std::string& i : r.info) {
       if (i.rfind("creation-interrupted", 0) == 0) report_->creation_interrupted++;
+      if (i.rfind("recovery-images ", 0) == 0) {
+        report_->recoveries_recorded++;
+        report_->recovery_images += std::strtoull(i.c_str() + 16, nullptr, 10);
+        rc_done_++;
+        rc_next_ = report_->images + rc_stride_;
+      }
+    }
     if (r.failures.empty()) report_->images_recovered++;
     for (Failure& f : r.failures) {
       f.point = point;
@@ -399,8 +520,68 @@ class Replayer {
     }
   }
 
+  // Child side of --recovery-crashes: recovers a copy of the crash image
+  // with a recorder installed before recovery's first store, then replays
+  // that recording into crash images of the recovery (every point, the
+  // first level's image kinds), each recovered again in a grandchild and
+  // verified against ex, the expectations of the first crash. Recovery
+  // must be idempotent under any crash. A recovery that changes no byte is
+  // not replayed ("recovery-idle"; the parent tries the next image).
+  void CrashRecovery(const std::vector<char>& img, const Expectation& ex, int fd) {
+    const std::string rpath = PoolPath(c_, "rrec");
+    target_->Remove(rpath);
+    if (!WriteImage(rpath, img, touched_).ok()) return;
+    std::unique_ptr<Recorder> rrec;
+    std::unique_ptr<pmindex::Index> idx;
+    Recorder::SetThreadId(0);
+    Status st = target_->Open(rpath, &idx, [&](char* base, uint64_t max, std::function<uint64_t()> size) {
+      rrec = std::make_unique<Recorder>(base, max, std::move(size), true);
+      pm::SetObserver(rrec.get());
+    });
+    if (st.ok() && rrec) rrec->FinalCheck();
+    pm::SetObserver(nullptr);
+    if (idx) idx->Close();
+    idx.reset();
+    target_->Remove(rpath);
+    if (!st.ok() || !rrec) return;  // the ordinary verification reports it
+    // Does the recovery change any byte?
+    bool changes = false;
+    {
+      std::vector<char> now = rrec->initial;
+      for (const Event& e : rrec->events) {
+        if (e.kind != Ev::kStore && e.kind != Ev::kNT && e.kind != Ev::kLine) continue;
+        if (e.off + e.size > now.size()) now.resize(e.off + e.size, 0);
+        changes |= std::memcmp(now.data() + e.off, rrec->arena.data() + e.aux, e.size) != 0;
+        std::memcpy(now.data() + e.off, rrec->arena.data() + e.aux, e.size);
+      }
+    }
+    for (const Failure& f : rrec->findings)
+      if (f.kind == FailKind::kUnloggedStore) EmitFail(fd, f.kind, "during recovery: " + f.what);
+    if (!changes) {
+      Emit(fd, "I recovery-idle");
+      return;
+    }
+    Config nc = c_;
+    nc.points = -1;
+    nc.image_budget = c_.recovery_image_budget;
+    nc.only_point = -1;
+    nc.only_image = -1;
+    nc.recovery_crashes = 0;
+    nc.verbose = false;
+    nc.progress = false;
+    Report nr;
+    Replayer nested(nc, target_, wl_, *rrec, &nr, &ex);
+    nested.alive_fd_ = fd;
+    nested.Run();
+    Emit(fd, "I recovery-images " + std::to_string(nr.images));
+    for (const Failure& f : nr.failures)
+      EmitFail(fd, f.kind, "double crash (recovery crashed at its event " + std::to_string(f.point) + ", image " +
+                               std::to_string(f.image) + ", then recovered again): " + f.what);
+  }
+
   std::string Context(int64_t point) const {
     std::string s = "crash after event " + std::to_string(point);
+    if (fixed_) return "second crash, after recovery event " + std::to_string(point);
     std::string ops;
     for (const auto& [tid, recno] : inflight_) {
       const OpRecord& r = rec_.ops[recno];
@@ -433,6 +614,10 @@ class Replayer {
   const Workload& wl_;
   const Recorder& rec_;
   Report* report_;
+  const Expectation* fixed_;
+  int alive_fd_ = -1;  // nested replay: the first-level child's result pipe
+  bool read_pending_ = false;  // a read of an in-flight version since the last crash point
+  uint64_t rc_stride_ = 1, rc_next_ = 0, rc_done_ = 0;  // --recovery-crashes: spacing, next image, done
   static constexpr size_t kPage = 4096;
   std::vector<char> durable_;
   std::vector<uint8_t> touched_;  // per page of durable_: may be non-zero
@@ -444,6 +629,7 @@ class Replayer {
   uint64_t seq_ = 0;
   std::vector<uint32_t> committed_, acked_;
   std::map<int, size_t> inflight_;
+  std::unordered_map<uint32_t, uint32_t> observed_;  // key id -> an in-flight version a completed read returned
   bool created_ = false;
 };
 

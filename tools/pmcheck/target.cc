@@ -55,9 +55,10 @@ class RealTarget final : public Target {
     o.pool_path = path;
     return pmindex::OpenIndex(info_.name, o, out);
   }
-  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
+  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out, const MappedHook& on_mapped) override {
     pm::PoolOptions po;
     po.size = c_.pool_size;
+    if (on_mapped) po.on_mapped = [&on_mapped](pm::Pool* p) { on_mapped(p->base(), p->max_size(), [p] { return p->size(); }); };
     std::unique_ptr<pm::Pool> pool;
     PMINDEX_RETURN_IF_ERROR(pm::Pool::Open(path, info_.name, po, &pool));
     return pmindex::internal::OpenIndexInPool(std::move(pool), IndexOptions(c_), out);
@@ -124,9 +125,10 @@ class ToyTarget final : public Target {
     PMINDEX_RETURN_IF_ERROR(Map(path, true, &b));
     return ToyCreate(b, kToyRegionSize, out);
   }
-  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
+  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out, const MappedHook& on_mapped) override {
     char* b = nullptr;
     PMINDEX_RETURN_IF_ERROR(Map(path, false, &b));
+    if (on_mapped) on_mapped(b, kToyRegionSize, [] { return kToyRegionSize; });
     return ToyOpen(b, kToyRegionSize, out);
   }
   Status CheckLeaks(pmindex::Index* index) override { return ToyCheckLeaks(index); }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,8 +32,13 @@ class Target {
 
   // Kill mode: create storage + index at path, or open the existing one.
   virtual pmindex::Status OpenOrCreate(const std::string& path, std::unique_ptr<pmindex::Index>* out) = 0;
-  // Recovery: open (and recover) the index in the storage file at path.
-  virtual pmindex::Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out) = 0;
+  // Called by Open once the storage is mapped, before recovery stores
+  // anything: the mapping's base, its reserved size and its current size.
+  using MappedHook = std::function<void(char* base, uint64_t max_size, std::function<uint64_t()> size)>;
+  // Recovery: open (and recover) the index in the storage file at path;
+  // on_mapped (if set) lets a recorder observe the recovery itself.
+  virtual pmindex::Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out,
+                               const MappedHook& on_mapped = {}) = 0;
   // Leak check: OK if the allocated blocks are exactly the owned ones,
   // otherwise a description of the difference.
   virtual pmindex::Status CheckLeaks(pmindex::Index* index) = 0;

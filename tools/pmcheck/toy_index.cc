@@ -31,14 +31,24 @@
 //   pmcheck_toy.insert.bitmap_before_kv  commit persisted before the slot (swap)
 //   pmcheck_toy.alloc.skip_log           no allocation micro-log (leak)
 //   pmcheck_toy.update.skip_flush        update value never flushed
+//   pmcheck_toy.update.unlock_before_persist  update releases the lock between
+//                                        storing the value and persisting it (and
+//                                        sleeps 1 ms there): a Find in that window
+//                                        returns a value a crash may still lose
+//                                        (the read rule, --shared-keys)
 //   pmcheck_toy.insert.unlogged_store    value written with memcpy, bypassing pm::
 //   pmcheck_toy.remove.redundant_flush   flushes the bitmap twice (perf lint)
 //   pmcheck_toy.recover.lose_data        recovery drops the node list (kill mode)
+//   pmcheck_toy.recover.clear_log_first  recovery persists the cleared log before
+//                                        freeing the logged node: a crash during
+//                                        recovery leaks it (--recovery-crashes)
 //   pmcheck_toy.scan.skip_first          a scan leaves out its first record
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "pmindex/pm/fault.h"
@@ -107,6 +117,10 @@ class Toy final : public pmindex::Index {
       bool linked = false;
       for (uint64_t n = h_->head, steps = 0; n && steps <= kMaxNodes; n = node(n)->next, ++steps)
         if (n == ln) linked = true;
+      if (PMINDEX_FAULT("pmcheck_toy.recover.clear_log_first")) {
+        pm::Store(&h_->log_node, uint64_t(0));
+        pm::Persist(&h_->log_node, 8);
+      }
       if (!linked && (h_->alloc_bits >> (ln - 1) & 1)) {
         pm::Store(&h_->alloc_bits, h_->alloc_bits & ~(uint64_t(1) << (ln - 1)));
       }
@@ -123,18 +137,18 @@ class Toy final : public pmindex::Index {
   }
   Status Update(Slice key, Slice value) override {
     PMINDEX_RETURN_IF_ERROR(Validate(key, &value));
-    std::lock_guard<std::mutex> g(mu_);
+    std::unique_lock<std::mutex> g(mu_);
     Slot* s = FindSlot(pmindex::SliceToU64(key));
     if (!s) return Status::NotFound();
-    UpdateSlot(s, pmindex::SliceToU64(value));
+    UpdateSlot(s, pmindex::SliceToU64(value), g);
     return Status::OK();
   }
   Status Upsert(Slice key, Slice value) override {
     PMINDEX_RETURN_IF_ERROR(Validate(key, &value));
-    std::lock_guard<std::mutex> g(mu_);
+    std::unique_lock<std::mutex> g(mu_);
     Slot* s = FindSlot(pmindex::SliceToU64(key));
     if (s) {
-      UpdateSlot(s, pmindex::SliceToU64(value));
+      UpdateSlot(s, pmindex::SliceToU64(value), g);
       return Status::OK();
     }
     return InsertLocked(pmindex::SliceToU64(key), pmindex::SliceToU64(value));
@@ -261,8 +275,15 @@ class Toy final : public pmindex::Index {
     return found;
   }
 
-  void UpdateSlot(Slot* s, uint64_t v) {
+  // The slot stays valid across the faulty unlock: only the key's owner
+  // thread updates or removes it.
+  void UpdateSlot(Slot* s, uint64_t v, std::unique_lock<std::mutex>& g) {
     pm::StoreAtomic(&s->value, v);
+    if (PMINDEX_FAULT("pmcheck_toy.update.unlock_before_persist")) {
+      g.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      g.lock();
+    }
     if (!PMINDEX_FAULT("pmcheck_toy.update.skip_flush")) pm::Persist(&s->value, 8);
   }
 

@@ -111,6 +111,13 @@ void VerifyRecovered(Target* target, const std::string& path, const Workload& wl
     found[kid] = ver;
     const uint32_t c = (*e.committed)[kid];
     auto it = inflight.find(kid);
+    if (it != inflight.end() && ver == int64_t(c) && ver != int64_t(it->second) &&
+        std::find(e.read_inflight.begin(), e.read_inflight.end(), kid) != e.read_inflight.end()) {
+      EmitFail(fd, FailKind::kLostRead, "key " + KeyName(wl, kid) + ": found " + (ver ? "version " + std::to_string(ver) : std::string("absent")) +
+                                            ", but a completed read had returned version " + std::to_string(it->second) +
+                                            " (written by the op in flight)");
+      continue;
+    }
     if (ver == int64_t(c) || (it != inflight.end() && ver == int64_t(it->second))) continue;
     std::string allowed = c ? "version " + std::to_string(c) : "absent";
     if (it != inflight.end())
@@ -216,7 +223,10 @@ ChildResult RunInChild(const Config& c, const std::function<void(int fd)>& body)
   }
   ::close(p[1]);
   std::string buf;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(c.timeout_s * 1000));
+  // The timeout runs from the child's last line, so a child that checks
+  // many images of its own (--recovery-crashes) and reports each stays alive.
+  const auto timeout = std::chrono::milliseconds(int64_t(c.timeout_s * 1000));
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   bool timed_out = false;
   for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
@@ -233,6 +243,7 @@ ChildResult RunInChild(const Config& c, const std::function<void(int fd)>& body)
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
     buf.append(tmp, size_t(got));
+    deadline = std::chrono::steady_clock::now() + timeout;
   }
   if (timed_out) ::kill(pid, SIGKILL);
   ::close(p[0]);

@@ -37,6 +37,8 @@ uint32_t Mix32(const std::string& s) {
 Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64_t seed)
     : kk_(c.key_kind), vk_(c.value_kind) {
   uint64_t nkeys = c.keys ? c.keys : std::max<uint64_t>(8, ops_per_thread / 2);
+  per_thread_ = nkeys;
+  const bool shared = c.shared_keys && threads > 1;
   for (int t = 0; t < threads; ++t) {
     for (uint64_t i = 0; i < nkeys; ++i) {
       std::string k;
@@ -69,12 +71,23 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
       op.tid = t;
       op.kid = uint32_t(t * nkeys + rng() % nkeys);
       unsigned r = unsigned(rng() % 100);
-      op.type = r < 38   ? OpType::kInsert
-                : r < 55 ? OpType::kUpdate
-                : r < 70 ? OpType::kUpsert
-                : r < 88 ? OpType::kRemove
-                : r < 95 ? OpType::kFind
-                         : OpType::kScan;
+      if (shared) {
+        // Reads are what shared keys are for: 30% of the ops, on any key.
+        op.type = r < 30   ? OpType::kInsert
+                  : r < 44 ? OpType::kUpdate
+                  : r < 56 ? OpType::kUpsert
+                  : r < 70 ? OpType::kRemove
+                  : r < 88 ? OpType::kFind
+                           : OpType::kScan;
+        if (op.type == OpType::kFind || op.type == OpType::kScan) op.kid = uint32_t(rng() % (nkeys * uint64_t(threads)));
+      } else {
+        op.type = r < 38   ? OpType::kInsert
+                  : r < 55 ? OpType::kUpdate
+                  : r < 70 ? OpType::kUpsert
+                  : r < 88 ? OpType::kRemove
+                  : r < 95 ? OpType::kFind
+                           : OpType::kScan;
+      }
       if (op.type != OpType::kFind && op.type != OpType::kRemove) op.version = ++ver[op.kid];
       ops_[t].push_back(op);
     }
@@ -156,8 +169,7 @@ Status Workload::Apply(pmindex::Index* index, const Op& op, std::string* got) co
   return Status::InvalidArgument("bad op");
 }
 
-std::string Workload::CheckScan(const Op& op, const std::string& got, const std::vector<uint32_t>& state) const {
-  // Decode the records.
+std::vector<std::pair<std::string, std::string>> Workload::ParseScan(const std::string& got) {
   std::vector<std::pair<std::string, std::string>> recs;
   for (size_t at = 0; at < got.size();) {
     std::string parts[2];
@@ -169,6 +181,33 @@ std::string Workload::CheckScan(const Op& op, const std::string& got, const std:
     }
     recs.emplace_back(std::move(parts[0]), std::move(parts[1]));
   }
+  return recs;
+}
+
+std::vector<std::pair<uint32_t, uint32_t>> Workload::Reads(const Op& op, const std::string& got) const {
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  if (op.type == OpType::kFind) {
+    const int64_t v = Decode(op.kid, got);
+    if (v > 0) out.emplace_back(op.kid, uint32_t(v));
+  } else if (op.type == OpType::kScan) {
+    for (const auto& [k, val] : ParseScan(got)) {
+      const int64_t kid = KeyId(k);
+      const int64_t v = kid < 0 ? -1 : Decode(uint32_t(kid), val);
+      if (v > 0) out.emplace_back(uint32_t(kid), uint32_t(v));
+    }
+  }
+  return out;
+}
+
+std::string Workload::CheckSharedFind(const Op& op, Status::Code result, const std::string& got) const {
+  if (result == Status::Code::kNotFound) return "";
+  if (result != Status::Code::kOk) return std::string("find of another thread's key returned ") + Status::CodeName(result);
+  if (Decode(op.kid, got) < 0) return "find of another thread's key returned a torn value";
+  return "";
+}
+
+std::string Workload::CheckScan(const Op& op, const std::string& got, const std::vector<uint32_t>& state) const {
+  const std::vector<std::pair<std::string, std::string>> recs = ParseScan(got);
   if (recs.size() > kScanCount) return "scan returned " + std::to_string(recs.size()) + " records, asked for " + std::to_string(kScanCount);
   auto less = [this](const std::string& a, const std::string& b) {
     if (kk_ == pmindex::KeyKind::kU64) return pmindex::SliceToU64(a) < pmindex::SliceToU64(b);

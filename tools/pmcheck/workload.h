@@ -7,7 +7,9 @@
 // value that does not decode for its key is torn. Each key belongs to one
 // thread, and each mutating op on a key carries the key's next version, so
 // the state of a key is one number (0: absent) and per-key histories are
-// totally ordered even when threads run concurrently.
+// totally ordered even when threads run concurrently. With shared keys
+// (Config::shared_keys) Finds and Scans pick keys of every thread, so
+// threads read what other threads write; writes stay with the owner.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +45,14 @@ class Workload {
   int64_t Decode(uint32_t kid, pmindex::Slice value) const;
   // Key id of a key, -1 if it is not one of the workload's keys.
   int64_t KeyId(pmindex::Slice key) const;
+  // The thread that writes key kid.
+  int Owner(uint32_t kid) const { return int(kid / per_thread_); }
+  // The (key id, version) pairs a successful Find or Scan returned in `got`
+  // (values that decode for their key only).
+  std::vector<std::pair<uint32_t, uint32_t>> Reads(const Op& op, const std::string& got) const;
+  // Empty if a Find of another thread's key (shared keys) is plausible: OK
+  // with a value of that key, or NotFound.
+  std::string CheckSharedFind(const Op& op, pmindex::Status::Code result, const std::string& got) const;
   // Keys used after recovery to check the index still works (disjoint).
   std::string PostKey(int j) const;
   std::string MinKey() const;
@@ -69,6 +79,8 @@ class Workload {
 
  private:
   uint32_t Hash(uint32_t kid) const { return hashes_[kid]; }
+  static std::vector<std::pair<std::string, std::string>> ParseScan(const std::string& got);
+  uint64_t per_thread_ = 1;
   pmindex::KeyKind kk_;
   pmindex::ValueKind vk_;
   std::vector<std::string> keys_;

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,8 @@ struct PoolInfo {
   uint32_t pmwcas_descriptors = 0;
 };
 
+class Pool;
+
 struct PoolOptions {
   uint64_t size = 64ull << 20;  // initial size (rounded up to whole chunks)
   uint64_t max_size = 0;        // 0: max(size, kDefaultMaxPoolSize)
@@ -68,6 +71,11 @@ struct PoolOptions {
   // descriptor region then holds 188 KiB / (32 + 32 * words, in lines)
   // descriptors (334 at the default 16).
   uint32_t pmwcas_max_words = 16;
+  // Open only: called once the file is mapped and its header validated,
+  // before the open stores anything (the clean flag, allocator and PMwCAS
+  // recovery), so that a checker can install a persist observer over the
+  // mapping first (pmcheck --recovery-crashes). Empty: not called.
+  std::function<void(Pool*)> on_mapped;
 };
 
 class Pool {
