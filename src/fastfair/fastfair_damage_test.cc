@@ -2,7 +2,9 @@
 // crash or damage left in an unusual state, patched by hand: older format
 // versions refused, a durable count that lags its records (Pushed), links
 // that form cycles or skip levels (bounded walks: Corrupt, never a hang),
-// and Check's test for ignored slots in repaired nodes.
+// key/value blocks whose length points outside the pool (bounds-checked
+// reads: Corrupt, never a read outside the pool), and Check's test for
+// ignored slots in repaired nodes.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -325,6 +327,54 @@ TEST(FastFair, CheckRejectsIgnoredSlotInRepairedNode) {
   EXPECT_EQ(idx->Size(), 5u);
   std::string v;
   EXPECT_TRUE(idx->Find(U64(300), &v).IsNotFound());
+}
+
+// A key or value block whose length word points past the end of the pool:
+// reads are bounds-checked (kit/pm_block.h), so Find (a damaged value),
+// Scan and Check answer Corrupt and nothing is read outside the pool. A
+// Find whose key block is damaged compares against an empty key (the
+// comparison has no error channel) and may answer NotFound; Check names
+// the block. Unchecked, Find and Scan copy about 4 GiB from the pool's
+// mapping (a fault past its end) and Check passes.
+TEST(FastFair, BlockLengthOutsideThePoolIsCorrupt) {
+  for (const bool damage_key : {false, true}) {
+    SCOPED_TRACE(damage_key ? "key block" : "value block");
+    fftest::PoolGuard g("badblock");
+    Options o = fftest::MakeOptions(g.path, KeyKind::kBytes, ValueKind::kBytes, 512);
+    o.pool_size = o.max_pool_size = 8ull << 20;
+    {
+      std::unique_ptr<Index> idx;
+      ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+      for (const char* k : {"alpha", "beta", "gamma"}) ASSERT_TRUE(idx->Insert(k, std::string(k) + "-value").ok());
+    }
+    std::string victim;
+    {
+      std::unique_ptr<pm::Pool> pool;
+      ASSERT_TRUE(pm::Pool::Open(g.path, "fastfair", pm::PoolOptions{}, &pool).ok());
+      char* const base = pool->base();
+      char* const meta = base + *pool->root_slot();
+      char* const leaf = base + *reinterpret_cast<uint64_t*>(meta + 64);  // Meta::root (one leaf)
+      const uint64_t lk = *reinterpret_cast<uint64_t*>(leaf + 80);
+      const auto* ents = reinterpret_cast<const uint64_t*>(leaf + 96);  // (k, v) pairs
+      uint32_t j = 0;
+      while (ents[2 * j] == lk) j++;  // past the lk prefix: the first record
+      const uint64_t kw = ents[2 * j], vw = ents[2 * j + 1];
+      victim.assign(base + kw + 4, *reinterpret_cast<uint32_t*>(base + kw));  // {u32 len, bytes}
+      pm::StorePersist(reinterpret_cast<uint32_t*>(base + (damage_key ? kw : vw)), uint32_t(0xFFFFFFF0u));
+    }
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    std::string v;
+    Status s = idx->Find(victim, &v);
+    if (!damage_key) EXPECT_TRUE(s.IsCorrupt()) << "Find: " << s.ToString();
+    else EXPECT_TRUE(s.IsNotFound() || s.IsCorrupt()) << "Find: " << s.ToString();
+    size_t n = 0;
+    s = idx->Scan(std::string(1, '\0'), 10, [](Slice, Slice) { return true; }, &n);
+    EXPECT_TRUE(s.IsCorrupt()) << "Scan: " << s.ToString();
+    s = idx->Check();
+    EXPECT_TRUE(s.IsCorrupt()) << "Check: " << s.ToString();
+    EXPECT_NE(s.ToString().find("out of range"), std::string::npos) << s.ToString();
+  }
 }
 
 }  // namespace
