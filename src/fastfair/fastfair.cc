@@ -59,6 +59,7 @@ DebugCounters FastFair<BK>::Debug() {
   d.left_inserts = left_inserts_.load();
   d.prefix_drops = prefix_drops_.load();
   d.prefix_splits = prefix_splits_.load();
+  d.read_flushes = read_flushes_.load();
   return d;
 }
 

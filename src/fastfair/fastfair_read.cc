@@ -13,10 +13,17 @@
 // read_committed=1) hold one leaf's read lock at a time and restart from
 // the root when a leaf was merged away (dead).
 //
+// Durable answers: a lock-free answer (a record found, a key found absent,
+// a scanned leaf) is made durable before it is returned if a writer holds
+// the leaf, which may have made its commit store visible before its fence
+// (DurableAnswer, fastfair_tree.h; docs/fastfair.md "Durable reads"). With
+// no writer on the leaf that costs one load of its DRAM lock word.
+//
 // Invariants relied on: the validity rule and I2 (fastfair_format.h); a
 // valid record's value is never changed by a shift; splits store sibling
 // before cutting count, merges grow count before storing sibling; every
-// split and merge adds 2 to sw. Readers store nothing to PM.
+// split and merge adds 2 to sw. Readers store nothing to PM (they may
+// flush lines writers stored, see above).
 //
 // Thread safety: any number of readers concurrently with writers, each
 // inside an epoch guard (nodes a merge unlinks are freed only after it).
@@ -317,6 +324,7 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     const bool lag = MayLag(n);
     bool found = false;
     uint64_t val = 0;
+    uint32_t at = 0;  // the found record's slot
     if (!(sw & 1)) {
       // Byte keys (locked callers only): a slot equal to the key loaded
       // in the previous step is skipped (that is only a filter; a match
@@ -354,6 +362,7 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
           if (ReadValid(n, e, uint32_t(j), k1, &v)) {
             found = true;
             val = v;
+            at = uint32_t(j);
             break;
           }
         } else if (c > 0) {
@@ -381,6 +390,7 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
           if (ReadValid(n, e, uint32_t(j), k1, &v)) {
             found = true;
             val = v;
+            at = uint32_t(j);
             break;
           }
         } else if (c < 0) {
@@ -390,6 +400,7 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     }
     if (Ld(&n->sw) != sw) continue;
     if (found) {
+      DurableAnswer(n, &e[at], sizeof(Entry));  // the record's line
       *out = val;
       return true;
     }
@@ -407,6 +418,9 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
       if (*bad) return false;
       continue;
     }
+    // Absent: a delete's commit may be what hid the key. The node's header
+    // (count) and every slot up to the count's I2 copies.
+    DurableAnswer(n, n, sizeof(Node) + std::min(Ld(&n->count) + 2, cap_) * sizeof(Entry));
     return false;
   }
 }
@@ -465,6 +479,9 @@ Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_
     for (uint32_t j = 0; j < c; j++) diff |= Ld(&e[j].k) ^ snap[j].k;
     const uint64_t next = Ld(&n->sibling);
     if (diff || next != next1 || Ld(&n->sw) != sw) continue;
+    // The snapshot's records and what hid any others: the header and the
+    // slots read (docs/fastfair.md, "Durable reads").
+    DurableAnswer(n, n, sizeof(Node) + std::min(c + 2, cap_) * sizeof(Entry));
     *nout = c;
     *lk_out = lk;
     return At(next);

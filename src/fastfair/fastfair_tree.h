@@ -388,6 +388,29 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   // of two <= node_size, so live nodes never share one; one shift and one
   // add). Mapped by Format / Recover.
   NodeLock& LockOf(const Node* n) const { return *locks_.At(n); }
+  // ---- durable answers (docs/fastfair.md, "Durable reads") --------------
+  // A lock-free reader can see a writer's commit store (an insert's key, an
+  // update's value, a delete's ignored copy) before the writer's fence, and
+  // must not answer from it while a crash can still take it away. Every
+  // writer holds the node's write lock from before its first store into the
+  // node until after its last fence. So once the reader has its answer
+  // (its loads of the records are acquire loads, and the lock word is
+  // loaded after them): if no writer holds the lock, every store the answer
+  // rests on is durable (the lock was taken before those stores and
+  // released after their fence); if one does, the reader flushes the lines
+  // of [from, from + bytes) and fences. Its flush makes durable a prefix of
+  // each line's stores, a state any crash may already leave (the writer's
+  // persist order tolerates it: Pushed, I2), now with the store the answer
+  // saw. Common case: one load of a DRAM lock word, no flush.
+  __attribute__((always_inline)) void DurableAnswer(Node* n, const void* from, size_t bytes) const {
+    if (__builtin_expect(LockOf(n).write_locked(), 0)) DurableAnswerSlow(from, bytes);
+  }
+  __attribute__((noinline, cold)) void DurableAnswerSlow(const void* from, size_t bytes) const {
+    if (hooks_ && hooks_->no_durable_reads) return;
+    pm::Flush(from, bytes);
+    pm::Fence();
+    read_flushes_.fetch_add(1, std::memory_order_relaxed);
+  }
   void WLock(Node* n) { LockOf(n).lock(); }
   void WUnlock(Node* n) { LockOf(n).unlock(); }
   void RLock(Node* n) { LockOf(n).lock_shared(); }
@@ -643,6 +666,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
   std::atomic<uint64_t> counts_repaired_{0};
   std::atomic<uint64_t> prefix_splits_{0};
+  mutable std::atomic<uint64_t> read_flushes_{0};
 };
 
 }  // namespace pmindex::internal::fastfair

@@ -173,6 +173,7 @@ Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
   Entry* e = n->ents();
   if (!bv_) {
     St(&e[pos].v, SliceToU64(value));
+    AfterCommit(n);
     pm::Persist(&e[pos], sizeof(Entry));
     return Status::OK();
   }
@@ -180,6 +181,7 @@ Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
   St(&n->spare_b, e[pos].v);
   pm::Persist(&n->spare_b, 8);
   St(&e[pos].v, Ld(&n->spare_a));  // commit
+  AfterCommit(n);
   pm::Persist(&e[pos], sizeof(Entry));
   alloc_->Free(&n->spare_b);
   St(&n->spare_a, uint64_t(0));
