@@ -325,6 +325,12 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     bool found = false;
     uint64_t val = 0;
     uint32_t at = 0;  // the found record's slot
+    // Slot j holds key (loaded as k1): take it if it is valid (ReadValid).
+    auto take = [&](uint32_t j, uint64_t k1) {
+      found = ReadValid(n, e, j, k1, &val);
+      at = j;
+      return found;
+    };
     if (!(sw & 1)) {
       // Byte keys (locked callers only): a slot equal to the key loaded
       // in the previous step is skipped (that is only a filter; a match
@@ -356,18 +362,8 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
             break;
           }
         }
-        int c = Cmp(k1, key);
-        if (c == 0) {
-          uint64_t v;
-          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
-            found = true;
-            val = v;
-            at = uint32_t(j);
-            break;
-          }
-        } else if (c > 0) {
-          break;
-        }
+        const int c = Cmp(k1, key);
+        if (c == 0 ? take(uint32_t(j), k1) : c > 0) break;
       }
       // lk is loaded once, before the scan: an insert of a key equal to
       // lk (FixLk raises lk to a free value, with no shift and so no sw
@@ -384,18 +380,8 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
         uint64_t k1 = Ld(&e[j].k);
         uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
         if (k1 == p) continue;
-        int c = Cmp(k1, key);
-        if (c == 0) {
-          uint64_t v;
-          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
-            found = true;
-            val = v;
-            at = uint32_t(j);
-            break;
-          }
-        } else if (c < 0) {
-          break;
-        }
+        const int c = Cmp(k1, key);
+        if (c == 0 ? take(uint32_t(j), k1) : c < 0) break;
       }
     }
     if (Ld(&n->sw) != sw) continue;
