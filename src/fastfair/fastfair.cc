@@ -23,7 +23,7 @@ IndexStats FastFair<BK>::Stats() {
   IndexStats s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + touched_lock_bytes_estimate() + (limbo_ ? limbo_->dram_bytes() : 0);
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + (limbo_ ? limbo_->dram_bytes() : 0);
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
@@ -59,6 +59,7 @@ DebugCounters FastFair<BK>::Debug() {
   d.left_inserts = left_inserts_.load();
   d.prefix_drops = prefix_drops_.load();
   d.prefix_splits = prefix_splits_.load();
+  d.read_flushes = read_flushes_.load();
   return d;
 }
 

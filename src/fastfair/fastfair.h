@@ -31,6 +31,7 @@ struct DebugCounters {
   uint64_t left_inserts = 0;    // inserts that shifted records left into a leaf's lk prefix
   uint64_t prefix_drops = 0;    // lk prefixes removed (lk change, or a merge needing room)
   uint64_t prefix_splits = 0;   // leaf splits that cut a node with an lk prefix (it keeps it)
+  uint64_t read_flushes = 0;    // lock-free answers made durable by their reader (a writer held the leaf)
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.
@@ -53,6 +54,13 @@ struct TestHooks {
   // A right shift (insert at slot 0 of a leaf or an internal node), right
   // after the store k[0] = lk that makes slot 0 an ignored copy.
   std::function<void(const void* node)> insert_slot0_ignored;
+  // An in-node write (insert, left insert, update, delete), right after the
+  // store that commits it for lock-free readers and before the fence that
+  // makes it durable (the node is write-locked).
+  std::function<void(const void* node)> after_commit;
+  // Test-only switch: lock-free readers skip making their answer durable
+  // (the control of fastfair_durable_read_test; never set otherwise).
+  bool no_durable_reads = false;
 };
 // Installs hooks (nullptr: none) on a fastfair index; not while it is in use.
 void SetTestHooks(Index* index, const TestHooks* hooks);

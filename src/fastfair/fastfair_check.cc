@@ -10,7 +10,8 @@
 // a separator equals its child's low key; repaired nodes hold no ignored
 // slot past a leaf's lk prefix; every record is reached by a descent to
 // its key (or is a copy left by a split a crash interrupted before its
-// cut); the record count matches Size().
+// cut); key, low-key and value blocks lie inside the pool (kit/pm_block.h);
+// the record count matches Size().
 // ForEachOwnedBlock reports every block the tree owns, each once: Meta,
 // the spare root, the retire-slot array and the unlinked nodes it owns
 // (with a byte-key leaf's low key block), every node, a split's unlinked
@@ -36,14 +37,16 @@ Status FastFair<BK>::Check() {
     std::vector<uint64_t> children;
     size_t up = 0;  // next expected parent-listed node in this chain
     Node* prev = nullptr;
-    uint64_t nodes = 0;
+    kit::BoundedWalk nodes = Walk();
     for (Node* n = first; n; prev = n, n = At(n->sibling)) {
-      if (WalkTooLong(++nodes)) return corrupt("sibling cycle on level " + std::to_string(level));
+      if (!Step(nodes)) return corrupt("sibling cycle on level " + std::to_string(level));
       const std::string where = "node " + std::to_string(Off(n)) + " (level " + std::to_string(level) + ")";
       if (n->level != level) return corrupt(where + " on the wrong level chain");
       if (n->count > cap_) return corrupt(where + " count exceeds capacity");
       if (up < upper.size() && upper[up] == Off(n)) up++;
       else if (n == first && !upper.empty()) return corrupt(where + " is not the leftmost child of the level above");
+      Slice lowblk;
+      if (BK && n->low && !ViewBlock(n->low, &lowblk)) return corrupt(where + " low key block out of range");
       if (prev && n->low != EffectiveHigh(prev)) return corrupt(where + " low key differs from its left sibling's high key");
       Entry* e = n->ents();
       bool have_prev = false;
@@ -68,6 +71,10 @@ Status FastFair<BK>::Check() {
           continue;
         }
         if (BK && e[j].k == kBytesLk) return corrupt(where + " has a record with the byte-key lk");
+        Slice blk;
+        if (BK && !ViewBlock(e[j].k, &blk)) return corrupt(where + " key block " + std::to_string(e[j].k) + " out of range");
+        if (bv_ && level == 0 && !ViewBlock(e[j].v, &blk))
+          return corrupt(where + " value block " + std::to_string(e[j].v) + " out of range");
         if (have_prev && Cmp(prevk, KeyOf(e[j].k)) >= 0) return corrupt(where + " records not sorted at " + std::to_string(j));
         if (n->low && Cmp(n->low, KeyOf(e[j].k)) > 0) return corrupt(where + " record below the low key");
         if (n->sibling && Cmp(EffectiveHigh(n), KeyOf(e[j].k)) <= 0) return corrupt(where + " record at or above the high key");
@@ -131,9 +138,9 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
   std::vector<uint64_t> blocks;
   for (Node* first = At(meta_->root); first;) {
     const uint32_t level = first->level;
-    uint64_t steps = 0;
+    kit::BoundedWalk steps = Walk();
     for (Node* n = first; n; n = At(n->sibling)) {
-      if (WalkTooLong(++steps) || n->level != level) return CorruptWalk("block enumeration");
+      if (!Step(steps) || n->level != level) return CorruptWalk("block enumeration");
       fn(Off(n));
       if (n->spare_node && n->spare_node != n->sibling) fn(n->spare_node);
       blocks.clear();

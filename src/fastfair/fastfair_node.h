@@ -154,6 +154,7 @@ class PMINDEX_FASTFAIR_HIDDEN NodeOps {
         St(&e[i].k, k);
       }
       St(&n->count, cnt + 1);
+      AfterCommit(n);
       pm::Flush(&e[cnt], (end - cnt) * sizeof(Entry));
       pm::Persist(&n->count, 4);
       return;
@@ -176,6 +177,7 @@ class PMINDEX_FASTFAIR_HIDDEN NodeOps {
       } else {
         St(&e[j].v, v);
         St(&e[j].k, k);  // commit
+        AfterCommit(n);
       }
     }
     // The count shares the final fence. Until then a crash may keep the
@@ -222,6 +224,7 @@ class PMINDEX_FASTFAIR_HIDDEN NodeOps {
     touch(&e[pos - 1]);
     St(&e[pos - 1].v, v);
     St(&e[pos - 1].k, k);  // commit
+    AfterCommit(n);
     if (flip) pm::Flush(&n->sw, 8);
     pm::Persist(reinterpret_cast<void*>(dirty), pm::kCacheLine);
   }
@@ -254,12 +257,16 @@ class PMINDEX_FASTFAIR_HIDDEN NodeOps {
       }
       St(&e[pos].k, left);
       St(&n->count, cnt - 1);
+      AfterCommit(n);
       pm::Flush(&e[pos].k, 8);
       pm::Persist(&n->count, 4);
       return;
     }
     uintptr_t dirty = pm::LineOf(&e[pos]);
-    if (commit) St(&e[pos].k, pos ? e[pos - 1].k : n->lk);  // commit: record pos ignored
+    if (commit) {
+      St(&e[pos].k, pos ? e[pos - 1].k : n->lk);  // commit: record pos ignored
+      AfterCommit(n);
+    }
     for (uint32_t j = pos; j + 1 < cnt; j++) {
       // Flush a line when the shift is about to dirty the next one.
       const uintptr_t line = pm::LineOf(&e[j]);
@@ -304,7 +311,11 @@ class PMINDEX_FASTFAIR_HIDDEN NodeOps {
     }
   }
 
-  // Test hooks (fastfair_concurrency_test; nullptr: none) and counters.
+  // Test hooks (fastfair_interleaving_test, fastfair_durable_read_test;
+  // nullptr: none) and counters.
+  void AfterCommit(Node* n) const {
+    if (__builtin_expect(hooks_ != nullptr, 0) && hooks_->after_commit) hooks_->after_commit(n);
+  }
   const TestHooks* hooks_ = nullptr;
   std::atomic<uint64_t> left_inserts_{0}, prefix_drops_{0};
 

@@ -13,10 +13,17 @@
 // read_committed=1) hold one leaf's read lock at a time and restart from
 // the root when a leaf was merged away (dead).
 //
+// Durable answers: a lock-free answer (a record found, a key found absent,
+// a scanned leaf) is made durable before it is returned if a writer holds
+// the leaf, which may have made its commit store visible before its fence
+// (DurableAnswer, fastfair_tree.h; docs/fastfair.md "Durable reads"). With
+// no writer on the leaf that costs one load of its DRAM lock word.
+//
 // Invariants relied on: the validity rule and I2 (fastfair_format.h); a
 // valid record's value is never changed by a shift; splits store sibling
 // before cutting count, merges grow count before storing sibling; every
-// split and merge adds 2 to sw. Readers store nothing to PM.
+// split and merge adds 2 to sw. Readers store nothing to PM (they may
+// flush lines writers stored, see above).
 //
 // Thread safety: any number of readers concurrently with writers, each
 // inside an epoch guard (nodes a merge unlinks are freed only after it).
@@ -41,14 +48,14 @@ Status FastFair<BK>::Find(Slice key, std::string* value) {
   n = ReadLockLeaf(n, sk);
   if (n == Bad()) return CorruptWalk("leaf walk");
   uint32_t pos;
-  bool found = FindInLocked(n, sk, &pos);
-  if (found && value) {
+  Status st = FindInLocked(n, sk, &pos) ? Status::OK() : Status::NotFound();
+  if (st.ok() && value) {
     v = n->ents()[pos].v;
-    if (bv_) value->assign(BlockSlice(v));
+    if (bv_) st = ReadBlockTo(v, value);
     else value->assign(reinterpret_cast<const char*>(&v), 8);
   }
   RUnlock(n);
-  return found ? Status::OK() : Status::NotFound();
+  return st;
 }
 
 template <bool BK>
@@ -71,7 +78,7 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
       uint64_t lo = sk;
       Node* n = DescendForScan(sk, limit);
       if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
-      for (uint64_t steps = 0; n && c < limit;) {
+      for (kit::BoundedWalk walk = Walk(); n && c < limit;) {
         // Every leaf goes through a validated snapshot before anything is
         // emitted. (Emitting records while scanning would lose records: a
         // delete that starts during the scan flips sw and shifts records
@@ -94,7 +101,7 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
           }
           lo = k + 1;
         }
-        if (__builtin_expect(WalkTooLong(++steps), 0)) {
+        if (__builtin_expect(!Step(walk), 0)) {
           if (count) *count = c;
           return CorruptWalk("leaf chain");
         }
@@ -112,20 +119,34 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
   std::string last_key;       // (byte keys)
   std::string restart_key;    // (byte keys) sk's storage after a restart
   bool excl = false;          // skip keys <= sk (restart after last_key)
-  for (uint64_t steps = 0; c < limit;) {
+  kit::BoundedWalk walk = Walk();
+  for (uint64_t leaves = 0; c < limit;) {
     buf.clear();
     Entry* e = n->ents();
     const uint32_t cnt = LiveCount(n);
+    Status bad;  // a key or value block out of range (kit/pm_block.h)
     for (uint32_t j = 0; j < cnt && buf.size() < limit - c; j++) {
       if (Ignored(n, j)) continue;
-      const int c0 = Cmp(e[j].k, sk);
+      std::string ks, vs;
+      int c0;
+      if constexpr (BK) {
+        if (!(bad = ReadBlockTo(e[j].k, &ks)).ok()) break;
+        c0 = CompareKeys(KeyKind::kBytes, ks, sk);
+      } else {
+        c0 = Cmp(e[j].k, sk);
+        ks.assign(reinterpret_cast<const char*>(&e[j].k), 8);
+      }
       if (c0 < 0 || (excl && c0 == 0)) continue;
-      std::string ks = BK ? std::string(BlockSlice(e[j].k)) : std::string(reinterpret_cast<const char*>(&e[j].k), 8);
-      std::string vs = bv_ ? std::string(BlockSlice(e[j].v)) : std::string(reinterpret_cast<const char*>(&e[j].v), 8);
+      if (!bv_) vs.assign(reinterpret_cast<const char*>(&e[j].v), 8);
+      else if (!(bad = ReadBlockTo(e[j].v, &vs)).ok()) break;
       buf.emplace_back(std::move(ks), std::move(vs));
     }
     uint64_t next = n->sibling;
     RUnlock(n);
+    if (!bad.ok()) {
+      if (count) *count = c;
+      return bad;
+    }
     for (auto& [k, v] : buf) {
       ++c;
       emitted = true;
@@ -138,8 +159,9 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
     }
     if (!next || c >= limit) break;
     // Leaves visited, restarts included: each leaf once, and a restart
-    // (on a distinct dead leaf) revisits at most one: <= 2x the nodes.
-    if (WalkTooLong(++steps / 2)) {
+    // (on a distinct dead leaf) revisits at most one: <= 2x the nodes, so
+    // one step of the bound per two leaves.
+    if ((++leaves & 1) == 0 && !Step(walk)) {
       if (count) *count = c;
       return CorruptWalk("leaf chain");
     }
@@ -186,12 +208,12 @@ uint64_t FastFair<BK>::Size() {
   // reusing a freed block (conformance_concurrency_test,
   // SizeDuringSplitsAndDeletions). A count taken while writers run is
   // approximate; a quiescent one is exact. On a corrupt pool whose leaf
-  // chain cannot be walked (no leftmost leaf, a cycle: WalkTooLong) it
+  // chain cannot be walked (no leftmost leaf, a cycle: BoundedWalk) it
   // is 0: Size() has no error channel, Check() reports the corruption.
   Node* n = LeftmostAt(0);
   if (n == Bad()) return 0;
-  for (uint64_t steps = 0; n;) {
-    if (WalkTooLong(++steps)) return 0;
+  for (kit::BoundedWalk walk = Walk(); n;) {
+    if (!Step(walk)) return 0;
     RLock(n);
     const uint32_t c = LiveCount(n);
     for (uint32_t j = 0; j < c; j++) total += !Ignored(n, j);
@@ -215,10 +237,10 @@ uint64_t FastFair<BK>::Size() {
 template <bool BK>
 Node* FastFair<BK>::DescendForScan(const SK& key, size_t limit) {
   Node* n = At(Ld(&meta_->root));
-  uint64_t steps = 0;
+  kit::BoundedWalk walk = Walk();
   for (uint32_t lv = n->level; lv > 0; lv--) {
     Node* from = n;
-    Node* c = NavChild(n, key, nullptr, steps, &from);
+    Node* c = NavChild(n, key, nullptr, walk, &from);
     if (__builtin_expect(!c || c->level != lv - 1, 0)) return Bad();
     if (from->level == 1) {
       Entry* e = from->ents();
@@ -252,13 +274,13 @@ Node* FastFair<BK>::ReadLockLeaf(Node* n, const SK& key) {
   if (__builtin_expect(n == Bad(), 0)) return n;
   RLock(n);
   // Restarts (each on a distinct node merged away) and the moves right
-  // of one attempt are bounded separately (WalkTooLong).
-  for (uint64_t restarts = 0, steps = 0;;) {
+  // of one attempt are bounded separately.
+  for (kit::BoundedWalk restarts = Walk(), steps = Walk();;) {
     if (Ld(&n->dead)) {
       RUnlock(n);
       n = Descend(0, key, nullptr);
-      if (n == Bad() || WalkTooLong(++restarts)) return Bad();
-      steps = 0;
+      if (n == Bad() || !Step(restarts)) return Bad();
+      steps = Walk();
       RLock(n);
       continue;
     }
@@ -268,7 +290,7 @@ Node* FastFair<BK>::ReadLockLeaf(Node* n, const SK& key) {
     uint64_t s = n->sibling;
     if (s && n->high && Cmp(n->high, key) <= 0) {
       RUnlock(n);
-      if (WalkTooLong(++steps)) return Bad();
+      if (!Step(steps)) return Bad();
       n = At(s);
       RLock(n);
       continue;
@@ -279,17 +301,22 @@ Node* FastFair<BK>::ReadLockLeaf(Node* n, const SK& key) {
 
 // Lock-free leaf search (u64 keys and values), Algorithm 3 with the
 // mirrored validity rule. Returns with the value of key, or false (and
-// *bad set if the moves right went round a cycle: WalkTooLong).
+// *bad set if the moves right went round a cycle: kit::BoundedWalk).
 template <bool BK>
 bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad) {
-  for (uint64_t steps = 0;;) {
+  kit::BoundedWalk walk = Walk();
+  // Moves n right if key >= its high key: true if it moved, or if the walk
+  // went round a cycle (*bad).
+  auto right = [&] {
     uint64_t s;
-    if (MoveRight(n, key, &s)) {
-      if (WalkTooLong(++steps)) {
-        *bad = true;
-        return false;
-      }
-      n = At(s);
+    if (!MoveRight(n, key, &s)) return false;
+    if (Step(walk)) n = At(s);
+    else *bad = true;
+    return true;
+  };
+  for (;;) {
+    if (right()) {
+      if (*bad) return false;
       continue;
     }
     const uint64_t sw = Ld(&n->sw);
@@ -297,6 +324,13 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     const bool lag = MayLag(n);
     bool found = false;
     uint64_t val = 0;
+    uint32_t at = 0;  // the found record's slot
+    // Slot j holds key (loaded as k1): take it if it is valid (ReadValid).
+    auto take = [&](uint32_t j, uint64_t k1) {
+      found = ReadValid(n, e, j, k1, &val);
+      at = j;
+      return found;
+    };
     if (!(sw & 1)) {
       // Byte keys (locked callers only): a slot equal to the key loaded
       // in the previous step is skipped (that is only a filter; a match
@@ -328,17 +362,8 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
             break;
           }
         }
-        int c = Cmp(k1, key);
-        if (c == 0) {
-          uint64_t v;
-          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
-            found = true;
-            val = v;
-            break;
-          }
-        } else if (c > 0) {
-          break;
-        }
+        const int c = Cmp(k1, key);
+        if (c == 0 ? take(uint32_t(j), k1) : c > 0) break;
       }
       // lk is loaded once, before the scan: an insert of a key equal to
       // lk (FixLk raises lk to a free value, with no shift and so no sw
@@ -355,21 +380,13 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
         uint64_t k1 = Ld(&e[j].k);
         uint64_t p = j ? Ld(&e[j - 1].k) : Ld(&n->lk);
         if (k1 == p) continue;
-        int c = Cmp(k1, key);
-        if (c == 0) {
-          uint64_t v;
-          if (ReadValid(n, e, uint32_t(j), k1, &v)) {
-            found = true;
-            val = v;
-            break;
-          }
-        } else if (c < 0) {
-          break;
-        }
+        const int c = Cmp(k1, key);
+        if (c == 0 ? take(uint32_t(j), k1) : c < 0) break;
       }
     }
     if (Ld(&n->sw) != sw) continue;
     if (found) {
+      DurableAnswer(n, &e[at], sizeof(Entry));  // the record's line
       *out = val;
       return true;
     }
@@ -383,14 +400,13 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     // sibling and high, so these later acquire loads see the new fence,
     // and key >= high sends the reader right (without this re-check a
     // never-touched key can be reported missing: SplitRacingWithDelete).
-    if (MoveRight(n, key, &s)) {
-      if (WalkTooLong(++steps)) {
-        *bad = true;
-        return false;
-      }
-      n = At(s);
+    if (right()) {
+      if (*bad) return false;
       continue;
     }
+    // Absent: a delete's commit may be what hid the key. The node's header
+    // (count) and every slot up to the count's I2 copies.
+    DurableAnswer(n, n, sizeof(Node) + std::min(Ld(&n->count) + 2, cap_) * sizeof(Entry));
     return false;
   }
 }
@@ -449,6 +465,9 @@ Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_
     for (uint32_t j = 0; j < c; j++) diff |= Ld(&e[j].k) ^ snap[j].k;
     const uint64_t next = Ld(&n->sibling);
     if (diff || next != next1 || Ld(&n->sw) != sw) continue;
+    // The snapshot's records and what hid any others: the header and the
+    // slots read (docs/fastfair.md, "Durable reads").
+    DurableAnswer(n, n, sizeof(Node) + std::min(c + 2, cap_) * sizeof(Entry));
     *nout = c;
     *lk_out = lk;
     return At(next);

@@ -31,6 +31,7 @@ namespace pmindex::internal::fastfair {
 
 template <bool BK>
 Status FastFair<BK>::Format() {
+  PMINDEX_RETURN_IF_ERROR(locks_.Map(base_, pool_->max_size(), node_size_));
   uint64_t* slot = pool_->root_slot();
   PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(slot, sizeof(Meta)));
   meta_ = pool_->At<Meta>(*slot);
@@ -61,6 +62,7 @@ Status FastFair<BK>::Format() {
 
 template <bool BK>
 Status FastFair<BK>::Recover(Meta* m) {
+  PMINDEX_RETURN_IF_ERROR(locks_.Map(base_, pool_->max_size(), node_size_));
   meta_ = m;
   gen_ = m->gen;
   limbo_.emplace(base_, alloc_, &meta_->limbo, kLimboSlots);

@@ -24,8 +24,8 @@
 // every reader. So values stay inline and may repeat.
 //
 // Concurrency (sec. 5): writers lock nodes with DRAM reader-writer spin
-// locks (kit/rw_spinlock.h, writer-preferring), one word per node_size
-// bytes of the pool's address range (no aliasing between live nodes),
+// locks (kit/rw_spinlock.h, writer-preferring) kept in a kit/lock_table.h
+// table keyed by the node's address (no aliasing between live nodes),
 // never persisted. Lock order: higher level first, then left to right
 // within a level; a node not yet reachable may be locked any time; root_mu_
 // after node locks. A writer that locks a dead node restarts from the
@@ -41,7 +41,9 @@
 //
 // Walk bounds (corrupt pools; docs/fastfair.md, "Bad input"): every walk
 // (descent, moves right, leaf chain, restarts on dead nodes) is bounded by
-// the number of nodes the pool can hold and ends with Corrupt past it.
+// the number of nodes the pool can hold (kit/bounded_walk.h) and ends with
+// Corrupt past it. Key and value blocks are read bounds-checked
+// (kit/pm_block.h): a damaged one never reads outside the pool.
 //
 // Thread safety: every public member may be called concurrently, except
 // Check, ForEachOwnedBlock, Close and the test hooks (quiescent callers).
@@ -64,7 +66,10 @@
 #include "fastfair/fastfair_format.h"
 #include "fastfair/fastfair_node.h"
 #include "kit/backoff.h"
+#include "kit/bounded_walk.h"
 #include "kit/epoch.h"
+#include "kit/lock_table.h"
+#include "kit/pm_block.h"
 #include "kit/retire_list.h"
 #include "kit/rw_spinlock.h"
 #include "pmindex/pm/allocator.h"
@@ -124,16 +129,9 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
       : NodeOps((node_size - sizeof(Node)) / sizeof(Entry)), pool_(std::move(pool)), base_(pool_->base()),
         alloc_(&pool_->allocator()), opts_(o), node_size_(node_size),
         merge_below_(std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
-        locked_reads_(BK || vk == ValueKind::kBytes || rc) {
-    lock_chunks_ = size_t(pool_->max_size() / node_size_ >> kLockChunkBits) + 1;
-    max_off_ = pool_->max_size();
-    walk_cap_.store(pool_->size() / node_size_ + 1, std::memory_order_relaxed);
-    lock_dir_.reset(new std::atomic<NodeLock*>[lock_chunks_]());
-  }
-  ~FastFair() override {
-    Close();
-    for (size_t i = 0; i < lock_chunks_; i++) delete[] lock_dir_[i].load();
-  }
+        locked_reads_(BK || vk == ValueKind::kBytes || rc), max_off_(pool_->max_size()),
+        walk_(pool_->size(), node_size), pool_bytes_(pool_->size()) {}
+  ~FastFair() override { Close(); }
 
   // fastfair_recovery.cc
   Status Format() override;
@@ -169,13 +167,6 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
 
  private:
   enum Mode { kInsert, kUpdate, kUpsert };
-  size_t touched_lock_bytes_estimate() const {
-    size_t n = lock_chunks_ * sizeof(void*);
-    for (size_t i = 0; i < lock_chunks_; i++)
-      if (lock_dir_[i].load(std::memory_order_relaxed)) n += sizeof(NodeLock) << kLockChunkBits;
-    return n;
-  }
-
 
   Node* At(uint64_t off) const { return off ? reinterpret_cast<Node*>(base_ + off) : nullptr; }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
@@ -192,17 +183,15 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   // included. A walk longer than that went round a cycle of a corrupt pool
   // (a sibling link back, a child pointer to an ancestor): it ends with
   // Corrupt instead of spinning. The fast path is an increment and a
-  // compare with walk_cap_, the pool's node capacity at open; the pool
-  // grows in place, so past it the current size decides (cold).
-  __attribute__((always_inline)) bool WalkTooLong(uint64_t steps) const {
-    return __builtin_expect(steps > walk_cap_.load(std::memory_order_relaxed), 0) && WalkTooLongSlow(steps);
+  // Step of a kit::BoundedWalk; walks start from walk_, the pool's node
+  // capacity at open (no division per walk); the pool grows in place, so
+  // past that bound the current size decides (cold).
+  kit::BoundedWalk Walk() const { return walk_; }
+  __attribute__((always_inline)) bool Step(kit::BoundedWalk& w) const {
+    return __builtin_expect(w.Step(), 1) || StepSlow(w);
   }
-  __attribute__((noinline, cold)) bool WalkTooLongSlow(uint64_t steps) const {
-    const uint64_t cap = pool_->size() / node_size_ + 1;
-    uint64_t old = walk_cap_.load(std::memory_order_relaxed);
-    while (old < cap && !walk_cap_.compare_exchange_weak(old, cap, std::memory_order_relaxed)) {
-    }
-    return steps > cap;
+  __attribute__((noinline, cold)) bool StepSlow(kit::BoundedWalk& w) const {
+    return w.Regrow(pool_->size(), node_size_);
   }
   // What a walk returns when it found the pool corrupt: the pool's first
   // byte (offset 0 is the pool header, never a node; At(0) is nullptr).
@@ -216,11 +205,37 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   }
 
   // ---- keys ------------------------------------------------------------
+  // Key and value blocks ({u32 len, bytes}, fastfair_format.h) are read in
+  // place through kit::TryViewBlock32, bounds-checked against the pool's
+  // size: a damaged offset or length never reads outside the pool. The
+  // size is the one last seen (pool_bytes_: the pool only grows, so a block
+  // inside it is inside the pool); a block past it looks again (cold).
+  // BlockSlice gives an empty slice for a block out of range (for key
+  // comparisons, which have no error channel: Check reports the block);
+  // ViewBlock reports it (Find, Scan and Check answer Corrupt).
+  static constexpr size_t kMaxBlockLen = UINT32_MAX;
+  bool ViewBlock(uint64_t off, Slice* out) const {
+    return __builtin_expect(
+               kit::TryViewBlock32(base_, pool_bytes_.load(std::memory_order_relaxed), off, kMaxBlockLen, out), 1) ||
+           ViewBlockSlow(off, out);
+  }
+  __attribute__((noinline, cold)) bool ViewBlockSlow(uint64_t off, Slice* out) const {
+    const uint64_t now = pool_->size();
+    uint64_t old = pool_bytes_.load(std::memory_order_relaxed);
+    while (old < now && !pool_bytes_.compare_exchange_weak(old, now, std::memory_order_relaxed)) {
+    }
+    return kit::TryViewBlock32(base_, now, off, kMaxBlockLen, out);
+  }
   Slice BlockSlice(uint64_t off) const {
-    const char* p = base_ + off;
-    uint32_t len;
-    std::memcpy(&len, p, 4);
-    return Slice(p + 4, len);
+    Slice s;
+    return ViewBlock(off, &s) ? s : Slice();
+  }
+  // The bytes of block off into *out, or Corrupt.
+  Status ReadBlockTo(uint64_t off, std::string* out) const {
+    Slice s;
+    if (!ViewBlock(off, &s)) return kit::BlockOutOfRange(off, pool_->size());
+    out->assign(s.data(), s.size());
+    return Status::OK();
   }
   static SK MakeSK(Slice key) {
     if constexpr (BK) return key;
@@ -233,11 +248,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   // Compares a stored key word with a search key.
   int Cmp(uint64_t kw, const SK& key) const {
     if constexpr (BK) {
-      Slice a = BlockSlice(kw);
-      size_t n = std::min(a.size(), key.size());
-      int c = n ? std::memcmp(a.data(), key.data(), n) : 0;
-      if (c) return c;
-      return a.size() < key.size() ? -1 : (a.size() > key.size() ? 1 : 0);
+      return CompareKeys(KeyKind::kBytes, BlockSlice(kw), key);
     } else {
       return kw < key ? -1 : (kw > key ? 1 : 0);
     }
@@ -372,21 +383,33 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   }
 
   // ---- locks -----------------------------------------------------------
-  // The lock word of node n: word Off(n) / node_size of a two-level table
-  // whose chunks (2^14 words, one per 2^14 node slots of address range)
-  // are allocated on first use.
-  NodeLock& LockOf(const Node* n) const {
-    const uint64_t i = Off(n) / node_size_;
-    NodeLock* c = lock_dir_[i >> kLockChunkBits].load(std::memory_order_acquire);
-    if (__builtin_expect(c == nullptr, 0)) c = NewLockChunk(i >> kLockChunkBits);
-    return c[i & ((uint64_t(1) << kLockChunkBits) - 1)];
+  // The lock word of node n: its word in locks_ (kit::LockTable: one word
+  // per granule of the pool's address range, granule = the largest power
+  // of two <= node_size, so live nodes never share one; one shift and one
+  // add). Mapped by Format / Recover.
+  NodeLock& LockOf(const Node* n) const { return *locks_.At(n); }
+  // ---- durable answers (docs/fastfair.md, "Durable reads") --------------
+  // A lock-free reader can see a writer's commit store (an insert's key, an
+  // update's value, a delete's ignored copy) before the writer's fence, and
+  // must not answer from it while a crash can still take it away. Every
+  // writer holds the node's write lock from before its first store into the
+  // node until after its last fence. So once the reader has its answer
+  // (its loads of the records are acquire loads, and the lock word is
+  // loaded after them): if no writer holds the lock, every store the answer
+  // rests on is durable (the lock was taken before those stores and
+  // released after their fence); if one does, the reader flushes the lines
+  // of [from, from + bytes) and fences. Its flush makes durable a prefix of
+  // each line's stores, a state any crash may already leave (the writer's
+  // persist order tolerates it: Pushed, I2), now with the store the answer
+  // saw. Common case: one load of a DRAM lock word, no flush.
+  __attribute__((always_inline)) void DurableAnswer(Node* n, const void* from, size_t bytes) const {
+    if (__builtin_expect(LockOf(n).write_locked(), 0)) DurableAnswerSlow(from, bytes);
   }
-  NodeLock* NewLockChunk(uint64_t ci) const {
-    auto* fresh = new NodeLock[size_t(1) << kLockChunkBits]();
-    NodeLock* expected = nullptr;
-    if (lock_dir_[ci].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;
-    delete[] fresh;
-    return expected;
+  __attribute__((noinline, cold)) void DurableAnswerSlow(const void* from, size_t bytes) const {
+    if (hooks_ && hooks_->no_durable_reads) return;
+    pm::Flush(from, bytes);
+    pm::Fence();
+    read_flushes_.fetch_add(1, std::memory_order_relaxed);
   }
   void WLock(Node* n) { LockOf(n).lock(); }
   void WUnlock(Node* n) { LockOf(n).unlock(); }
@@ -414,13 +437,13 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   // key <= key. A stale choice is always to the left of the right child, and
   // the B-link move right fixes it.
   // Returns nullptr after more moves right than the pool has nodes
-  // (`steps` counts them across the descent: WalkTooLong).
-  __attribute__((always_inline)) Node* NavChild(Node* n, const SK& key, Pending* pend, uint64_t& steps,
+  // (`walk` counts them across the descent).
+  __attribute__((always_inline)) Node* NavChild(Node* n, const SK& key, Pending* pend, kit::BoundedWalk& walk,
                                                 Node** from = nullptr) {
     for (;;) {
       uint64_t s;
       if (MoveRight(n, key, &s)) {
-        if (WalkTooLong(++steps)) return nullptr;
+        if (!Step(walk)) return nullptr;
         if (pend) pend->Add(n->level, s);
         n = At(s);
         continue;
@@ -511,9 +534,9 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
     Node* n = At(Ld(&meta_->root));
     uint32_t lv = n->level;
     if (lv < level) return nullptr;
-    uint64_t steps = 0;
+    kit::BoundedWalk walk = Walk();
     while (lv > level) {
-      n = NavChild(n, key, pend, steps);
+      n = NavChild(n, key, pend, walk);
       if (__builtin_expect(!n || n->level != --lv, 0)) return Bad();
     }
     return n;
@@ -626,12 +649,11 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   const ValueKind vk_;
   const bool locked_reads_;
   bool read_only_ = false;  // opened read-only: no node is repaired, any may lag
-  static constexpr int kLockChunkBits = 14;
-  size_t lock_chunks_ = 0;
-  uint64_t max_off_ = 0;  // the pool's reserved address range (scan prefetch bound)
-  // Nodes the pool could hold when last looked at (WalkTooLong; only grows).
-  mutable std::atomic<uint64_t> walk_cap_{0};
-  std::unique_ptr<std::atomic<NodeLock*>[]> lock_dir_;
+  const uint64_t max_off_;  // the pool's reserved address range (scan prefetch bound)
+  const kit::BoundedWalk walk_;  // the walk bound at open (Walk, Step)
+  // The pool's size when last looked at (ViewBlock; only grows).
+  mutable std::atomic<uint64_t> pool_bytes_;
+  kit::LockTable<NodeLock> locks_;  // DRAM lock words (LockOf)
   // Retire slots in Meta::limbo (set up by Format / Recover).
   std::optional<kit::PmRetireList> limbo_;
   EpochManager epoch_;  // guards every public operation (lock-free readers)
@@ -644,6 +666,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   std::atomic<uint64_t> nodes_repaired_{0}, splits_repaired_{0}, parents_repaired_{0}, root_grows_{0};
   std::atomic<uint64_t> counts_repaired_{0};
   std::atomic<uint64_t> prefix_splits_{0};
+  mutable std::atomic<uint64_t> read_flushes_{0};
 };
 
 }  // namespace pmindex::internal::fastfair

@@ -44,7 +44,7 @@ Status FastFair<BK>::Upsert(Slice key, Slice value) {
 // grow=false: *out = nullptr if the tree is not that high.
 template <bool BK>
 Status FastFair<BK>::LockAt(uint32_t level, const SK& key, Pending* pend, Node** out, bool grow) {
-  for (uint64_t restarts = 0;;) {
+  for (kit::BoundedWalk restarts = Walk();;) {
     Node* n = Descend(level, key, pend);
     if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
     if (!n) {
@@ -56,19 +56,19 @@ Status FastFair<BK>::LockAt(uint32_t level, const SK& key, Pending* pend, Node**
       continue;
     }
     WLock(n);
-    for (uint64_t steps = 0;;) {
+    for (kit::BoundedWalk steps = Walk();;) {
       // A node merged away while we waited (or reached through a stale
       // link): restart from the root (epochs keep its memory valid).
       if (Ld(&n->dead)) {
         WUnlock(n);
-        if (WalkTooLong(++restarts)) return CorruptWalk("restarts on dead nodes");
+        if (!Step(restarts)) return CorruptWalk("restarts on dead nodes");
         n = nullptr;
         break;
       }
       Prepare(n, pend);
       uint64_t s = n->sibling;
       if (s && Cmp(n->high, key) <= 0) {
-        if (WalkTooLong(++steps)) {
+        if (!Step(steps)) {
           WUnlock(n);
           return CorruptWalk("move right");
         }
@@ -173,6 +173,7 @@ Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
   Entry* e = n->ents();
   if (!bv_) {
     St(&e[pos].v, SliceToU64(value));
+    AfterCommit(n);
     pm::Persist(&e[pos], sizeof(Entry));
     return Status::OK();
   }
@@ -180,6 +181,7 @@ Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
   St(&n->spare_b, e[pos].v);
   pm::Persist(&n->spare_b, 8);
   St(&e[pos].v, Ld(&n->spare_a));  // commit
+  AfterCommit(n);
   pm::Persist(&e[pos], sizeof(Entry));
   alloc_->Free(&n->spare_b);
   St(&n->spare_a, uint64_t(0));

@@ -22,6 +22,15 @@ class BoundedWalk {
   BoundedWalk(uint64_t pool_bytes, uint64_t node_bytes) : bound_(node_bytes ? pool_bytes / node_bytes : 0) {}
   // Counts one more node; false if that is more nodes than the pool can hold.
   bool Step() { return ++visited_ <= bound_; }
+  // For a pool that grows in place while the walk runs: raises the bound to
+  // what pool_bytes holds (never lowers it); true if the nodes visited so
+  // far are within it. A walker whose Step failed calls it with the pool's
+  // current size before it reports a cycle.
+  bool Regrow(uint64_t pool_bytes, uint64_t node_bytes) {
+    const uint64_t b = node_bytes ? pool_bytes / node_bytes : 0;
+    if (b > bound_) bound_ = b;
+    return visited_ <= bound_;
+  }
   uint64_t bound() const { return bound_; }
   uint64_t visited() const { return visited_; }
   // The Corrupt status of a walk that failed Step: "<what> has a cycle (more

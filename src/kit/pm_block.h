@@ -120,4 +120,25 @@ inline bool CompareBlock(const char* base, uint64_t pool_size, uint64_t off, siz
   return true;
 }
 
+// Blocks with a 32-bit length header, {u32 len, len bytes}, allocated as
+// 4 + len bytes with no padding (fastfair's key and value blocks,
+// docs/fastfair.md "Layout"). The same bounds rules as above. A view reads
+// the bytes in place: for a block that no writer changes while it is read
+// (written before its offset was published, freed only after an epoch
+// grace period). False if off or the length is out of range.
+inline bool TryViewBlock32(const char* base, uint64_t pool_size, uint64_t off, size_t maxlen, Slice* out) {
+  if (off == 0 || off % 8 || off + 4 > pool_size) return false;
+  const uint32_t len = __atomic_load_n(reinterpret_cast<const uint32_t*>(base + off), __ATOMIC_RELAXED);
+  if (len > maxlen || off + 4 + len > pool_size) return false;
+  *out = Slice(base + off + 4, len);
+  return true;
+}
+
+// The Corrupt status of a block that TryViewBlock32 (or TryReadBlock)
+// refused.
+inline Status BlockOutOfRange(uint64_t off, uint64_t pool_size) {
+  return Status::Corrupt("block at " + std::to_string(off) + ": offset or length out of range (pool of " +
+                         std::to_string(pool_size) + " bytes)");
+}
+
 }  // namespace pmindex::internal::kit
