@@ -10,6 +10,11 @@
 //           hash indexes return Unsupported.
 // An operation that returned OK on a persistent index is durable: it
 // survives a crash at any later instant.
+//
+// After Close every call answers without touching the index: the calls
+// returning Status return InvalidArgument "index closed", Size 0, Stats an
+// empty IndexStats, pool() nullptr; Name and the kinds keep answering, and
+// Close stays OK.
 #pragma once
 
 #include <cstdint>
@@ -96,7 +101,8 @@ class Index {
   // The pool, or nullptr for transient indexes.
   virtual pm::Pool* pool() { return nullptr; }
 
-  // Flushes and closes; further calls are invalid. Idempotent.
+  // Flushes and closes; further calls answer "index closed" (see the top of
+  // this file). Idempotent. Must not run concurrently with other calls.
   virtual Status Close() = 0;
 };
 

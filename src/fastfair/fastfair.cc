@@ -3,7 +3,8 @@
 // its options (node_size, read_committed), the factory that creates or opens a
 // pool (checking the Meta written by fastfair_recovery.cc: magic, format
 // version, kinds, node size), the registration under the name "fastfair",
-// Stats/Close/Debug, and the introspection hooks of fastfair.h. The tree
+// Stats/Close/Debug, the closed check in front of every call (Closable),
+// and the introspection hooks of fastfair.h. The tree
 // itself: fastfair_tree.h and the files it lists.
 //
 // Format version: only kVersion (fastfair_format.h) is created and opened;
@@ -71,6 +72,54 @@ template DebugCounters FastFair<true>::Debug();
 
 namespace {
 
+// The Index the factories hand out: the tree behind a closed check, so that
+// every call after Close answers IndexClosed() without reaching the tree,
+// whose pool is unmapped by then. One relaxed flag load and one forwarding
+// call per operation. Thread safety: as the tree's (Close runs when no
+// other call does, so the flag needs no ordering).
+class Closable final : public Index {
+ public:
+  explicit Closable(std::unique_ptr<FastFairBase> t) : t_(std::move(t)) {}
+  FastFairBase* tree() const { return t_.get(); }
+
+  std::string_view Name() const override { return t_->Name(); }
+  KeyKind key_kind() const override { return t_->key_kind(); }
+  ValueKind value_kind() const override { return t_->value_kind(); }
+  Status Insert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Insert(k, v); }
+  Status Update(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Update(k, v); }
+  Status Upsert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Upsert(k, v); }
+  Status Find(Slice k, std::string* v) override { return closed() ? IndexClosed() : t_->Find(k, v); }
+  Status Remove(Slice k) override { return closed() ? IndexClosed() : t_->Remove(k); }
+  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override {
+    if (closed()) {
+      if (count) *count = 0;
+      return IndexClosed();
+    }
+    return t_->Scan(start, n, cb, count);
+  }
+  uint64_t Size() override { return closed() ? 0 : t_->Size(); }
+  Status Check() override { return closed() ? IndexClosed() : t_->Check(); }
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override {
+    return closed() ? IndexClosed() : t_->ForEachOwnedBlock(fn);
+  }
+  IndexStats Stats() override { return closed() ? IndexStats{} : t_->Stats(); }
+  pm::Pool* pool() override { return closed() ? nullptr : t_->pool(); }
+  Status Close() override {
+    closed_.store(true, std::memory_order_relaxed);
+    return t_->Close();
+  }
+
+ private:
+  bool closed() const { return closed_.load(std::memory_order_relaxed); }
+  std::unique_ptr<FastFairBase> t_;
+  std::atomic<bool> closed_{false};
+};
+
+FastFairBase* Tree(Index* index) {
+  if (auto* c = dynamic_cast<Closable*>(index)) return c->tree();
+  return dynamic_cast<FastFairBase*>(index);
+}
+
 Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
   Params p(o.params);
   PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size", "read_committed"}));
@@ -95,7 +144,7 @@ Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<
   auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
   Status s = t->Format();
   if (!s.ok()) return s;
-  *out = std::move(t);
+  *out = std::make_unique<Closable>(std::move(t));
   return Status::OK();
 }
 
@@ -127,28 +176,28 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   Status s = t->Recover(m);
   if (!s.ok()) return s;
   t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  *out = std::move(t);
+  *out = std::make_unique<Closable>(std::move(t));
   return Status::OK();
 }
 
 }  // namespace
 
 const DebugCounters* GetDebugCounters(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   if (!t) return nullptr;
   t->snapshot_ = t->Debug();
   return &t->snapshot_;
 }
 int NodeCapacity(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   return t ? t->Cap() : 0;
 }
 int Height(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   return t ? t->TreeHeight() : 0;
 }
 void SetTestHooks(Index* index, const TestHooks* hooks) {
-  if (auto* t = dynamic_cast<FastFairBase*>(index)) t->SetHooks(hooks);
+  if (auto* t = Tree(index)) t->SetHooks(hooks);
 }
 
 }  // namespace pmindex::internal::fastfair

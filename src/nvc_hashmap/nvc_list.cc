@@ -201,6 +201,7 @@ Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
 }
 
 Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(Validate(key, value));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
@@ -315,6 +316,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
 }
 
 Status NvcHashmap::Find(Slice key, std::string* value) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
@@ -364,6 +366,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
 }
 
 Status NvcHashmap::Remove(Slice key) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
