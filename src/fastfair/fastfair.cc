@@ -7,6 +7,10 @@
 // and the introspection hooks of fastfair.h. The tree
 // itself: fastfair_tree.h and the files it lists.
 //
+// A pool whose Meta has no magic is what a creation that crashed leaves
+// (CheckCrashedCreation tells it from a damaged tree): Open creates the index
+// in it again.
+//
 // Format version: only kVersion (fastfair_format.h) is created and opened;
 // a pool of an earlier version (1-3) is refused with Unsupported
 // ("unsupported fastfair format version N ..."), any other number with
@@ -16,6 +20,7 @@
 // test hooks only when no operation runs; Stats and Debug at any time
 // (a count taken while writers run is approximate).
 #include "fastfair/fastfair_tree.h"
+#include "kit/root_check.h"
 
 namespace pmindex::internal::fastfair {
 
@@ -148,16 +153,51 @@ Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<
   return Status::OK();
 }
 
+// A pool whose Meta has no magic: OK if it is what a creation that crashed
+// leaves (Format's order: Meta allocated zeroed, the root leaf allocated
+// zeroed, the leaf's lk words, Meta's configuration words, the magic last),
+// Corrupt if it can be an initialised tree whose magic was damaged: a retire
+// list or spare root in use, more blocks than Meta and one node, or a root
+// node holding anything Format does not store (records, a sibling, a level).
+Status CheckCrashedCreation(pm::Pool* pool) {
+  const kit::RootSpec spec{"fastfair", kMagic, sizeof(Meta), offsetof(Meta, magic), 0};
+  pm::Allocator& a = pool->allocator();
+  const uint64_t mo = *pool->root_slot();
+  if (mo == 0) return kit::CheckCreationBlocks(pool, spec, 0, "pool has no root object");
+  const Meta* m = pool->root<Meta>();
+  if (m->limbo || m->spare_root) return Status::Corrupt("fastfair metadata has no magic but a retire list or spare root");
+  if (m->root == 0) return kit::CheckCreationBlocks(pool, spec, 1, "metadata has no magic");
+  if (m->root % 64 || m->root >= pool->size() || a.UsableSize(m->root) < sizeof(Node) ||
+      m->root > pool->size() - a.UsableSize(m->root))
+    return Status::Corrupt("fastfair metadata has no magic and a root pointer out of the pool");
+  PMINDEX_RETURN_IF_ERROR(kit::CheckCreationBlocks(pool, spec, 2, "metadata has no magic"));
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(pool->base() + m->root);
+  const size_t lk = offsetof(Node, lk) / 8, e0 = sizeof(Node) / 8, e1 = e0 + sizeof(Entry) / 8;
+  for (size_t i = 0; i < a.UsableSize(m->root) / 8; i++)
+    if (w[i] != 0 && !((i == lk || i == e0 || i == e1) && w[i] == kBytesLk))
+      return Status::Corrupt("fastfair metadata has no magic but the root node is not empty (word " + std::to_string(i) + ")");
+  return Status::OK();
+}
+
 Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
   const auto t0 = std::chrono::steady_clock::now();
   uint32_t ns_param;
   bool rc;
   PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc));
-  Meta* m = pool->root<Meta>();
-  if (!m) return Status::Corrupt("fastfair pool has no root object (creation interrupted?)");
-  if (pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
+  if (*pool->root_slot() && pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
     return Status::Corrupt("fastfair root object too small");
-  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata not initialised (creation interrupted?)");
+  Meta* m = pool->root<Meta>();
+  if (!m || m->magic == 0) {
+    // A creation that crashed acknowledged nothing: create the index again
+    // with this open's options (freeing the node first, then Meta; a crash
+    // in between leaves a crashed creation again).
+    PMINDEX_RETURN_IF_ERROR(CheckCrashedCreation(pool.get()));
+    if (o.read_only) return Status::Unsupported("fastfair pool holds an interrupted creation: open it read-write to create the index");
+    if (m && m->root) pool->allocator().Free(&m->root);
+    if (m) pool->allocator().Free(pool->root_slot());
+    return Create(std::move(pool), o, out);
+  }
+  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata has a bad magic");
   if (m->version != kVersion) {
     // Versions 1-3 were written by earlier builds (docs/fastfair.md,
     // "Format version"): refused, not repaired. Any other number is no
