@@ -65,6 +65,8 @@ DebugCounters FastFair<BK>::Debug() {
   d.left_inserts = left_inserts_.load();
   d.prefix_drops = prefix_drops_.load();
   d.prefix_splits = prefix_splits_.load();
+  d.lf_lock_fallbacks = lf_lock_fallbacks_.load();
+  d.reclaims = reclaims_.load();
   return d;
 }
 

@@ -31,6 +31,8 @@ struct DebugCounters {
   uint64_t left_inserts = 0;    // inserts that shifted records left into a leaf's lk prefix
   uint64_t prefix_drops = 0;    // lk prefixes removed (lk change, or a merge needing room)
   uint64_t prefix_splits = 0;   // leaf splits that cut a node with an lk prefix (it keeps it)
+  uint64_t lf_lock_fallbacks = 0;  // lock-free leaf reads that gave up and took the read lock
+  uint64_t reclaims = 0;           // Reclaim calls (each takes the retire list's mutex)
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.
@@ -53,6 +55,9 @@ struct TestHooks {
   // A right shift (insert at slot 0 of a leaf or an internal node), right
   // after the store k[0] = lk that makes slot 0 an ignored copy.
   std::function<void(const void* node)> insert_slot0_ignored;
+  // The lock-free scan's leaf snapshot, after its first pass (the copy)
+  // and before the second (the validation).
+  std::function<void(const void* leaf)> lf_snapshot_copied;
 };
 // Installs hooks (nullptr: none) on a fastfair index; not while it is in use.
 void SetTestHooks(Index* index, const TestHooks* hooks);
