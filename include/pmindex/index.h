@@ -10,8 +10,24 @@
 //   Remove  NotFound if absent.
 //   Scan    visits up to n records with key >= start in ascending key order;
 //           hash indexes return Unsupported.
-// An operation that returned OK on a persistent index is durable: it
-// survives a crash at any later instant.
+// Durability, on a persistent index:
+//   - An operation that returned OK is durable: it survives a crash at any
+//     later instant.
+//   - Reads return only durable data: no answer depends on a store that a
+//     crash can still take away. A record Find or Scan returned, an
+//     AlreadyExists of Insert and a NotFound of Update, Remove or Find hold
+//     in the state recovery finds after a crash at any instant after the
+//     call returned, and Size counts no change a crash can still undo (a
+//     concurrent writer that has not made its change durable yet is waited
+//     for, helped, or not seen). Each index's docs/<index>.md argues this
+//     for its read paths ("Reads return only durable data");
+//     nvc_hashmap's erratum_fix=none, a mode for measuring, gives it up.
+// A transient index (dram_btree) keeps nothing across a crash or Close.
+//
+// After Close every call answers without touching the index: the calls
+// returning Status return InvalidArgument "index closed", Size 0, Stats an
+// empty IndexStats, pool() nullptr; Name and the kinds keep answering, and
+// Close stays OK.
 #pragma once
 
 #include <cstdint>
@@ -108,7 +124,8 @@ class Index {
   // The pool, or nullptr for transient indexes.
   virtual pm::Pool* pool() { return nullptr; }
 
-  // Flushes and closes; further calls are invalid. Idempotent.
+  // Flushes and closes; further calls answer "index closed" (see the top of
+  // this file). Idempotent. Must not run concurrently with other calls.
   virtual Status Close() = 0;
 };
 

@@ -35,6 +35,10 @@ inline Status ValidateValue(ValueKind kind, size_t max_value, Slice value) {
   return Status::OK();
 }
 
+// The answer of every Status-returning call on an index after its Close
+// (include/pmindex/index.h).
+inline Status IndexClosed() { return Status::InvalidArgument("index closed"); }
+
 // Three-way comparison in the index's key order: numeric for u64 keys
 // (native-endian bytes), memcmp then length for byte keys.
 inline int CompareKeys(KeyKind kind, Slice a, Slice b) {

@@ -4,7 +4,11 @@
 // in the papers' evaluations. Nothing is persistent; every figure for a
 // persistent index is reported as a ratio against this one run side by side.
 // Invariants: the map holds exactly the acknowledged records, keys in index
-// order (numeric for u64 keys, memcmp for byte keys).
+// order (numeric for u64 keys, memcmp for byte keys). Close drops the map;
+// every call after it answers IndexClosed() (include/pmindex/index.h).
+// Thread safety: every call but Close may run concurrently (mu_); Close runs
+// when no other call does, so the closed flag needs no ordering.
+#include <atomic>
 #include <shared_mutex>
 
 #include "absl/container/btree_map.h"
@@ -23,6 +27,7 @@ class DramBtree final : public Index {
   ValueKind value_kind() const override { return opts_.value_kind; }
 
   Status Insert(Slice key, Slice value) override {
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(Validate(key, value));
     std::unique_lock l(mu_);
     auto [it, inserted] = map_.try_emplace(ToKey(key), ToValue(value));
@@ -30,6 +35,7 @@ class DramBtree final : public Index {
     return inserted ? Status::OK() : Status::AlreadyExists();
   }
   Status Update(Slice key, Slice value) override {
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(Validate(key, value));
     std::unique_lock l(mu_);
     auto it = map_.find(ToKey(key));
@@ -38,12 +44,14 @@ class DramBtree final : public Index {
     return Status::OK();
   }
   Status Upsert(Slice key, Slice value) override {
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(Validate(key, value));
     std::unique_lock l(mu_);
     map_.insert_or_assign(ToKey(key), ToValue(value));
     return Status::OK();
   }
   Status Find(Slice key, std::string* value) override {
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(ValidateKey(opts_.key_kind, opts_.max_key_size, key));
     std::shared_lock l(mu_);
     auto it = map_.find(ToKey(key));
@@ -52,11 +60,14 @@ class DramBtree final : public Index {
     return Status::OK();
   }
   Status Remove(Slice key) override {
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(ValidateKey(opts_.key_kind, opts_.max_key_size, key));
     std::unique_lock l(mu_);
     return map_.erase(ToKey(key)) ? Status::OK() : Status::NotFound();
   }
   Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override {
+    if (count) *count = 0;
+    if (closed()) return IndexClosed();
     PMINDEX_RETURN_IF_ERROR(ValidateKey(opts_.key_kind, opts_.max_key_size, start));
     std::shared_lock l(mu_);
     size_t c = 0;
@@ -68,10 +79,12 @@ class DramBtree final : public Index {
     return Status::OK();
   }
   uint64_t Size() override {
+    if (closed()) return 0;
     std::shared_lock l(mu_);
     return map_.size();
   }
   Status Check() override {
+    if (closed()) return IndexClosed();
     std::shared_lock l(mu_);
     const K* prev = nullptr;
     for (const auto& kv : map_) {
@@ -80,8 +93,11 @@ class DramBtree final : public Index {
     }
     return Status::OK();
   }
-  Status ForEachOwnedBlock(const std::function<void(uint64_t)>&) override { return Status::OK(); }
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>&) override {
+    return closed() ? IndexClosed() : Status::OK();
+  }
   IndexStats Stats() override {
+    if (closed()) return IndexStats{};
     std::shared_lock l(mu_);
     IndexStats s;
     s.records = map_.size();
@@ -97,9 +113,14 @@ class DramBtree final : public Index {
     }
     return s;
   }
-  Status Close() override { return Status::OK(); }
+  Status Close() override {
+    closed_.store(true, std::memory_order_relaxed);
+    map_ = absl::btree_map<K, V>();
+    return Status::OK();
+  }
 
  private:
+  bool closed() const { return closed_.load(std::memory_order_relaxed); }
   Status Validate(Slice key, Slice value) {
     PMINDEX_RETURN_IF_ERROR(ValidateKey(opts_.key_kind, opts_.max_key_size, key));
     return ValidateValue(opts_.value_kind, opts_.max_value_size, value);
@@ -128,6 +149,7 @@ class DramBtree final : public Index {
   Options opts_;
   std::shared_mutex mu_;
   absl::btree_map<K, V> map_;
+  std::atomic<bool> closed_{false};
 };
 
 Status Create(std::unique_ptr<pm::Pool>, const Options& o, std::unique_ptr<Index>* out) {

@@ -3,8 +3,13 @@
 // its options (node_size, read_committed), the factory that creates or opens a
 // pool (checking the Meta written by fastfair_recovery.cc: magic, format
 // version, kinds, node size), the registration under the name "fastfair",
-// Stats/Close/Debug, and the introspection hooks of fastfair.h. The tree
+// Stats/Close/Debug, the closed check in front of every call (Closable),
+// and the introspection hooks of fastfair.h. The tree
 // itself: fastfair_tree.h and the files it lists.
+//
+// A pool whose Meta has no magic is what a creation that crashed leaves
+// (CheckCrashedCreation tells it from a damaged tree): Open creates the index
+// in it again.
 //
 // Format version: only kVersion (fastfair_format.h) is created and opened;
 // a pool of an earlier version (1-3) is refused with Unsupported
@@ -15,6 +20,7 @@
 // test hooks only when no operation runs; Stats and Debug at any time
 // (a count taken while writers run is approximate).
 #include "fastfair/fastfair_tree.h"
+#include "kit/root_check.h"
 
 namespace pmindex::internal::fastfair {
 
@@ -60,6 +66,8 @@ DebugCounters FastFair<BK>::Debug() {
   d.prefix_drops = prefix_drops_.load();
   d.prefix_splits = prefix_splits_.load();
   d.read_flushes = read_flushes_.load();
+  d.lf_lock_fallbacks = lf_lock_fallbacks_.load();
+  d.reclaims = reclaims_.load();
   return d;
 }
 
@@ -71,6 +79,54 @@ template DebugCounters FastFair<false>::Debug();
 template DebugCounters FastFair<true>::Debug();
 
 namespace {
+
+// The Index the factories hand out: the tree behind a closed check, so that
+// every call after Close answers IndexClosed() without reaching the tree,
+// whose pool is unmapped by then. One relaxed flag load and one forwarding
+// call per operation. Thread safety: as the tree's (Close runs when no
+// other call does, so the flag needs no ordering).
+class Closable final : public Index {
+ public:
+  explicit Closable(std::unique_ptr<FastFairBase> t) : t_(std::move(t)) {}
+  FastFairBase* tree() const { return t_.get(); }
+
+  std::string_view Name() const override { return t_->Name(); }
+  KeyKind key_kind() const override { return t_->key_kind(); }
+  ValueKind value_kind() const override { return t_->value_kind(); }
+  Status Insert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Insert(k, v); }
+  Status Update(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Update(k, v); }
+  Status Upsert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Upsert(k, v); }
+  Status Find(Slice k, std::string* v) override { return closed() ? IndexClosed() : t_->Find(k, v); }
+  Status Remove(Slice k) override { return closed() ? IndexClosed() : t_->Remove(k); }
+  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override {
+    if (closed()) {
+      if (count) *count = 0;
+      return IndexClosed();
+    }
+    return t_->Scan(start, n, cb, count);
+  }
+  uint64_t Size() override { return closed() ? 0 : t_->Size(); }
+  Status Check() override { return closed() ? IndexClosed() : t_->Check(); }
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override {
+    return closed() ? IndexClosed() : t_->ForEachOwnedBlock(fn);
+  }
+  IndexStats Stats() override { return closed() ? IndexStats{} : t_->Stats(); }
+  pm::Pool* pool() override { return closed() ? nullptr : t_->pool(); }
+  Status Close() override {
+    closed_.store(true, std::memory_order_relaxed);
+    return t_->Close();
+  }
+
+ private:
+  bool closed() const { return closed_.load(std::memory_order_relaxed); }
+  std::unique_ptr<FastFairBase> t_;
+  std::atomic<bool> closed_{false};
+};
+
+FastFairBase* Tree(Index* index) {
+  if (auto* c = dynamic_cast<Closable*>(index)) return c->tree();
+  return dynamic_cast<FastFairBase*>(index);
+}
 
 Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
   Params p(o.params);
@@ -96,7 +152,33 @@ Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<
   auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
   Status s = t->Format();
   if (!s.ok()) return s;
-  *out = std::move(t);
+  *out = std::make_unique<Closable>(std::move(t));
+  return Status::OK();
+}
+
+// A pool whose Meta has no magic: OK if it is what a creation that crashed
+// leaves (Format's order: Meta allocated zeroed, the root leaf allocated
+// zeroed, the leaf's lk words, Meta's configuration words, the magic last),
+// Corrupt if it can be an initialised tree whose magic was damaged: a retire
+// list or spare root in use, more blocks than Meta and one node, or a root
+// node holding anything Format does not store (records, a sibling, a level).
+Status CheckCrashedCreation(pm::Pool* pool) {
+  const kit::RootSpec spec{"fastfair", kMagic, sizeof(Meta), offsetof(Meta, magic), 0};
+  pm::Allocator& a = pool->allocator();
+  const uint64_t mo = *pool->root_slot();
+  if (mo == 0) return kit::CheckCreationBlocks(pool, spec, 0, "pool has no root object");
+  const Meta* m = pool->root<Meta>();
+  if (m->limbo || m->spare_root) return Status::Corrupt("fastfair metadata has no magic but a retire list or spare root");
+  if (m->root == 0) return kit::CheckCreationBlocks(pool, spec, 1, "metadata has no magic");
+  if (m->root % 64 || m->root >= pool->size() || a.UsableSize(m->root) < sizeof(Node) ||
+      m->root > pool->size() - a.UsableSize(m->root))
+    return Status::Corrupt("fastfair metadata has no magic and a root pointer out of the pool");
+  PMINDEX_RETURN_IF_ERROR(kit::CheckCreationBlocks(pool, spec, 2, "metadata has no magic"));
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(pool->base() + m->root);
+  const size_t lk = offsetof(Node, lk) / 8, e0 = sizeof(Node) / 8, e1 = e0 + sizeof(Entry) / 8;
+  for (size_t i = 0; i < a.UsableSize(m->root) / 8; i++)
+    if (w[i] != 0 && !((i == lk || i == e0 || i == e1) && w[i] == kBytesLk))
+      return Status::Corrupt("fastfair metadata has no magic but the root node is not empty (word " + std::to_string(i) + ")");
   return Status::OK();
 }
 
@@ -105,11 +187,20 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   uint32_t ns_param;
   bool rc;
   PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc));
-  Meta* m = pool->root<Meta>();
-  if (!m) return Status::Corrupt("fastfair pool has no root object (creation interrupted?)");
-  if (pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
+  if (*pool->root_slot() && pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
     return Status::Corrupt("fastfair root object too small");
-  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata not initialised (creation interrupted?)");
+  Meta* m = pool->root<Meta>();
+  if (!m || m->magic == 0) {
+    // A creation that crashed acknowledged nothing: create the index again
+    // with this open's options (freeing the node first, then Meta; a crash
+    // in between leaves a crashed creation again).
+    PMINDEX_RETURN_IF_ERROR(CheckCrashedCreation(pool.get()));
+    if (o.read_only) return Status::Unsupported("fastfair pool holds an interrupted creation: open it read-write to create the index");
+    if (m && m->root) pool->allocator().Free(&m->root);
+    if (m) pool->allocator().Free(pool->root_slot());
+    return Create(std::move(pool), o, out);
+  }
+  if (m->magic != kMagic) return Status::Corrupt("fastfair metadata has a bad magic");
   if (m->version != kVersion) {
     // Versions 1-3 were written by earlier builds (docs/fastfair.md,
     // "Format version"): refused, not repaired. Any other number is no
@@ -128,28 +219,28 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   Status s = t->Recover(m);
   if (!s.ok()) return s;
   t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  *out = std::move(t);
+  *out = std::make_unique<Closable>(std::move(t));
   return Status::OK();
 }
 
 }  // namespace
 
 const DebugCounters* GetDebugCounters(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   if (!t) return nullptr;
   t->snapshot_ = t->Debug();
   return &t->snapshot_;
 }
 int NodeCapacity(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   return t ? t->Cap() : 0;
 }
 int Height(Index* index) {
-  auto* t = dynamic_cast<FastFairBase*>(index);
+  auto* t = Tree(index);
   return t ? t->TreeHeight() : 0;
 }
 void SetTestHooks(Index* index, const TestHooks* hooks) {
-  if (auto* t = dynamic_cast<FastFairBase*>(index)) t->SetHooks(hooks);
+  if (auto* t = Tree(index)) t->SetHooks(hooks);
 }
 
 }  // namespace pmindex::internal::fastfair

@@ -32,6 +32,8 @@ struct DebugCounters {
   uint64_t prefix_drops = 0;    // lk prefixes removed (lk change, or a merge needing room)
   uint64_t prefix_splits = 0;   // leaf splits that cut a node with an lk prefix (it keeps it)
   uint64_t read_flushes = 0;    // lock-free answers made durable by their reader (a writer held the leaf)
+  uint64_t lf_lock_fallbacks = 0;  // lock-free leaf reads that gave up and took the read lock
+  uint64_t reclaims = 0;           // Reclaim calls (each takes the retire list's mutex)
 };
 
 // The tree's counters, or nullptr if `index` is not a fastfair index.
@@ -61,6 +63,9 @@ struct TestHooks {
   // Test-only switch: lock-free readers skip making their answer durable
   // (the control of fastfair_durable_read_test; never set otherwise).
   bool no_durable_reads = false;
+  // The lock-free scan's leaf snapshot, after its first pass (the copy)
+  // and before the second (the validation).
+  std::function<void(const void* leaf)> lf_snapshot_copied;
 };
 // Installs hooks (nullptr: none) on a fastfair index; not while it is in use.
 void SetTestHooks(Index* index, const TestHooks* hooks);

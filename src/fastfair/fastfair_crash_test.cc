@@ -217,7 +217,10 @@ std::vector<uint64_t> Range(uint64_t a, uint64_t b, uint64_t step = 1) {
 }
 
 // Anchored pitfall: the root and the tree metadata must be durable when
-// create returns. Image right after create opens; with the fault it cannot.
+// create returns. The image after create and 100 acknowledged inserts
+// (splits) opens with every record; with the fault the magic never became
+// durable, and a tree without magic that holds more than a creation
+// allocates is refused (it cannot be told from a damaged one).
 TEST(FastFairCrash, CreateFlushesRootAndMetadata) {
   for (bool fault : {false, true}) {
     CrashRun r(KeyKind::kU64, ValueKind::kU64, 512);
@@ -225,9 +228,91 @@ TEST(FastFairCrash, CreateFlushesRootAndMetadata) {
     r.Create();
     pm::DisableAllFaults();
     if (HasFatalFailure()) return;
+    r.Apply(Inserts(r, Range(0, 100)));
     std::string f = r.VerifyImage();
     if (fault) EXPECT_NE(f, "") << "a create that skips the metadata flush must be caught";
     else EXPECT_EQ(f, "");
+  }
+}
+
+// A creation that crashed at any fence (from the pool file linked into
+// place with no root object to the magic's fence) acknowledged nothing: the
+// image opens read-write as a new empty tree (created again: Check passes,
+// nothing leaks, inserts work), and a read-only open refuses it with
+// Unsupported instead of calling it Corrupt.
+TEST(FastFairCrash, CrashedCreationIsCreatedAgain) {
+  for (KeyKind kk : {KeyKind::kU64, KeyKind::kBytes}) {
+    SCOPED_TRACE(kk == KeyKind::kU64 ? "u64 keys" : "byte keys");
+    fftest::PoolGuard pg("ff-crashed-create"), img("ff-crashed-create-img");
+    Options o = fftest::MakeOptions(pg.path, kk, ValueKind::kBytes, 512);
+    o.pool_size = o.max_pool_size = 4ull << 20;
+    std::unique_ptr<pm::Pool> pool;
+    pm::PoolOptions po;
+    po.size = po.max_size = o.pool_size;
+    ASSERT_TRUE(pm::Pool::Create(o.pool_path, "fastfair", po, &pool).ok());
+    DurableImage sim(pool.get());
+    std::vector<std::vector<char>> images{sim.Snapshot()};
+    sim.on_fence = [&](uint64_t) { images.push_back(sim.Snapshot()); };
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(internal::CreateIndexInPool("fastfair", std::move(pool), o, &idx).ok());
+    sim.on_fence = nullptr;
+    idx.reset();
+    ASSERT_GE(images.size(), 3u);
+    int refused_ro = 0;
+    for (size_t i = 0; i < images.size(); i++) {
+      SCOPED_TRACE("crash image at fence " + std::to_string(i) + " of " + std::to_string(images.size() - 1));
+      DurableImage::Write(images[i], img.path);
+      Options io = o;
+      io.pool_path = img.path;
+      io.create_if_missing = false;
+      io.read_only = true;
+      std::unique_ptr<Index> rec;
+      Status s = OpenIndex("", io, &rec);
+      if (!s.ok()) {
+        EXPECT_TRUE(s.IsUnsupported()) << s.ToString();
+        refused_ro++;
+      }
+      rec.reset();
+      io.read_only = false;
+      s = OpenIndex("", io, &rec);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(rec->key_kind(), kk);
+      EXPECT_EQ(rec->Size(), 0u);
+      Status c = rec->Check();
+      EXPECT_TRUE(c.ok()) << c.ToString();
+      EXPECT_TRUE(fftest::NoLeak(rec.get()));
+      for (uint64_t k = 0; k < 100; k++) ASSERT_TRUE(rec->Insert(kk == KeyKind::kU64 ? U64(k) : "k" + std::to_string(k), "v").ok());
+      c = rec->Check();
+      EXPECT_TRUE(c.ok()) << c.ToString();
+      EXPECT_TRUE(fftest::NoLeak(rec.get()));
+      ASSERT_TRUE(rec->Close().ok());
+    }
+    EXPECT_GE(refused_ro, 2) << "the images before the magic's fence are crashed creations, which a read-only open refuses";
+  }
+}
+
+// A tree without its magic that holds records is not a crashed creation:
+// Corrupt, not created again (which would drop the records).
+TEST(FastFairCrash, LostMagicOnATreeWithRecordsIsCorrupt) {
+  for (int n : {3, 100}) {  // the root leaf alone, and a tree of several nodes
+    fftest::PoolGuard pg("ff-lost-magic");
+    Options o = fftest::MakeOptions(pg.path, KeyKind::kU64, ValueKind::kU64, 512);
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    for (uint64_t k = 0; k < uint64_t(n); k++) ASSERT_TRUE(idx->Insert(U64(k), U64(k)).ok());
+    ASSERT_TRUE(idx->Close().ok());
+    idx.reset();
+    // The pool file is still the same bytes: clear the magic through a fresh mapping.
+    std::unique_ptr<pm::Pool> p;
+    ASSERT_TRUE(pm::Pool::Open(o.pool_path, "fastfair", pm::PoolOptions{}, &p).ok());
+    uint64_t* magic = reinterpret_cast<uint64_t*>(p->base() + *p->root_slot());
+    *magic = 0;
+    pm::Persist(magic, 8);
+    ASSERT_TRUE(p->Close().ok());
+    p.reset();
+    o.create_if_missing = false;
+    Status s = OpenIndex("", o, &idx);
+    EXPECT_TRUE(s.IsCorrupt()) << n << " records: " << s.ToString();
   }
 }
 

@@ -9,9 +9,12 @@
 // changed, and checks the fence again before answering "not found". A
 // range scan copies each leaf into a snapshot validated by `sw`, the lk and
 // the sibling link read before and after the records, and emits records
-// only from validated snapshots. Locked readers (byte keys or values,
-// read_committed=1) hold one leaf's read lock at a time and restart from
-// the root when a leaf was merged away (dead).
+// only from validated snapshots. A lock-free leaf search or snapshot that
+// fails validation kLockFreeTries times in a row (a leaf that writers keep
+// changing: the tail leaf of an ascending ingest) reads that leaf once under
+// its read lock instead, so a reader's work is bounded. Locked readers
+// (byte keys or values, read_committed=1) hold one leaf's read lock at a
+// time and restart from the root when a leaf was merged away (dead).
 //
 // Durable answers: a lock-free answer (a record found, a key found absent,
 // a scanned leaf) is made durable before it is returned if a writer holds
@@ -30,6 +33,11 @@
 #include "fastfair/fastfair_tree.h"
 
 namespace pmindex::internal::fastfair {
+
+// Failed validations of one leaf before a lock-free reader reads it under
+// the leaf's read lock (writers hold the write lock for every store to a
+// node, so what it reads then is consistent).
+constexpr uint32_t kLockFreeTries = 32;
 
 template <bool BK>
 Status FastFair<BK>::Find(Slice key, std::string* value) {
@@ -314,7 +322,21 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     else *bad = true;
     return true;
   };
-  for (;;) {
+  for (uint32_t tries = 0;;) {
+    if (__builtin_expect(++tries > kLockFreeTries, 0)) {
+      // Under the read lock no writer holds the leaf: the answer is durable.
+      lf_lock_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      n = ReadLockLeaf(n, key);
+      if (n == Bad()) {
+        *bad = true;
+        return false;
+      }
+      uint32_t pos;
+      const bool found = FindInLocked(n, key, &pos);
+      if (found) *out = n->ents()[pos].v;
+      RUnlock(n);
+      return found;
+    }
     if (right()) {
       if (*bad) return false;
       continue;
@@ -448,7 +470,19 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
 template <bool BK>
 Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_t* lk_out) {
   Entry* e = n->ents();
-  for (;;) {
+  for (uint32_t tries = 0;;) {
+    if (__builtin_expect(++tries > kLockFreeTries, 0)) {
+      // Under the read lock no writer stores to n: one pass is a snapshot.
+      lf_lock_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      RLock(n);
+      const uint32_t c = std::min(CountLF(n, MayLag(n)), cap_);
+      for (uint32_t j = 0; j < c; j++) snap[j] = e[j];
+      *nout = c;
+      *lk_out = n->lk;
+      const uint64_t next = n->sibling;
+      RUnlock(n);
+      return At(next);
+    }
     const uint64_t sw = Ld(&n->sw);
     const uint64_t next1 = Ld(&n->sibling);
     if (next1) PrefetchNode(At(next1));  // the scan goes on there next
@@ -459,6 +493,8 @@ Node* FastFair<BK>::SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_
       snap[j].k = Ld(&e[j].k);
       snap[j].v = Ld(&e[j].v);
     }
+    const fastfair::TestHooks* const hooks = hooks_;
+    if (__builtin_expect(hooks != nullptr, 0) && hooks->lf_snapshot_copied) hooks->lf_snapshot_copied(n);
     // Second pass: any difference (no early exit: a branch-free OR of
     // the differences is cheaper than a test per key).
     uint64_t diff = (std::min(CountLF(n, lag), cap_) ^ c) | (Ld(&n->lk) ^ lk);

@@ -239,7 +239,9 @@ int FastFair<BK>::ClaimSlot() {
 // `all`: no thread is in the tree any more).
 template <bool BK>
 void FastFair<BK>::Reclaim(bool all) {
+  reclaims_.fetch_add(1, std::memory_order_relaxed);
   nodes_freed_ += limbo_->Reclaim(epoch_, all, [this](const kit::RetireSlot& s) { FreeLimboExtra(s); });
+  reclaim_at_.store(limbo_->has_retired() ? epoch_.Epoch() : 0, std::memory_order_relaxed);
 }
 
 // One merge attempt for underfull x (any level). Returns x's parent if

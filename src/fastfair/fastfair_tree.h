@@ -667,6 +667,11 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   std::atomic<uint64_t> counts_repaired_{0};
   std::atomic<uint64_t> prefix_splits_{0};
   mutable std::atomic<uint64_t> read_flushes_{0};
+  std::atomic<uint64_t> lf_lock_fallbacks_{0}, reclaims_{0};
+  // Remove reclaims only when one is due: 0, or the epoch after the last
+  // Reclaim that left nodes waiting (they are free to go once every
+  // announced epoch is at least this). A hint: relaxed.
+  std::atomic<uint64_t> reclaim_at_{0};
 };
 
 }  // namespace pmindex::internal::fastfair

@@ -198,8 +198,16 @@ Status FastFair<BK>::Remove(Slice key) {
     EpochGuard eg(epoch_);
     st = RemoveIn(MakeSK(key));
   }
-  // Outside the guard, so that this thread's own retired nodes can go.
-  if (limbo_->has_retired()) Reclaim(false);
+  // Outside the guard, so that this thread's own retired nodes can go; only
+  // when a reclaim is due (Reclaim takes the retire list's mutex): the last
+  // one left nothing waiting (reclaim_at_ 0: what waits now is new and
+  // needs its stamp), or every guard that could see the waiting nodes has
+  // ended. Nodes retired while others wait are stamped with them (or by the
+  // next merge's ClaimSlot).
+  if (limbo_->has_retired()) {
+    const uint64_t at = reclaim_at_.load(std::memory_order_relaxed);
+    if (at == 0 || epoch_.MinAnnounced() >= at) Reclaim(false);
+  }
   return st;
 }
 

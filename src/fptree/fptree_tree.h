@@ -113,7 +113,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   std::string_view Name() const override { return VariantName(variant_); }
   KeyKind key_kind() const override { return kBytes ? KeyKind::kBytes : KeyKind::kU64; }
   ValueKind value_kind() const override { return vbytes_ ? ValueKind::kBytes : ValueKind::kU64; }
-  pm::Pool* pool() override { return pool_.get(); }
+  pm::Pool* pool() override { return closed_ ? nullptr : pool_.get(); }
 
   // fptree_recovery.cc
   Status Format(uint8_t variant, const Options& o, uint32_t m, uint32_t inner, uint32_t group, bool inplace);

@@ -21,7 +21,7 @@
 namespace pmindex::internal::nvc {
 
 Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
-  if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
+  if (closed_) return IndexClosed();
   fn(*pool_->root_slot());
   for (int s = 0; s < kMaxSegments; s++)
     if (root_->seg[s]) fn(root_->seg[s]);
@@ -58,7 +58,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
 }
 
 Status NvcHashmap::Check() {
-  if (closed_) return Status::InvalidArgument("nvc_hashmap is closed");
+  if (closed_) return IndexClosed();
   pm::Allocator& a = pool_->allocator();
   auto bad = [](const std::string& m) { return Status::Corrupt("nvc_hashmap: " + m); };
   BucketSet dummies;                       // buckets whose dummy is reachable
@@ -165,8 +165,9 @@ Status NvcHashmap::Check() {
 
 IndexStats NvcHashmap::Stats() {
   IndexStats s;
+  if (closed_) return s;
   s.records = Size();
-  if (!closed_) s.pm_bytes = pool_->allocator().BytesInUse();
+  s.pm_bytes = pool_->allocator().BytesInUse();
   s.dram_bytes = sizeof(*this);
   for (uint32_t si = 0; si < nslots_; si++) {
     SlotState& st = slots_[si];

@@ -25,8 +25,8 @@
 //           (record) the value word (linearization point) -> persist ->
 //           count out; a replaced record is retired.
 //   remove: CAS node.next |= kMark (| kDirty) (linearization point) ->
-//           persist -> clear kDirty -> CAS pred.next to the successor ->
-//           persist -> retire the node.
+//           persist -> clear kDirty, count out -> CAS pred.next to the
+//           successor -> persist -> retire the node.
 //   find:   the value word, then the mark (marked: absent, after making the
 //           mark durable); then make the link and the value word durable.
 // Every operation returns with every line it stored to flushed and fenced,
@@ -201,6 +201,7 @@ Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
 }
 
 Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(Validate(key, value));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
@@ -315,6 +316,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
 }
 
 Status NvcHashmap::Find(Slice key, std::string* value) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
@@ -364,6 +366,7 @@ Status NvcHashmap::Find(Slice key, std::string* value) {
 }
 
 Status NvcHashmap::Remove(Slice key) {
+  if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   const uint64_t h = HashKey(kk_, key), so = SoRegular(h);
   PrefetchBucket(h);  // segments are never freed while open: no epoch needed
@@ -388,12 +391,14 @@ Status NvcHashmap::Remove(Slice key) {
     desired = n | kMark | (dirty_mode() ? kDirty : 0);
     if (pm::Cas(&cur->next, &n, desired)) break;
   }
-  c.st->delta.fetch_sub(1, std::memory_order_relaxed);
-  if (--c.st->unpushed <= -64) PushCount(c);
   if (auto hook = g_mark_hook.load(std::memory_order_acquire)) hook(key);
   const bool skip_mark = PMINDEX_FAULT("nvc.remove.skip_mark_persist");
   if (!skip_mark) pm::Persist(&cur->next, 8);
   if (dirty_mode()) ClearDirty(&cur->next, desired);
+  // Counted out once the mark is durable, as an insert is counted in once its
+  // link is: Size never reflects a change a crash can still undo.
+  c.st->delta.fetch_sub(1, std::memory_order_relaxed);
+  if (--c.st->unpushed <= -64) PushCount(c);
   // Physical unlink: one attempt here; otherwise a search unlinks it.
   uint64_t exp = pos.curr_raw;
   if (pm::Cas(pos.prev_word, &exp, Succ(n) | KeepUnpub(exp))) {

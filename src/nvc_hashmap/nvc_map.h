@@ -30,7 +30,8 @@
 // Thread safety: Insert/Update/Upsert/Find/Remove/Size may be called by any
 // number of threads at once (up to max_threads bound at a time: more get
 // Busy); Check, ForEachOwnedBlock, Stats and Close need quiescence (no
-// operation in flight), as do Create/Open (single-threaded).
+// operation in flight), as do Create/Open (single-threaded). After Close
+// every call answers IndexClosed() (Size 0, Stats empty, pool() nullptr).
 #pragma once
 
 #include <algorithm>
@@ -244,9 +245,11 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   Status Remove(Slice key) override;
   Status Scan(Slice, size_t, ScanCallback, size_t* count) override {
     if (count) *count = 0;
+    if (closed_) return IndexClosed();
     return Status::Unsupported("nvc_hashmap is a hash index: no ordered scan");
   }
   uint64_t Size() override {
+    if (closed_) return 0;
     int64_t n = int64_t(base_count_);
     const uint32_t hwm = epoch_->SlotCount();
     for (uint32_t i = 0; i < hwm; i++) n += slots_[i].delta.load(std::memory_order_relaxed);
@@ -255,7 +258,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   Status Check() override;
   Status ForEachOwnedBlock(const std::function<void(uint64_t offset)>& fn) override;
   IndexStats Stats() override;
-  pm::Pool* pool() override { return pool_.get(); }
+  pm::Pool* pool() override { return closed_ ? nullptr : pool_.get(); }
   Status Close() override;
   uint64_t BucketCountForTest() const { return bucket_count_.load(); }
   int RecoveryWalkersForTest() const { return recovery_walkers_; }

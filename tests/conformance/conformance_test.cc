@@ -135,6 +135,46 @@ TEST_P(Conformance, BasicContract) {
   }
 }
 
+// After Close every call answers without touching the closed pool: each
+// Status-returning method InvalidArgument "index closed", Size 0, Stats a
+// zero record count and PM size, pool() nullptr; Name and the kinds keep
+// answering, and Close stays OK (idempotent). A call that reached the
+// index's unmapped pool would crash here.
+TEST_P(Conformance, EveryCallAfterCloseIsAClearError) {
+  for (uint64_t i = 0; i < 50; i++) ASSERT_TRUE(idx_->Insert(Key(i), Value(i, 0)).ok());
+  ASSERT_TRUE(idx_->Close().ok());
+  auto closed = [](const Status& s) {
+    return s.IsInvalidArgument() && s.ToString().find("index closed") != std::string::npos;
+  };
+  std::string v = "untouched";
+  EXPECT_PRED1(closed, idx_->Insert(Key(100), Value(100, 0)));
+  EXPECT_PRED1(closed, idx_->Insert(Key(1), Value(1, 1)));
+  EXPECT_PRED1(closed, idx_->Update(Key(1), Value(1, 1)));
+  EXPECT_PRED1(closed, idx_->Upsert(Key(1), Value(1, 1)));
+  EXPECT_PRED1(closed, idx_->Find(Key(1), &v));
+  EXPECT_EQ(v, "untouched");
+  EXPECT_PRED1(closed, idx_->Remove(Key(1)));
+  size_t count = 7;
+  bool called = false;
+  EXPECT_PRED1(closed, idx_->Scan(Key(0), 10, [&](Slice, Slice) { return called = true; }, &count));
+  EXPECT_FALSE(called);
+  EXPECT_EQ(idx_->Size(), 0u);
+  EXPECT_PRED1(closed, idx_->Check());
+  called = false;
+  EXPECT_PRED1(closed, idx_->ForEachOwnedBlock([&](uint64_t) { called = true; }));
+  EXPECT_FALSE(called);
+  const IndexStats st = idx_->Stats();
+  EXPECT_EQ(st.records, 0u);
+  EXPECT_EQ(st.pm_bytes, 0u);
+  EXPECT_EQ(idx_->pool(), nullptr);
+  EXPECT_EQ(idx_->Name(), GetParam().index);
+  EXPECT_EQ(idx_->key_kind(), GetParam().kk);
+  EXPECT_EQ(idx_->value_kind(), GetParam().vk);
+  EXPECT_TRUE(idx_->Close().ok());
+  // Input checks come after the closed check: bad input answers closed too.
+  EXPECT_PRED1(closed, idx_->Find("", &v));
+}
+
 TEST_P(Conformance, ZeroAndEqualValuesAreFound) {
   // Regression for public wrappers that treat value 0 as "absent" or lose
   // records whose neighbours carry the same value.
