@@ -78,7 +78,8 @@ class FPTreeMerge : public testing::TestWithParam<Kind> {
   void Open() {
     idx_.reset();
     Options o = opts_;
-    ASSERT_TRUE(OpenIndex(GetParam().name, o, &idx_).ok());
+    Status st = OpenIndex(GetParam().name, o, &idx_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
   }
   uint64_t Leaves() const {
     uint64_t inner = 0, leaves = 0;
@@ -302,6 +303,11 @@ TEST_P(FPTreeMergeCrash, SkipCopyFlushIsCaught) {
 // Format 1 (magic PFTRT01, merge log unused) opens and becomes format 2 at
 // its first merge; an unknown magic is refused.
 TEST_P(FPTreeMergeCrash, FormatOne) {
+  // fptree with byte keys owns a retire area from its first open, which no
+  // format-1 pool has: a format-1 magic beside it is refused as Corrupt
+  // (fptree_corrupt_test, FormatVersion1Opens), so patching the magic back
+  // does not make a format-1 pool of it.
+  if (GetParam().name == "fptree" && GetParam().bytes) GTEST_SKIP() << "no format-1 pool has a retire area";
   auto model = Build();
   Open();
   internal::FPTreePmWords w;
