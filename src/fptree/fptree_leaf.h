@@ -144,7 +144,7 @@ constexpr int kHintWords = 6;
 
 // Hint words needed for cnt entries, loaded into w (7 words: byte 6g..6g+7
 // of group g = entries 8g..8g+7 is always inside the array).
-inline int LoadHintWords(const LeafLayout& lay, char* l, int cnt, uint64_t* w) {
+__attribute__((always_inline)) inline int LoadHintWords(const LeafLayout& lay, char* l, int cnt, uint64_t* w) {
   const int nw = (6 * cnt + 63) / 64;
   const uint64_t* h = lay.Hint(l);
   for (int i = 0; i < nw; i++) w[i] = Ld(h + i);
