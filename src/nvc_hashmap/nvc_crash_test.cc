@@ -40,16 +40,8 @@ using nvc_test::WaitPaused;
 using nvc_test::MakeKey;
 using nvc_test::MakeValue;
 using nvc_test::PoolFile;
+using nvc_test::Opts;
 
-Options Opts(const std::string& path, KeyKind kk, ValueKind vk, std::map<std::string, std::string> params = {}) {
-  Options o;
-  o.pool_path = path;
-  o.pool_size = 32ull << 20;
-  o.key_kind = kk;
-  o.value_kind = vk;
-  o.params = std::move(params);
-  return o;
-}
 
 
 // The erratum's scenario: thread A links node X but has not persisted the

@@ -24,16 +24,8 @@ using nvc_test::MakeKey;
 using nvc_test::MakeValue;
 using nvc_test::MarkUnclean;
 using nvc_test::PoolFile;
+using nvc_test::Opts;
 
-Options Opts(const std::string& path, KeyKind kk, ValueKind vk, std::map<std::string, std::string> params = {}) {
-  Options o;
-  o.pool_path = path;
-  o.pool_size = 32ull << 20;
-  o.key_kind = kk;
-  o.value_kind = vk;
-  o.params = std::move(params);
-  return o;
-}
 
 struct DiffCase {
   KeyKind kk;

@@ -31,6 +31,17 @@
 
 namespace pmindex::nvc_test {
 
+// Options for a 32 MiB test pool at `path`.
+inline Options Opts(const std::string& path, KeyKind kk, ValueKind vk, std::map<std::string, std::string> params = {}) {
+  Options o;
+  o.pool_path = path;
+  o.pool_size = 32ull << 20;
+  o.key_kind = kk;
+  o.value_kind = vk;
+  o.params = std::move(params);
+  return o;
+}
+
 inline std::string PoolPath(const std::string& tag) {
   static std::atomic<int> n{0};
   return "/dev/shm/nvc_hashmap-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".pool";
