@@ -83,7 +83,7 @@ int Cost(uint32_t max_k) {
   PMwCAS* pm = b.pool->pmwcas();
   std::printf("k,lines_flushed,fences,descriptor_lines,model_3k_plus_1\n");
   for (uint32_t k = 1; k <= max_k; k++) {
-    pm->Reclaim();  // recycling (every 8th retirement) outside the measured window
+    pm->Reclaim();  // recycling (per thread, every batch of retirements) outside the measured window
     Counters before = ThreadCounters();
     Increment(pm, b, 0, int(k));
     Counters d = ThreadCounters() - before;

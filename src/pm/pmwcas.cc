@@ -41,7 +41,6 @@
 #include <algorithm>
 #include <atomic>
 #include <numeric>
-#include <thread>
 
 #include "pm/pmwcas_internal.h"
 #include "pmindex/pm/allocator.h"
@@ -360,17 +359,17 @@ void PMwCAS::Op::Abandon() {
   // Never published: no grace period needed.
   if (undecided_persisted_) s->Recycle(desc_);
   undecided_persisted_ = false;
-  {
-    std::lock_guard<std::mutex> g(s->mu);
-    s->free_list.push_back(desc_);
-  }
+  s->PutFree(desc_);
 }
 
 // ---- PMwCAS ----------------------------------------------------------------
 
-PMwCAS::PMwCAS() : s_(std::make_unique<State>()) {}
+PMwCAS::PMwCAS() : s_(std::make_unique<State>()) { s_->Register(); }
 
-PMwCAS::~PMwCAS() { s_->ReclaimRetired(/*all=*/true); }
+PMwCAS::~PMwCAS() {
+  s_->Unregister();  // no thread exit hands a cache back from here on
+  s_->ReclaimEverywhere(/*all=*/true);
+}
 
 PMwCAS::Guard::Guard(PMwCAS& p) {
   static_assert(sizeof(internal::EpochManager::Guard) <= sizeof(g_));
@@ -381,21 +380,9 @@ PMwCAS::Guard::~Guard() { reinterpret_cast<internal::EpochManager::Guard*>(g_)->
 Status PMwCAS::Begin(Op* op) {
   if (op->valid()) op->Abandon();
   uint32_t d = 0;
-  for (int tries = 0;; tries++) {
-    {
-      std::lock_guard<std::mutex> g(s_->mu);
-      if (!s_->free_list.empty()) {
-        d = s_->free_list.back();
-        s_->free_list.pop_back();
-        break;
-      }
-    }
-    s_->ReclaimRetired(false);
-    if (tries >= 100000)
-      return Status::Busy("no free PMwCAS descriptor: all " + std::to_string(s_->count) +
-                          " are in preparation or held back by open guards");
-    if (tries > 16) std::this_thread::yield();
-  }
+  if (!s_->Take(&d))
+    return Status::Busy("no free PMwCAS descriptor: all " + std::to_string(s_->count) +
+                        " are in preparation or held back by open guards");
   op->s_ = s_.get();
   op->desc_ = d;
   op->count_ = 0;
@@ -431,11 +418,7 @@ uint64_t PMwCAS::Read(const uint64_t* addr) {
 
 uint32_t PMwCAS::max_words() const { return s_->max_words; }
 uint32_t PMwCAS::descriptor_count() const { return s_->count; }
-uint32_t PMwCAS::DescriptorsInUse() const {
-  std::lock_guard<std::mutex> g(s_->mu);
-  return s_->count - uint32_t(s_->free_list.size());
-}
-void PMwCAS::Reclaim() { s_->ReclaimRetired(false); }
+void PMwCAS::Reclaim() { s_->ReclaimEverywhere(false); }
 const PMwCAS::RecoveryStats& PMwCAS::recovery_stats() const { return s_->stats; }
 
 }  // namespace pmindex::pm

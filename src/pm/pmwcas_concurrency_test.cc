@@ -12,6 +12,9 @@
 //  * Helping, made deterministic by stalling the owner (an observer blocks it
 //    right after it installed its descriptor or an RDCSS pointer): a Read
 //    and a conflicting operation finish the stalled operation.
+//  * Per-thread descriptor caches: short-lived threads hand their caches
+//    back (every descriptor accounted for afterwards), and a thread that
+//    runs short steals from an idle thread's cache.
 //  * History: 3 threads x 3 operations over 3 words with small values,
 //    recorded with invocation/response stamps; a brute-force search must find
 //    a linearization (Wing & Gong) for every round.
@@ -20,6 +23,7 @@
 #include <chrono>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -220,6 +224,114 @@ void StalledOwner(uint64_t bit, bool conflicting_op) {
 TEST(PmwcasConcurrency, ReadHelpsAStalledDescriptor) { StalledOwner(pmwcas::kDescriptorBit, false); }
 TEST(PmwcasConcurrency, ReadCompletesAStalledRdcss) { StalledOwner(pmwcas::kRdcssBit, false); }
 TEST(PmwcasConcurrency, ConflictingOperationHelpsFirst) { StalledOwner(pmwcas::kDescriptorBit, true); }
+
+// ---- per-thread descriptor caches --------------------------------------------
+
+// One k-word transfer over words[0, n) (sum constant); false on an error.
+bool Transfer(PMwCAS* pm, uint64_t* words, int n, std::mt19937_64& rng) {
+  PMwCAS::Op op;
+  if (!pm->Begin(&op).ok()) return false;
+  const int k = 1 + int(rng() % 4);
+  int idx[16];
+  std::iota(idx, idx + n, 0);
+  std::shuffle(idx, idx + n, rng);
+  int64_t rest = 0;
+  for (int j = 0; j < k; j++) {
+    const int64_t delta = j + 1 < k ? int64_t(rng() % 21) - 10 : -rest;
+    rest += delta;
+    const uint64_t v = pm->Read(&words[idx[j]]);
+    op.AddWord(&words[idx[j]], v, uint64_t(int64_t(v) + delta));
+  }
+  bool ok = false;
+  return op.Execute(&ok).ok();
+}
+
+// Waves of threads that each run a few dozen operations (some abandoned)
+// and exit. Each exit hands the thread's cache back: afterwards no cache is
+// bound or holds a descriptor, the caches were reused (not one per thread),
+// and every descriptor is free again. In the first wave a guard held by
+// this thread keeps every retired descriptor back, so the exiting threads
+// hand back retired descriptors too.
+TEST(PmwcasConcurrency, ShortLivedThreadsHandBackTheirDescriptors) {
+  TestPool t("shortlived");
+  PMwCAS* pm = t.pm();
+  constexpr int kN = 16, kWaves = 25, kPerWave = 4, kOps = 40;
+  for (int i = 0; i < kN; i++) t.Set(i, kInitial);
+  std::atomic<bool> error{false};
+  for (int wave = 0; wave < kWaves; wave++) {
+    std::optional<PMwCAS::Guard> hold;
+    if (wave == 0) hold.emplace(*pm);
+    std::vector<std::thread> th;
+    for (int j = 0; j < kPerWave; j++)
+      th.emplace_back([&, wave, j] {
+        std::mt19937_64 rng(uint64_t(wave) * 101 + uint64_t(j));
+        for (int n = 0; n < kOps; n++) {
+          if (n % 7 == 3) {
+            PMwCAS::Op op;  // abandoned by its destructor
+            if (!pm->Begin(&op).ok() || !op.AddWord(&t.words[0], 1, 2).ok()) error = true;
+            continue;
+          }
+          if (!Transfer(pm, t.words, kN, rng)) error = true;
+        }
+      });
+    for (auto& x : th) x.join();
+    if (wave == 0) {
+      EXPECT_GT(pm->DescriptorsInUse(), 0u);  // retired, held back by `hold`
+    }
+  }
+  EXPECT_FALSE(error);
+  const PMwCAS::CacheStats cs = pm->cache_stats();
+  EXPECT_EQ(cs.bound, 0u);
+  EXPECT_EQ(cs.cached, 0u);
+  EXPECT_GE(cs.caches, 1u);
+  EXPECT_LE(cs.caches, uint32_t(kPerWave));
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+  uint64_t sum = 0;
+  for (int i = 0; i < kN; i++) sum += pm->Read(&t.words[i]);
+  EXPECT_EQ(sum, kInitial * kN);
+}
+
+// A thread holds a cache (free and retired descriptors) and stays idle
+// while another thread takes every descriptor of the region: the starved
+// thread steals from the idle cache and gets all of them. With every
+// descriptor in preparation, Begin reports Busy after its bounded search
+// (the documented limit). Afterwards both threads run on.
+TEST(PmwcasConcurrency, StarvedThreadStealsFromAnIdleCache) {
+  TestPool t("starve", 64, PMwCAS::kMaxMaxWords);  // the smallest region: 91 descriptors
+  PMwCAS* pm = t.pm();
+  const uint32_t n = pm->descriptor_count();
+  for (int i = 0; i < 4; i++) t.Set(i, kInitial);
+  std::atomic<int> phase{0};
+  std::atomic<bool> error{false};
+  std::thread idle([&] {
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < 23; i++)
+      if (!Transfer(pm, t.words, 4, rng)) error = true;
+    phase = 1;
+    while (phase.load() != 2) std::this_thread::yield();
+    for (int i = 0; i < 23; i++)
+      if (!Transfer(pm, t.words, 4, rng)) error = true;
+  });
+  while (phase.load() != 1) std::this_thread::yield();
+  EXPECT_GT(pm->cache_stats().cached, 0u);  // the idle thread holds descriptors
+  {
+    std::vector<PMwCAS::Op> ops(n);
+    for (uint32_t i = 0; i < n; i++) ASSERT_TRUE(pm->Begin(&ops[i]).ok()) << i << " of " << n;
+    EXPECT_GT(pm->cache_stats().steals, 0u);
+    EXPECT_EQ(pm->DescriptorsInUse(), n);
+    PMwCAS::Op extra;
+    EXPECT_TRUE(pm->Begin(&extra).IsBusy());
+  }  // every Op abandoned
+  phase = 2;
+  idle.join();
+  EXPECT_FALSE(error);
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+  uint64_t sum = 0;
+  for (int i = 0; i < 4; i++) sum += pm->Read(&t.words[i]);
+  EXPECT_EQ(sum, kInitial * 4);
+}
 
 // ---- history check ----------------------------------------------------------
 

@@ -1,5 +1,6 @@
 // Internal: the PMwCAS descriptor format and the state shared by
-// pmwcas.cc (the protocol) and pmwcas_recovery.cc (recovery, recycling).
+// pmwcas.cc (the protocol), pmwcas_recovery.cc (recovery, recycling) and
+// pmwcas_cache.cc (per-thread descriptor caches).
 //
 // Descriptor region (pool format 2, docs/pool-format.md, docs/pmwcas.md):
 // `count` descriptors of `desc_size` bytes (a whole number of cache lines)
@@ -22,6 +23,11 @@
 //  H3 No target word holds a pointer (descriptor or RDCSS) to a descriptor
 //     whose status is kFree in DRAM: every such pointer is replaced, and the
 //     replacement persisted, before recycling.
+// Invariant (DRAM): every descriptor is in exactly one place: the shared
+// free list, the shared retired list, one cache's free or retired list, or
+// the hands of one thread (an Op in preparation or in flight, or a batch
+// being recycled or moved between lists). Which thread holds a descriptor
+// is DRAM-only state: recovery scans every descriptor regardless.
 // Values in target words: a descriptor pointer is kDescriptorBit | the
 // descriptor's pool offset; an RDCSS pointer is kRdcssBit | the entry's pool
 // offset plus a tag (see kRdcssTagShift).
@@ -29,6 +35,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -72,8 +79,21 @@ inline constexpr uint64_t DescriptorSize(uint32_t max_words) {
 }
 }  // namespace pmwcas_format
 
+// A thread's private descriptor cache (pmwcas_cache.cc, docs/pmwcas.md
+// "Per-thread caches"). Its lock is taken by the owner on every Begin and
+// Retire (uncontended) and by other threads only to steal from it (a thread
+// that ran short) or to reclaim it (Reclaim, Close).
+struct alignas(64) DescCache {
+  std::mutex mu;
+  std::vector<uint32_t> free;                  // free descriptors (status kFree, durable)
+  internal::RetireList<uint32_t> retired;      // finished, awaiting their grace period
+  uint32_t pending = 0;                        // retired since the last reclaim of this cache
+  bool bound = false;                          // owned by a live thread (under State::mu)
+};
+
 struct PMwCAS::State {
   Pool* pool = nullptr;
+  uint64_t id = 0;  // unique in the process, never reused (thread bindings' key)
   char* base = nullptr;
   uint64_t region_off = 0;
   uint64_t desc_size = 0;
@@ -84,9 +104,15 @@ struct PMwCAS::State {
   // Install order of each descriptor's entries (sorted by address): written
   // by the owner before the descriptor is published, read by helpers.
   std::vector<uint8_t> order;
-  std::mutex mu;  // free_list, retired
+  // Shared pool: refills caches in batches, takes back their overflow and
+  // the contents of caches whose thread exited; serves threads that are
+  // exiting (no cache) directly. Lock order: mu before any DescCache::mu.
+  std::mutex mu;  // free_list, retired, caches, DescCache::bound
   std::vector<uint32_t> free_list;
   internal::RetireList<uint32_t> retired;
+  std::vector<std::unique_ptr<DescCache>> caches;  // never shrinks; freed with the State
+  uint32_t batch = 8;  // cache refill size and reclaim period (Open: from count)
+  std::atomic<uint64_t> steals{0};
   RecoveryStats stats;
 
   pmwcas_format::Header* Desc(uint32_t i) const {
@@ -128,13 +154,35 @@ struct PMwCAS::State {
   uint64_t Help(uint32_t d);
   bool CompleteRdcss(uint64_t* w, uint64_t r);
   void PersistAndClear(uint64_t* w, uint64_t v);
+  // pmwcas_cache.cc
+  // A free descriptor (false: none after a bounded search, see Begin).
+  bool Take(uint32_t* d);
+  // Returns a descriptor that was never published (Abandon).
+  void PutFree(uint32_t d);
   void Retire(uint32_t d);
+  // The calling thread's cache (bound on first use), nullptr once the
+  // thread is exiting.
+  DescCache* ThreadCache();
+  DescCache* BindCache();
+  // A cache whose thread exits: its contents go to the shared lists.
+  void HandBack(DescCache* c);
+  // Recycles what is past its grace period in the shared list and in every
+  // cache (all: everything, at close).
+  void ReclaimEverywhere(bool all);
+  void ReclaimShared(bool all);
+  bool ReclaimCache(DescCache* c, DescCache* into, bool all);
+  bool Refill(DescCache* c);
+  bool Steal(DescCache* c);
+  void AddFree(DescCache* c, const std::vector<uint32_t>& ds);
+  std::vector<DescCache*> Caches();
+  // Registers / unregisters the State for thread exits (pmwcas_cache.cc).
+  void Register();
+  void Unregister();
   // pmwcas_recovery.cc
   Status Recover();
   // Applies the recycle policies of a finished (or abandoned) descriptor
   // and makes it free (durable); single owner, outside any helper's reach.
   void Recycle(uint32_t d);
-  void ReclaimRetired(bool all);
 };
 
 }  // namespace pmindex::pm

@@ -32,8 +32,8 @@
 // decided descriptor whose policies run again harmlessly (fields already 0).
 //
 // Thread safety: Recover runs alone. Recycle runs on a descriptor no other
-// thread can reach (grace period passed, or never published). ReclaimRetired
-// may run from any thread (the retire list is under mu).
+// thread can reach (grace period passed, or never published), from any
+// thread (pmwcas_cache.cc decides when).
 #include <algorithm>
 #include <vector>
 
@@ -48,10 +48,6 @@ namespace pmindex::pm {
 using namespace pmwcas_format;
 using pmwcas::kDirtyBit;
 using pmwcas::kRdcssBit;
-
-namespace {
-constexpr size_t kReclaimBatch = 8;  // retired descriptors that trigger a reclaim
-}
 
 void PMwCAS::State::Recycle(uint32_t d) {
   Header* h = Desc(d);
@@ -80,31 +76,6 @@ void PMwCAS::State::Recycle(uint32_t d) {
     Flush(&h->status, 8);
   }
   Fence();
-}
-
-void PMwCAS::State::Retire(uint32_t d) {
-  size_t n;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    retired.Add(d);
-    n = retired.size();
-  }
-  if (n >= kReclaimBatch) ReclaimRetired(false);
-}
-
-void PMwCAS::State::ReclaimRetired(bool all) {
-  std::vector<uint32_t> ready;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    if (all)
-      retired.ReclaimAll([&](uint32_t d) { ready.push_back(d); });
-    else
-      retired.Reclaim(epoch, [&](uint32_t d) { ready.push_back(d); });
-  }
-  if (ready.empty()) return;
-  for (uint32_t d : ready) Recycle(d);
-  std::lock_guard<std::mutex> g(mu);
-  free_list.insert(free_list.end(), ready.begin(), ready.end());
 }
 
 Status PMwCAS::State::Recover() {
@@ -195,6 +166,9 @@ Status PMwCAS::Open(Pool* pool, uint64_t region_off, uint32_t max_words, uint32_
   if (!fresh && !read_only) PMINDEX_RETURN_IF_ERROR(s->Recover());
   s->free_list.reserve(count);
   for (uint32_t d = count; d-- > 0;) s->free_list.push_back(d);
+  // Caches of `batch` (refill) to about 4 * batch (free + retired) per
+  // thread: 8 at the default 334 descriptors, 5 at 64 words (91).
+  s->batch = std::clamp<uint32_t>(count / 16, 1, 8);
   *out = std::move(p);
   return Status::OK();
 }

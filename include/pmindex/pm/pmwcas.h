@@ -38,6 +38,11 @@
 // hold a PMwCAS::Guard while they use them. The epoch manager stays internal
 // to the substrate (src/kit/epoch.h); Guard is its only public face.
 //
+// Descriptors: each thread takes them from and retires them into a private
+// cache, refilled from and overflowing into the pool's shared lists in
+// batches; a thread that exits hands its cache back, and a thread that runs
+// short takes from other threads' caches before Begin reports Busy.
+//
 // Thread safety: Begin, Read and an Op's methods may be called from any
 // number of threads at once (one thread per Op). Begin must not be called
 // while the calling thread holds a Guard of the same PMwCAS (it may have to
@@ -186,11 +191,23 @@ class PMwCAS {
 
   uint32_t max_words() const;
   uint32_t descriptor_count() const;
-  // Descriptors not free (in preparation, in flight, retired): tests.
+  // Descriptors not free (in preparation, in flight, retired): tests. A
+  // descriptor in a thread's cache's free list is free.
   uint32_t DescriptorsInUse() const;
-  // Recycles every retired descriptor whose grace period has passed (also
-  // done automatically); tests and Close.
+  // Recycles every retired descriptor whose grace period has passed, in the
+  // shared list and in every thread's cache (also done automatically);
+  // tests and Close.
   void Reclaim();
+
+  // Per-thread descriptor caches (docs/pmwcas.md "Per-thread caches"):
+  // tests and benchmarks.
+  struct CacheStats {
+    uint32_t caches = 0;  // created (reused after their thread exits)
+    uint32_t bound = 0;   // owned by a live thread
+    uint32_t cached = 0;  // descriptors in caches (free or retired)
+    uint64_t steals = 0;  // times a thread that ran short took from another's cache
+  };
+  CacheStats cache_stats() const;
 
   // What the recovery at Pool::Open did.
   struct RecoveryStats {
