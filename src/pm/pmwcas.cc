@@ -13,8 +13,10 @@
 //   4. CAS status undecided -> succeeded|dirty; flush it; fence: the commit
 //      point. (A failed decision is a CasVolatile, never persisted: recovery
 //      treats undecided and failed alike.) Clear the status's dirty bit
-//      (never flushed).
-//   5. each target: CAS descriptor pointer -> final value|dirty; flush them
+//      (never flushed). The thread whose CAS decided flushes the status
+//      itself, whatever it reads afterwards.
+//   5. each target: CAS descriptor pointer -> final value|dirty (and take
+//      back any RDCSS pointer of this descriptor left in it); flush them
 //      all; fence; clear the dirty bits (never flushed).
 //   6. retire the descriptor; after a grace period it is recycled
 //      (pmwcas_recovery.cc): its policies run, then status = free, persisted.
@@ -22,15 +24,34 @@
 // Any thread that meets an RDCSS pointer completes it. Any thread that meets
 // a dirty word flushes it, fences, and clears the bit before using the value
 // (also a word that holds the expected value but is dirty: it is cleaned and
-// retried, never taken for a mismatch).
+// retried, never taken for a mismatch). Read also flushes a word holding a
+// descriptor or RDCSS pointer (and fences) before helping, since what the
+// help makes durable depends on that pointer.
 //
 // RDCSS pointers carry a per-attempt tag (the installing thread's id and
 // counter) above the entry's offset, so a completion that read the status
 // before the decision cannot succeed on a later installation of the same
 // entry by another helper (the ABA that a per-entry RDCSS pointer allows).
-// A thread that turns an RDCSS pointer into a descriptor pointer always
-// reads the word again within its guard and helps that descriptor to the
-// end, so no descriptor pointer outlives its descriptor's grace period.
+//
+// Reclamation (grace periods). A descriptor is retired when its owner's
+// Execute returns, and recycled once every guard that was open at its
+// retirement has closed. That is safe only if no thread can reach it
+// through a target word after its retirement. Descriptor pointers carry no
+// tag, so this matters: a thread that completes an RDCSS (status read as
+// undecided) and is delayed before its CAS could store a descriptor pointer
+// after a failed decision and after the owner's Finalize; a third thread
+// whose guard began after the retirement could then read it, start
+// helping, and still be inside Help when the completer leaves its guard
+// and the descriptor is recycled and reused: it would then finalize the
+// new use's words with the old use's outcome (a succeeded operation's word
+// rolled back, or the reverse). Finalize therefore takes back every RDCSS
+// pointer of the descriptor in its targets (completing it against the
+// decided status) before returning, so the late CAS fails; an RDCSS
+// installed after that reads the decided status when completed (the
+// decision, the RDCSS install CAS, Finalize's reload and the completion's
+// status load are seq_cst, so the install either precedes Finalize's
+// reload or follows the decision). Hence no target word holds or gains a
+// pointer to a descriptor once its owner has retired it.
 //
 // Invariants: H1-H3 of pmwcas_internal.h (a free descriptor owns no block;
 // a fresh-block entry never pairs with a stale value; no word points to a
@@ -56,6 +77,8 @@ using pmwcas::kDescriptorBit;
 using pmwcas::kDirtyBit;
 using pmwcas::kRdcssBit;
 using pmwcas::kValueMask;
+
+std::atomic<pmwcas_hooks::Hook> pmwcas_hooks::g_hook{nullptr};
 
 namespace {
 
@@ -96,8 +119,9 @@ bool PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r) {
   if (!DecodeRdcss(r, &d, &i)) return false;
   const Entry* e = &Entries(d)[i];
   uint64_t cur = r;
-  if ((LoadStatus(Desc(d)) & kStateMask) == kUndecided) {
-    Cas(w, &cur, DescPtr(d));
+  if ((__atomic_load_n(&Desc(d)->status, __ATOMIC_SEQ_CST) & kStateMask) == kUndecided) {
+    pmwcas_hooks::At(pmwcas_hooks::Point::kRdcssSawUndecided, w);
+    Cas(w, &cur, DescPtr(d), __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   } else if (Cas(w, &cur, e->old_value | kDirtyBit)) {
     // The RDCSS pointer may have reached PM: the restored value must be
     // durable before this descriptor can be recycled (H3).
@@ -118,7 +142,7 @@ static Installed Install(PMwCAS::State* s, uint32_t d, uint32_t i) {
     if ((LoadStatus(h) & kStateMask) != kUndecided) return Installed::kDecided;
     const uint64_t rp = s->RdcssPtr(d, i) | NextRdcssTag();
     uint64_t cur = e->old_value;
-    if (Cas(w, &cur, rp)) {
+    if (Cas(w, &cur, rp, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
       s->CompleteRdcss(w, rp);
       continue;  // reads the word again: dp, or the old value if decided
     }
@@ -146,7 +170,15 @@ static Installed Install(PMwCAS::State* s, uint32_t d, uint32_t i) {
 }
 
 // Phase 3: replaces every descriptor pointer of d by its final value, makes
-// the values durable and clears their dirty bits.
+// the values durable and clears their dirty bits. Also takes back every
+// RDCSS pointer of d still in a target word (its completion restores the
+// expected value, d being decided): a thread that read the status as
+// undecided before the decision and is about to turn such a pointer into a
+// descriptor pointer then fails its CAS. So once the owner's Finalize
+// returns, no target word holds a pointer to d and none can appear (an
+// RDCSS installed later is completed against the decided status), and
+// d's grace period, counted from its retirement, covers every thread
+// that can still reach it.
 static void Finalize(PMwCAS::State* s, uint32_t d, uint64_t state) {
   const Header* h = s->Desc(d);
   const Entry* es = s->Entries(d);
@@ -155,8 +187,20 @@ static void Finalize(PMwCAS::State* s, uint32_t d, uint64_t state) {
   const uint64_t dp = s->DescPtr(d);
   for (uint32_t j = 0; j < n; j++) {
     const Entry* e = &es[ord[j]];
-    uint64_t cur = dp;
-    Cas(s->Target(e), &cur, (state == kSucceeded ? e->new_value : e->old_value) | kDirtyBit);
+    uint64_t* w = s->Target(e);
+    for (;;) {
+      uint64_t cur = __atomic_load_n(w, __ATOMIC_SEQ_CST);
+      if (cur == dp) {
+        if (Cas(w, &cur, (state == kSucceeded ? e->new_value : e->old_value) | kDirtyBit)) break;
+        continue;
+      }
+      uint32_t rd, ri;
+      if ((cur & kRdcssBit) && s->DecodeRdcss(cur, &rd, &ri) && rd == d && ri == ord[j]) {
+        s->CompleteRdcss(w, cur);
+        continue;
+      }
+      break;
+    }
   }
   const bool skip = PMINDEX_FAULT("pmwcas.skip_dirty_flush");
   for (uint32_t j = 0; j < n; j++)
@@ -175,6 +219,7 @@ uint64_t PMwCAS::State::Help(uint32_t d) {
   Header* h = Desc(d);
   uint64_t st = LoadStatus(h);
   if ((st & kStateMask) == kFree) return kFree;  // already recycled: nothing of it is left
+  bool committed = false;  // this thread's CAS stored succeeded
   if ((st & kStateMask) == kUndecided) {
     const uint8_t* ord = &order[size_t(d) * max_words];
     const uint32_t n = uint32_t(std::min<uint64_t>(h->count, max_words));
@@ -195,14 +240,21 @@ uint64_t PMwCAS::State::Help(uint32_t d) {
       Fence();
     }
     uint64_t expect = kUndecided;
-    if (decision == kSucceeded)
-      Cas(&h->status, &expect, kSucceeded | kDirtyBit);
-    else
-      CasVolatile(&h->status, &expect, kFailed);  // never persisted: recovery reads undecided as failed
-    st = LoadStatus(h);
+    if (decision == kSucceeded) {
+      committed = Cas(&h->status, &expect, kSucceeded | kDirtyBit, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    } else {
+      pmwcas_hooks::At(pmwcas_hooks::Point::kDecidingFailed, nullptr);
+      // Never persisted: recovery reads undecided as failed.
+      CasVolatile(&h->status, &expect, kFailed, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    st = committed ? (kSucceeded | kDirtyBit) : LoadStatus(h);
   }
   if (st & kDirtyBit) {
-    // The commit point: succeeded is durable before any final value is stored.
+    // The commit point: succeeded is durable before any final value is
+    // stored. The thread whose CAS stored it persists it even if another
+    // thread has persisted and cleaned it meanwhile (st is then its own
+    // store, not a reload), so the commit's durability never rests on a
+    // flush by a thread that merely saw the value.
     if (!PMINDEX_FAULT("pmwcas.skip_status_persist")) Flush(&h->status, 8);
     Fence();
     uint64_t cur = st;
@@ -401,6 +453,12 @@ uint64_t PMwCAS::Read(const uint64_t* addr) {
   for (;;) {
     v = LoadAcquire(w);
     if (pmwcas::IsValue(v)) return v;
+    if (v & (kRdcssBit | kDescriptorBit)) {
+      // Flush-on-read for pointers too: the pointer may not be durable yet,
+      // and what this thread persists next (helping) depends on it.
+      Flush(w, 8);
+      Fence();
+    }
     if (v & kRdcssBit) {
       if (!s_->CompleteRdcss(w, v)) return v & kValueMask;
       continue;

@@ -11,7 +11,14 @@
 //    At the end: the sum, no leak (allocated == owned), no descriptor in use.
 //  * Helping, made deterministic by stalling the owner (an observer blocks it
 //    right after it installed its descriptor or an RDCSS pointer): a Read
-//    and a conflicting operation finish the stalled operation.
+//    and a conflicting operation finish the stalled operation; a Read that
+//    finds a descriptor pointer flushes that word before anything else.
+//  * No pointer to a descriptor outlives its operation: test hooks stop a
+//    helper between reading the status as undecided and its RDCSS CAS, and
+//    the owner just before deciding failed; when the owner's Execute
+//    returns, no target word points to its descriptor.
+//  * The committing thread flushes the status it stored even when another
+//    thread helped it to the end meanwhile.
 //  * Per-thread descriptor caches: short-lived threads hand their caches
 //    back (every descriptor accounted for afterwards), and a thread that
 //    runs short steals from an idle thread's cache.
@@ -31,6 +38,8 @@
 
 #include <gtest/gtest.h>
 
+#include "pm/layout.h"
+#include "pm/pmwcas_internal.h"
 #include "pm/pmwcas_test_util.h"
 
 namespace pmindex::pm {
@@ -224,6 +233,209 @@ void StalledOwner(uint64_t bit, bool conflicting_op) {
 TEST(PmwcasConcurrency, ReadHelpsAStalledDescriptor) { StalledOwner(pmwcas::kDescriptorBit, false); }
 TEST(PmwcasConcurrency, ReadCompletesAStalledRdcss) { StalledOwner(pmwcas::kRdcssBit, false); }
 TEST(PmwcasConcurrency, ConflictingOperationHelpsFirst) { StalledOwner(pmwcas::kDescriptorBit, true); }
+
+// A Read that finds a descriptor pointer persists that word before anything
+// the help persists (flush-on-read for pointers: pmcheck's erratum rule).
+// The owner stalls with its descriptor installed in both words; the reader
+// reads the second one, whose line the help would otherwise flush second.
+class FirstFlush : public PauseOwner {
+ public:
+  using PauseOwner::PauseOwner;
+  std::atomic<std::thread::id> reader{};
+  std::atomic<uintptr_t> first{0};
+  void OnFlush(const void* l) override {
+    if (reader.load() != std::this_thread::get_id()) return;
+    uintptr_t none = 0;
+    first.compare_exchange_strong(none, reinterpret_cast<uintptr_t>(l));
+  }
+};
+
+TEST(PmwcasConcurrency, ReadPersistsAPointerWordBeforeHelping) {
+  TestPool t("ptrread");
+  PMwCAS* pm = t.pm();
+  t.Set(0, 10);
+  t.Set(8, 20);
+  FirstFlush watch(&t.words[8], pmwcas::kDescriptorBit);
+  SetObserver(&watch);
+  bool owner_ok = false;
+  std::thread a([&] {
+    watch.owner = std::this_thread::get_id();
+    watch.armed.store(true, std::memory_order_release);
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[0], 10, 11).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[8], 20, 21).ok());
+    ASSERT_TRUE(op.Execute(&owner_ok).ok());
+  });
+  while (watch.state.load() != 1) std::this_thread::yield();
+  watch.reader = std::this_thread::get_id();
+  EXPECT_EQ(pm->Read(&t.words[8]), 21u);
+  watch.reader = std::thread::id();
+  watch.state = 2;
+  a.join();
+  SetObserver(nullptr);
+  EXPECT_TRUE(owner_ok);
+  EXPECT_EQ(watch.first.load(), reinterpret_cast<uintptr_t>(&t.words[8]));
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+}
+
+// ---- no pointer to a descriptor outlives its operation -----------------------
+
+// Stops one thread at a PMwCAS test point (pmwcas_internal.h) until released.
+struct HookStop {
+  std::atomic<std::thread::id> thread{};
+  pmwcas_hooks::Point point = pmwcas_hooks::Point::kDecidingFailed;
+  const uint64_t* word = nullptr;  // null: any word
+  std::atomic<int> state{0};       // 0 armed, 1 stopped, 2 released
+};
+HookStop g_stops[2];
+
+void StopAtPoint(pmwcas_hooks::Point p, const uint64_t* w) {
+  for (HookStop& s : g_stops) {
+    if (s.thread.load() != std::this_thread::get_id() || s.point != p || (s.word && s.word != w)) continue;
+    int armed = 0;
+    if (!s.state.compare_exchange_strong(armed, 1)) continue;
+    while (s.state.load() != 2) std::this_thread::yield();
+  }
+}
+
+void WaitStopped(const HookStop& s) {
+  while (s.state.load() != 1) std::this_thread::yield();
+}
+
+// The interleaving that let a descriptor pointer appear in a word after its
+// operation was over (and its descriptor retired), where a thread whose
+// guard began later could reach the descriptor after it was recycled:
+//  1. the owner of {a: 0->1, b: 5->6, c: 0->1} installs a, finds b = 7 and
+//     stops just before deciding failed;
+//  2. b becomes 5 (another operation); a helper, reading a, helps: it
+//     installs b, installs an RDCSS pointer in c, reads the status as
+//     undecided and stops before its CAS to the descriptor pointer;
+//  3. the owner decides failed and finishes: Execute returns.
+// No target word may then hold a pointer to the owner's descriptor: the
+// owner takes the helper's RDCSS pointer back, and the helper's late CAS
+// fails.
+TEST(PmwcasConcurrency, NoPointerToADescriptorOutlivesItsOperation) {
+  TestPool t("late");
+  PMwCAS* pm = t.pm();
+  uint64_t* a = &t.words[0];
+  uint64_t* b = &t.words[8];
+  uint64_t* c = &t.words[16];
+  t.Set(8, 7);
+  g_stops[0].point = pmwcas_hooks::Point::kDecidingFailed;
+  g_stops[0].word = nullptr;
+  g_stops[0].state = 0;
+  g_stops[1].point = pmwcas_hooks::Point::kRdcssSawUndecided;
+  g_stops[1].word = c;
+  g_stops[1].state = 0;
+  pmwcas_hooks::g_hook.store(&StopAtPoint);
+  bool owner_ok = true;
+  std::thread owner([&] {
+    g_stops[0].thread = std::this_thread::get_id();
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(a, 0, 1).ok());
+    ASSERT_TRUE(op.AddWord(b, 5, 6).ok());
+    ASSERT_TRUE(op.AddWord(c, 0, 1).ok());
+    ASSERT_TRUE(op.Execute(&owner_ok).ok());
+  });
+  WaitStopped(g_stops[0]);
+  EXPECT_TRUE(__atomic_load_n(a, __ATOMIC_ACQUIRE) & pmwcas::kDescriptorBit);
+  {
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(b, 7, 5).ok());
+    bool ok = false;
+    ASSERT_TRUE(op.Execute(&ok).ok());
+    EXPECT_TRUE(ok);
+  }
+  uint64_t helper_read = 99;
+  std::thread helper([&] {
+    g_stops[1].thread = std::this_thread::get_id();
+    helper_read = pm->Read(a);
+  });
+  WaitStopped(g_stops[1]);
+  EXPECT_TRUE(__atomic_load_n(c, __ATOMIC_ACQUIRE) & pmwcas::kRdcssBit);
+  g_stops[0].state = 2;
+  owner.join();
+  EXPECT_FALSE(owner_ok);
+  for (const uint64_t* w : {a, b, c})
+    EXPECT_EQ(__atomic_load_n(w, __ATOMIC_ACQUIRE) & (pmwcas::kDescriptorBit | pmwcas::kRdcssBit), 0u)
+        << "word " << (w - t.words) << " still points to the finished operation's descriptor";
+  g_stops[1].state = 2;
+  helper.join();
+  pmwcas_hooks::g_hook.store(nullptr);
+  for (HookStop& s : g_stops) s.thread = std::thread::id();
+  EXPECT_EQ(helper_read, 0u);
+  EXPECT_EQ(pm->Read(a), 0u);
+  EXPECT_EQ(pm->Read(b), 5u);
+  EXPECT_EQ(pm->Read(c), 0u);
+  for (const uint64_t* w : {a, b, c}) EXPECT_TRUE(pmwcas::IsValue(*w));
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+}
+
+// ---- the committing thread persists its commit itself --------------------------
+
+// Stops the owner right after its CAS stored succeeded|dirty in a status
+// word, then counts the owner's flushes of that line.
+class CommitWatch : public Observer {
+ public:
+  explicit CommitWatch(const Pool* pool) : base_(pool->base()) {}
+  std::atomic<std::thread::id> owner{};
+  std::atomic<int> state{0};  // 0 armed, 1 stopped, 2 released
+  std::atomic<int> owner_status_flushes{0};
+  void OnStore(const void* a, size_t size) override {
+    if (owner.load() != std::this_thread::get_id() || state.load() != 0 || size != 8) return;
+    const uint64_t off = uint64_t(static_cast<const char*>(a) - base_);
+    if (off < layout::kPmwcasRegionOffset || off >= layout::kHeapOffset) return;
+    if (__atomic_load_n(static_cast<const uint64_t*>(a), __ATOMIC_ACQUIRE) != (pmwcas_format::kSucceeded | pmwcas::kDirtyBit))
+      return;
+    line_ = reinterpret_cast<uintptr_t>(a) & ~uintptr_t(kCacheLine - 1);
+    state = 1;
+    while (state.load() != 2) std::this_thread::yield();
+  }
+  void OnFlush(const void* l) override {
+    if (owner.load() == std::this_thread::get_id() && state.load() == 2 && reinterpret_cast<uintptr_t>(l) == line_)
+      owner_status_flushes++;
+  }
+  void OnNonTemporalStore(const void*, size_t) override {}
+  void OnFence() override {}
+  void OnLoad(const void*, size_t) override {}
+
+ private:
+  const char* base_;
+  uintptr_t line_ = 0;  // written by the owner before state = 1
+};
+
+// Another thread helps the stopped owner to the end, persisting and
+// cleaning the status on the way; the owner, resumed, still flushes the
+// status it stored before it finalizes (its commit's durability does not
+// rest on a flush by a thread that only saw the value).
+TEST(PmwcasConcurrency, CommittingThreadPersistsItsOwnCommit) {
+  TestPool t("commit");
+  PMwCAS* pm = t.pm();
+  CommitWatch watch(t.pool.get());
+  SetObserver(&watch);
+  bool owner_ok = false;
+  std::thread owner([&] {
+    watch.owner = std::this_thread::get_id();
+    PMwCAS::Op op;
+    ASSERT_TRUE(pm->Begin(&op).ok());
+    ASSERT_TRUE(op.AddWord(&t.words[0], 0, 1).ok());
+    ASSERT_TRUE(op.Execute(&owner_ok).ok());
+  });
+  while (watch.state.load() != 1) std::this_thread::yield();
+  EXPECT_EQ(pm->Read(&t.words[0]), 1u);  // helped: status persisted and cleaned, word finalized
+  watch.state = 2;
+  owner.join();
+  SetObserver(nullptr);
+  EXPECT_TRUE(owner_ok);
+  EXPECT_GE(watch.owner_status_flushes.load(), 1);
+  pm->Reclaim();
+  EXPECT_EQ(pm->DescriptorsInUse(), 0u);
+}
 
 // ---- per-thread descriptor caches --------------------------------------------
 

@@ -79,6 +79,22 @@ inline constexpr uint64_t DescriptorSize(uint32_t max_words) {
 }
 }  // namespace pmwcas_format
 
+// Test-only interleaving points (pmwcas_concurrency_test stops threads at
+// them to force rare interleavings): At calls the hook, if a test
+// set one, at the named instant. Never set outside tests; the check is one
+// relaxed load, on paths an uncontended operation does not take.
+namespace pmwcas_hooks {
+enum class Point : uint8_t {
+  kRdcssSawUndecided,  // CompleteRdcss read the status as undecided, before its CAS to the descriptor pointer
+  kDecidingFailed,     // Help is about to decide failed (a target held another value)
+};
+using Hook = void (*)(Point, const uint64_t* word);
+extern std::atomic<Hook> g_hook;
+inline void At(Point p, const uint64_t* word) {
+  if (Hook f = g_hook.load(std::memory_order_relaxed); __builtin_expect(f != nullptr, 0)) f(p, word);
+}
+}  // namespace pmwcas_hooks
+
 // A thread's private descriptor cache (pmwcas_cache.cc, docs/pmwcas.md
 // "Per-thread caches"). Its lock is taken by the owner on every Begin and
 // Retire (uncontended) and by other threads only to steal from it (a thread
