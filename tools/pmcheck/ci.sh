@@ -23,8 +23,8 @@
 #      concurrent index.
 # Every line builds the unfenced image per point (flushed-but-unfenced
 # stores dropped, the rest kept), which is pmcheck's default.
-# Then the same budgets (clean, two threads, tiny key space, kills) for the
-# pmwcas target, which takes u64 keys and values only.
+# Then the same budgets (clean, two threads, tiny key space, shared keys,
+# kills) for the pmwcas target, which takes u64 keys and values only.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes; the toy index's
 # fence, read-rule and recovery faults prove the unfenced image, the read
@@ -136,16 +136,13 @@ for idx in $indexes; do
 done
 
 # The PMwCAS target (a hash map built only on the pool's PMwCAS; u64 keys and
-# values only, docs/pmwcas.md): clean, two threads, a tiny key space, kills.
+# values only, docs/pmwcas.md): clean, two threads, a tiny key space, two
+# threads reading each other's keys, kills.
 run "pmwcas clean" 0 --index pmwcas --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas 2 threads" 0 --index pmwcas --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
-# No shared-keys line for pmwcas: with --shared-keys the target fails
-# intermittently (an erratum read in about 1 run of 5, with and without the
-# per-thread descriptor caches, and crash images whose recovery finds a slot
-# holding a free block or a key in two slots), an open defect (issue 20):
-#   pmcheck --index pmwcas --threads 2 --shared-keys --keys 24 --ops 200 --images 600 --images-per-point 3 --lint --seed 6
+run "pmwcas shared keys" 0 --index pmwcas --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 
 # The toy index's faults for the checker's own capabilities, each run with
 # only that capability able to see it: a flush without a fence before the
