@@ -136,9 +136,9 @@ for idx in $indexes; do
 done
 
 # The PMwCAS target (a hash map built only on the pool's PMwCAS; u64 keys and
-# values only, docs/pmwcas.md): clean, two threads, a tiny key space, two
-# threads reading each other's keys, kills.
-run "pmwcas clean" 0 --index pmwcas --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10
+# values only, docs/pmwcas.md): clean (with crashes during recovery), two
+# threads, a tiny key space, two threads reading each other's keys, kills.
+run "pmwcas clean" 0 --index pmwcas --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10 --recovery-crashes $((3 * scale)) --recovery-images 40
 run "pmwcas 2 threads" 0 --index pmwcas --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
