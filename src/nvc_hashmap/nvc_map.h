@@ -82,6 +82,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<uint64_t> g_slab_refill_retries{0};  // SlabRefill's PoolFull path taken
+PMINDEX_NVC_HIDDEN inline std::atomic<uint32_t> g_create_version{0};  // format of new pools (0: kVersion)
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
@@ -304,8 +305,15 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     c.st->unpushed = 0;
   }
 
-  // The regular node an untagged link names (raw & kBucketLink == 0).
-  Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
+  // The regular node a link names (raw & kBucketLink == 0): its low bits and
+  // its tag masked.
+  Node* N(uint64_t raw) const {
+    const uint64_t off = raw & ~(kLow | kTagMask);
+    return reinterpret_cast<Node*>(off ? base_ + off : nullptr);
+  }
+  // The tag a new link to a node of split-order key so carries: TagOf(so),
+  // or 0 in a pool of a version before tags.
+  uint64_t NewTag(uint64_t so) const { return so & tag_mask_; }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
   // The key of a regular node (compact: 8 bytes at offset 24; else klen bytes
   // after the 32-byte header).
@@ -477,6 +485,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // and frees it (open: recovery, or after a clean close).
   void FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty);
   Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
+  std::string MaxSizeMessage() const;
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
   // The two walkers of Recover (nvc_recovery.cc).
@@ -523,6 +532,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   int recovery_threads_ = 1;  // Options::recovery_threads (0: hardware concurrency); the walk uses at most 2
   int recovery_walkers_ = 0;  // walkers of the last crash recovery (tests)
   uint32_t late_max_threads_ = 0;  // fault nvc.create.skip_max_threads_persist: stored by Finish, unflushed
+  uint64_t tag_mask_ = kTagMask;  // 0 in a version 4 or 5 pool: its links are written without tags
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
   bool compact_ = false;     // u64 keys and values: CompactNode layout
   std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_
