@@ -10,7 +10,9 @@
 // word before the mark and an update checks the mark before its store.
 //
 // Invariants: the list is strictly sorted by (split-order key, key); a
-// marked node's next never changes; a node is retired only by the thread
+// link's nonzero tag is its node's split-order key's top bits (an insert's
+// CAS writes the new node's; every other link store copies a link with its
+// tag); a marked node's next never changes; a node is retired only by the thread
 // whose CAS unlinked it, after that unlink was persisted.
 //
 // Persist order:
@@ -43,9 +45,11 @@ namespace pmindex::internal::nvc {
 
 // Finds the position of (so, key) from the dummy word `start`: prev_word is
 // the word to CAS, curr_raw its exact value, curr the regular node it names
-// (found: the key's node) or nullptr (a later dummy or the end). A dummy's so
-// comes from the link naming it (SoDummy of its bucket), so a search that
-// stops at the next bucket's dummy does not touch it.
+// (found: the key's node) or nullptr (a later dummy or the end); not found,
+// curr may be a node the search did not load (see below). A dummy's so comes
+// from the link naming it (SoDummy of its bucket), and a regular node's top
+// bits from the link's tag, so a search that stops at the next bucket's
+// dummy, or at a node whose tag sorts past (so, key), does not touch it.
 void NvcHashmap::Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
   // Without a fix (the paper's original algorithm) every link followed is
   // acted on unchecked: report each one to the observer, so pmcheck's erratum
