@@ -25,8 +25,9 @@
 //   head --> node --> node --> [bucket 4 link] --> slot 4 --> node --> ... kEnd
 //
 //   link word: | tag | successor (offset of a Node, or b << 3) | B | D | M/U |
-//              bits 48-63 tag = the successor node's split-order key's top
-//                    16 bits (kTagMask), 0: unknown; bucket links carry 0
+//              bits 48-63 tag = a 12-bit window of the successor node's
+//                    split-order key and the window's start (TagOf), 0:
+//                    unknown; bucket links carry 0
 //              bit 2 B = kBucketLink (successor is bucket b's dummy)
 //              bit 1 D = kDirty (the latest store may not be durable yet)
 //              bit 0 M = kMark in a node's next (deleted, word frozen)
@@ -48,8 +49,8 @@
 //     compact nodes in slab pools always are) or an allocator block;
 //   - Root.count is valid only when Root.clean == 1, and so are the slabs'
 //     free bitmaps;
-//   - a nonzero tag in a link word equals the top 16 bits of the split-order
-//     key of the node the link names; bucket links (and every link of a
+//   - a nonzero tag in a link word is a window of the split-order key of the
+//     node the link names (TagMatches); bucket links (and every link of a
 //     version 4 or 5 pool) have tag 0;
 //   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
 //     slots; Root.xslots is nonzero iff max_threads > 256 (both written
@@ -58,6 +59,7 @@
 // Thread safety: definitions only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -94,12 +96,19 @@ constexpr uint64_t kMaxBuckets = 1ull << 32;
 // slot) bit 0 is kUnpub (claimed, not published yet): dummies are never
 // marked, and every CAS of a predecessor's word keeps that bit (KeepUnpub).
 constexpr uint64_t kMark = 1, kDirty = 2, kBucketLink = 4, kLow = 7;
-// Bits 48-63 of a link word: the successor's tag (a regular node's
-// split-order key's top 16 bits, 0: unknown), written in the same store or
-// CAS as the successor's offset. A search for split-order key so whose next
-// link has a tag above so's top bits knows the successor sorts past so
-// without loading it. Pool offsets and bucket links fit in bits 0-47
-// (kMaxPoolBytes, kMaxBuckets).
+// Bits 48-63 of a link word: the successor's tag, written in the same store
+// or CAS as the successor's offset; 0: unknown. A tag is a property of the
+// successor node alone (so a link copied to another predecessor keeps a
+// valid tag): bits 60-63 hold j, bits 48-59 the 12 bits of its split-order
+// key from bit position s = 4j on, counted from the top (so << s >> 52).
+// A search for split-order key T standing on a predecessor P < T whose
+// link has tag (j, w): if P and T agree on their top s bits and w is above
+// T's window, the successor sorts past T (it is above P, so its top s bits
+// are at least P's, which are T's; equal, its window decides) and is not
+// loaded. All nodes of a bucket share the top log2(bucket count) bits, so
+// an insert picks s just at or below that (TagShift): the window then holds
+// the bits that order a bucket's nodes. Pool offsets and bucket links fit
+// in bits 0-47 (kMaxPoolBytes, kMaxBuckets).
 constexpr int kTagShift = 48;
 constexpr uint64_t kTagMask = ~uint64_t(0) << kTagShift;
 constexpr uint64_t kMaxPoolBytes = uint64_t(1) << kTagShift;
@@ -208,11 +217,34 @@ inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 // The link without its mark/kUnpub and kDirty bits (its tag kept): what a new
 // node's next or an unlink copies.
 inline uint64_t Succ(uint64_t raw) { return raw & ~(kMark | kDirty); }
-// The tag of a link to a node of split-order key so.
-inline uint64_t TagOf(uint64_t so) { return so & kTagMask; }
-// True if the link raw (to a regular node) tells that its node's
-// split-order key is above so; false: unknown (tag 0) or not above.
-inline bool TagAbove(uint64_t raw, uint64_t so) { return (raw & kTagMask) > (so | ~kTagMask); }
+// Tag windows: 12 bits from bit position 4j (j <= kMaxTagJ) of a split-order key.
+constexpr int kTagBits = 12;
+constexpr uint64_t kMaxTagJ = (64 - kTagBits) / 4;
+inline uint64_t TagWindow(uint64_t so, int s) { return (so << s) >> (64 - kTagBits); }
+// The window start for a table of bucket_count buckets: its log2, rounded
+// down to a multiple of 4.
+inline int TagShift(uint64_t bucket_count) {
+  const int l = 63 - __builtin_clzll(bucket_count | 1);
+  return std::min<int>(l & ~3, int(4 * kMaxTagJ));
+}
+// The tag of a link to a node of split-order key so, window start s (a
+// multiple of 4, at most 4 * kMaxTagJ).
+inline uint64_t TagOf(uint64_t so, int s) { return (uint64_t(s / 4) << 60) | (TagWindow(so, s) << kTagShift); }
+// True if the tag of raw (nonzero) is a window of split-order key so.
+inline bool TagMatches(uint64_t raw, uint64_t so) {
+  const uint64_t j = raw >> 60;
+  return j <= kMaxTagJ && ((raw >> kTagShift) & ((1u << kTagBits) - 1)) == TagWindow(so, int(4 * j));
+}
+// True if the link raw (to a regular node), read in the word of a
+// predecessor whose split-order key prev_so is below so, tells that its
+// node sorts past so; false: unknown (tag 0) or not decided.
+inline bool TagAbove(uint64_t raw, uint64_t prev_so, uint64_t so) {
+  const uint64_t t = raw >> kTagShift;
+  if (!t) return false;
+  const int s = int(4 * (t >> kTagBits));
+  if (s > 0 && ((prev_so ^ so) >> (64 - s)) != 0) return false;
+  return (t & ((1u << kTagBits) - 1)) > TagWindow(so, s);
+}
 // The bucket a bucket link (raw & kBucketLink) names.
 inline uint64_t LinkBucket(uint64_t raw) { return (raw & ~kTagMask) >> 3; }
 // The kUnpub bit of a predecessor's word, kept by every CAS of that word: a

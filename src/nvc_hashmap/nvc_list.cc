@@ -10,7 +10,7 @@
 // word before the mark and an update checks the mark before its store.
 //
 // Invariants: the list is strictly sorted by (split-order key, key); a
-// link's nonzero tag is its node's split-order key's top bits (an insert's
+// link's nonzero tag is a window of its node's split-order key (an insert's
 // CAS writes the new node's; every other link store copies a link with its
 // tag); a marked node's next never changes; a node is retired only by the thread
 // whose CAS unlinked it, after that unlink was persisted.
@@ -47,20 +47,23 @@ namespace pmindex::internal::nvc {
 // the word to CAS, curr_raw its exact value, curr the regular node it names
 // (found: the key's node) or nullptr (a later dummy or the end); not found,
 // curr may be a node the search did not load (see below). A dummy's so comes
-// from the link naming it (SoDummy of its bucket), and a regular node's top
-// bits from the link's tag, so a search that stops at the next bucket's
-// dummy, or at a node whose tag sorts past (so, key), does not touch it.
-void NvcHashmap::Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
+// from the link naming it (SoDummy of its bucket), and a window of a regular
+// node's from the link's tag (nvc_format.h), so a search that stops at the
+// next bucket's dummy, or at a node whose tag sorts it past so, does not
+// touch it.
+void NvcHashmap::Search(const Start& start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
   // Without a fix (the paper's original algorithm) every link followed is
   // acted on unchecked: report each one to the observer, so pmcheck's erratum
   // lint sees every read of a not-yet-durable link.
   const bool report = fix() == Fix::kNone;
   auto load = [report](const uint64_t* w) { return report ? pm::LoadAcquire(w) : LoadW(w); };
+  uint64_t prev_so;  // the split-order key of the dummy or node owning prev_word
 retry:
   pos->pp_word = nullptr;
   pos->pp_raw = 0;
-  pos->prev_word = start;
-  pos->curr_raw = load(start);  // exact (a dummy's word may carry kUnpub, never kMark)
+  pos->prev_word = start.word;
+  pos->curr_raw = load(start.word);  // exact (a dummy's word may carry kUnpub, never kMark)
+  prev_so = start.so;
   for (;;) {
     const uint64_t raw = pos->curr_raw;
     if (raw & kBucketLink) {
@@ -77,6 +80,7 @@ retry:
       pos->pp_raw = raw;
       pos->prev_word = w;
       pos->curr_raw = load(w);
+      prev_so = dso;
       continue;
     }
     Node* curr = N(raw);
@@ -85,7 +89,7 @@ retry:
     // without loading curr (the common end of a search: one miss less). curr
     // may be marked; an insert links before it all the same, and a later
     // search that passes it unlinks it.
-    if (!curr || TagAbove(raw, so)) {  // !curr: a 0 link (never written; Check reports it)
+    if (!curr || TagAbove(raw, prev_so, so)) {  // !curr: a 0 link (never written; Check reports it)
       pos->found = false;
       return;
     }
@@ -102,6 +106,7 @@ retry:
       pos->pp_raw = pos->curr_raw;
       pos->prev_word = &curr->next;
       pos->curr_raw = next_raw;
+      prev_so = curr->so;
       continue;
     }
     pos->found = (r == 0);
@@ -216,7 +221,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   Op op(this);
   if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
-  uint64_t* start = StartFor(h, c, mode != PutMode::kUpdate);
+  const Start start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
   uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
   Status result;
@@ -381,7 +386,7 @@ Status NvcHashmap::Remove(Slice key) {
   Op op(this);
   if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
-  uint64_t* start = StartFor(h, c, false);
+  const Start start = StartFor(h, c, false);
   Pos pos;
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();

@@ -212,6 +212,12 @@ struct alignas(64) SlotState {
   std::vector<uint64_t> free_nodes[kNumClasses];
 };
 
+// Where a search starts: a published dummy's word and its split-order key.
+struct Start {
+  uint64_t* word;
+  uint64_t so;
+};
+
 struct Pos {
   uint64_t* pp_word = nullptr;  // word pointing to prev (nullptr: prev is the start dummy)
   uint64_t pp_raw = 0;          // its value when we passed it
@@ -311,9 +317,11 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     const uint64_t off = raw & ~(kLow | kTagMask);
     return reinterpret_cast<Node*>(off ? base_ + off : nullptr);
   }
-  // The tag a new link to a node of split-order key so carries: TagOf(so),
-  // or 0 in a pool of a version before tags.
-  uint64_t NewTag(uint64_t so) const { return so & tag_mask_; }
+  // The tag a new link to a node of split-order key so carries: its window
+  // for the current bucket count, or 0 in a pool of a version before tags.
+  uint64_t NewTag(uint64_t so) const {
+    return TagOf(so, TagShift(bucket_count_.load(std::memory_order_relaxed))) & tag_mask_;
+  }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
   // The key of a regular node (compact: 8 bytes at offset 24; else klen bytes
   // after the 32-byte header).
@@ -398,19 +406,19 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   uint64_t FirstBucket(int s) const { return s == 0 ? 0 : seg0_ << (s - 1); }
   // The dummy to start a search for hash h from: its bucket's if published
   // (the common case, inline), else StartForSlow.
-  uint64_t* StartFor(uint64_t h, const Ctx& c, bool init) {
+  Start StartFor(uint64_t h, const Ctx& c, bool init) {
     const uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
     const uint64_t b = h & (bc - 1);
-    if (uint64_t* d = Published(b)) return d;
+    if (uint64_t* d = Published(b)) return Start{d, SoDummy(b)};
     return StartForSlow(b, bc, c, init);
   }
-  uint64_t* StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init);
+  Start StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init);
   uint64_t* InitBucket(uint64_t b, const Ctx& c);
   // Claims bucket b's free slot d (volatile CAS free -> claimed, i.e. kUnpub;
   // on failure *st gets the word).
   static bool ClaimDummy(uint64_t* d, uint64_t* st) { return pm::CasVolatile(d, st, kUnpub | kEnd); }
 
-  void Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
+  void Search(const Start& start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   uint64_t HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);

@@ -1,12 +1,15 @@
-// NVC-Hashmap link tags (format 6, docs/nvc_hashmap.md "Layout"): every link
-// to a regular node carries its split-order key's top 16 bits after inserts,
-// removes and crash recovery; pools of format 5 (no tags) open, work and
+// NVC-Hashmap link tags (format 6, docs/nvc_hashmap.md "Layout"): a tag's
+// decision is sound (a search stops only before a node that sorts past its
+// target) and decides most searches within a bucket; every link to a
+// regular node carries a tag that matches it after inserts, removes and
+// crash recovery; pools of format 5 (no tags) open, work and
 // stay untagged; a format 6 pool whose links have tag 0 (unknown) works and
 // gains tags; a wrong tag hides a node from searches and Check and recovery
 // report it.
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <random>
 
 #include "nvc_hashmap/nvc_hashmap.h"
 #include "nvc_hashmap/nvc_test_util.h"
@@ -72,7 +75,7 @@ TagCounts CountTags(const std::string& path) {
       return;
     }
     if (!tag) c.untagged++;
-    else if (tag != nvc::TagOf(n->so)) c.wrong++;
+    else if (!nvc::TagMatches(*w, n->so)) c.wrong++;
     else c.tagged++;
   });
   return c;
@@ -108,6 +111,43 @@ Status CreateWithVersion(const Options& o, uint32_t version, std::unique_ptr<Ind
   return s;
 }
 
+// Soundness: whenever TagAbove decides, the successor sorts past the target
+// (random keys, every window start). Effect: for keys of one bucket of a
+// table of 2^L buckets (top L bits shared), with the window an insert
+// picks, nearly every successor above the target is decided.
+TEST(NvcTagWindow, DecidesSoundlyAndWithinABucket) {
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 400000; i++) {
+    uint64_t a = rng() | 1, b = rng() | 1, t = rng() | 1;
+    if (a > b) std::swap(a, b);
+    if (t < a) std::swap(t, a);
+    if (a == b || a == t) continue;
+    const int s = int(4 * (rng() % (nvc::kMaxTagJ + 1)));
+    const uint64_t tag = nvc::TagOf(b, s);
+    ASSERT_TRUE(nvc::TagMatches(tag, b));
+    if (nvc::TagAbove(tag, a, t)) {
+      ASSERT_GT(b, t) << a << " " << b << " " << t << " s=" << s;
+    }
+  }
+  for (int l : {4, 10, 16, 19, 24, 31}) {
+    const int s = nvc::TagShift(uint64_t(1) << l);
+    EXPECT_LE(s, l);
+    EXPECT_GT(s, l - 4);
+    const uint64_t prefix = rng() & ~(~uint64_t(0) >> l);
+    uint64_t above = 0, decided = 0;
+    for (int i = 0; i < 100000; i++) {
+      uint64_t a = prefix | ((rng() >> l) | 1), b = prefix | ((rng() >> l) | 1), t = prefix | ((rng() >> l) | 1);
+      if (a > b) std::swap(a, b);
+      if (t < a) std::swap(t, a);
+      if (a == b || a == t || b <= t) continue;
+      above++;
+      const bool d = nvc::TagAbove(nvc::TagOf(b, s), a, t);
+      decided += d;
+    }
+    EXPECT_GT(decided, above * 99 / 100) << "l=" << l << " s=" << s;
+  }
+}
+
 class Tags : public testing::TestWithParam<ValueKind> {};
 
 // Links carry their node's tag after inserts and removes, after a clean
@@ -126,8 +166,8 @@ TEST_P(Tags, EveryLinkToANodeCarriesItsTag) {
     const TagCounts c = CountTags(pf.path);
     EXPECT_EQ(c.wrong, 0u);
     EXPECT_EQ(c.bucket_tagged, 0u);
-    // A tag is 0 only when the split-order key's top 16 bits are (1 in 65536).
-    EXPECT_LE(c.untagged, 2u);
+    // Tables of >= 16 buckets write windows from bit 4 on: never tag 0.
+    EXPECT_EQ(c.untagged, 0u);
     EXPECT_GT(c.tagged, kRecords / 3);
     if (crash) MarkUnclean(pf.path);
     ASSERT_TRUE(OpenIndex("", o, &idx).ok());
@@ -195,11 +235,12 @@ TEST_P(Tags, UntaggedLinksInAVersion6PoolWork) {
 INSTANTIATE_TEST_SUITE_P(Kinds, Tags, testing::Values(ValueKind::kU64, ValueKind::kBytes),
                          [](const auto& info) { return std::string(info.param == ValueKind::kU64 ? "U64" : "Bytes"); });
 
-// Picks the first link to a regular node with a tag below 0xffff.
+// Picks the first link to a regular node with a tag whose window is not all
+// ones.
 uint64_t* FirstTaggedLink(RawPool& rp, nvc::CompactNode** node) {
   uint64_t* found = nullptr;
   rp.LinkWalk([&](uint64_t* w, nvc::CompactNode* n) {
-    if (!found && n && (*w & nvc::kTagMask) && (n->so >> nvc::kTagShift) < 0xffff) {
+    if (!found && n && (*w & nvc::kTagMask) && ((*w >> nvc::kTagShift) & 0xfff) != 0xfff) {
       found = w;
       *node = n;
     }
@@ -207,7 +248,7 @@ uint64_t* FirstTaggedLink(RawPool& rp, nvc::CompactNode** node) {
   return found;
 }
 
-// A tag above its node's split-order key makes searches stop before the node
+// A tag whose window is above its node's makes searches stop before the node
 // (it is not loaded: the key is not found); Check reports the tag, and so
 // does crash recovery. A tag on a bucket link, and any tag in a format 5
 // pool, are reported too.
@@ -238,7 +279,7 @@ TEST(NvcHashmapTags, WrongTagsAreReported) {
   };
   auto persist_all = [](RawPool& rp) { pm::Persist(rp.p->base(), rp.p->size()); };
   std::string key;
-  uint64_t good = 0;
+  uint64_t good = 0, wrong = 0;
   {
     RawPool rp(pf.path);
     nvc::CompactNode* n = nullptr;
@@ -246,13 +287,14 @@ TEST(NvcHashmapTags, WrongTagsAreReported) {
     ASSERT_NE(w, nullptr);
     key = nvc_test::U64(n->key);
     good = *w;
-    pm::Store(w, (good & ~nvc::kTagMask) | nvc::kTagMask);  // tag 0xffff
+    wrong = good | (uint64_t(0xfff) << nvc::kTagShift);  // the window all ones
+    pm::Store(w, wrong);
     persist_all(rp);
   }
   ASSERT_TRUE(OpenIndex("", o, &idx).ok());
   EXPECT_TRUE(idx->Find(key, nullptr).IsNotFound()) << "the search stops on the tag without loading the node";
   idx.reset();
-  expect_reported("carries tag 65535");
+  expect_reported("carries tag " + std::to_string(wrong >> nvc::kTagShift) + ", not a window");
   // The right tag back, then a tag on a bucket link.
   {
     RawPool rp(pf.path);

@@ -9,9 +9,9 @@
 // nothing it reads from PM: every link must name a bucket inside the bucket
 // table or an allocated node (a slot of a known slab with matching flags, or
 // a 64-byte aligned allocator block); every regular node must have an odd
-// split-order key; a link's nonzero tag must be its node's split-order key's
-// top bits (bucket links, and every link of a pool of a version before tags,
-// carry none); keys must increase strictly in (split-order key, key)
+// split-order key; a link's nonzero tag must be a window of its node's
+// split-order key (bucket links, and every link of a pool of a version
+// before tags, carry none); keys must increase strictly in (split-order key, key)
 // order, which also bounds the walk (a cycle breaks the order); a slab node
 // may be reached once; a node's out-of-line value record must be allocated.
 // What each caller does per step is a Visitor:
@@ -81,10 +81,10 @@ Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive, co
                    " does not point to an allocated node");
     }
     if (!(n->so & 1)) return v.Bad("regular node " + std::to_string(off) + " has a dummy's split-order key");
-    if ((raw & kTagMask) && (raw & kTagMask) != NewTag(n->so))
+    if ((raw & kTagMask) && (!tag_mask_ || !TagMatches(raw, n->so)))
       return v.Bad("the link to node " + std::to_string(off) + " carries tag " + std::to_string(raw >> kTagShift) +
-                   (tag_mask_ ? "" : " in a pool of a version without tags") + "; its split-order key's is " +
-                   std::to_string(n->so >> kTagShift));
+                   (tag_mask_ ? ", not a window of its split-order key " + std::to_string(n->so)
+                              : " in a pool of a version without tags"));
     if (v.OnMarked(pw, n)) continue;
     if (prev_so > n->so) return v.Bad("split order violated at node " + std::to_string(off));
     if (prev_so == n->so && (!prev || Cmp(prev, n->so, NodeKey(n)) >= 0))
