@@ -56,20 +56,20 @@ uint64_t* NvcHashmap::NewSegmentSlot(int s, uint64_t i) {
 // b's alone; the eager cursor then skips them). Groups of buckets
 // >= kInitChunk have all their parents below the group (parent = b - 2^k,
 // 2^k >= kInitChunk).
-uint64_t* NvcHashmap::StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init) {
+Start NvcHashmap::StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init) {
   if (init) {
     if (b >= kInitChunk) {
       const uint64_t g = b & ~(kInitChunk - 1);
       InitBatch(g, std::min(kInitChunk, bc - g), c);
-      if (uint64_t* d = Published(b)) return d;
+      if (uint64_t* d = Published(b)) return Start{d, SoDummy(b)};
     }
-    if (uint64_t* d = InitBucket(b, c)) return d;
+    if (uint64_t* d = InitBucket(b, c)) return Start{d, SoDummy(b)};
   }
   while (b) {
     b = ParentBucket(b);
-    if (uint64_t* d = Published(b)) return d;
+    if (uint64_t* d = Published(b)) return Start{d, SoDummy(b)};
   }
-  return BucketSlot(0, false);
+  return Start{BucketSlot(0, false), 0};
 }
 
 // Links bucket b's dummy, which lives in its bucket-table slot (no
@@ -90,7 +90,7 @@ uint64_t* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
   const uint64_t so = SoDummy(b);
   Pos pos;
   for (;;) {
-    Search(parent, so, Slice(), c, &pos);
+    Search(Start{parent, SoDummy(pb)}, so, Slice(), c, &pos);
     if (pos.found) {  // impossible: only this slot holds bucket b's dummy
       pm::StoreVolatile(d, uint64_t(0));
       return nullptr;
@@ -180,7 +180,8 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     // claimed so far below (returning here would leave them claimed forever).
     if (!d) break;
     if (LoadW(d) != 0) continue;
-    uint64_t* parent = Published(ParentBucket(b));
+    const uint64_t pb = ParentBucket(b);
+    uint64_t* parent = Published(pb);
     if (!parent) continue;  // left to on-demand initialisation
     uint64_t st = 0;
     if (!ClaimDummy(d, &st)) continue;
@@ -188,7 +189,7 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
     Item& it = items[k++];
     it.b = b;
     it.d = d;
-    Search(parent, so, Slice(), c, &it.pos);
+    Search(Start{parent, SoDummy(pb)}, so, Slice(), c, &it.pos);
     if (it.pos.found) {  // impossible: only this slot holds bucket b's dummy
       pm::StoreVolatile(d, uint64_t(0));
       k--;

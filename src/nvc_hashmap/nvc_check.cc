@@ -30,7 +30,7 @@ Status NvcHashmap::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   // Dummies live in the segments; regular nodes outside slabs are blocks.
   for (uint64_t raw = LoadW(BucketSlot(0, false));;) {
     if (raw & kBucketLink) {
-      const uint64_t* w = (raw >> 3) ? BucketSlot(raw >> 3, false) : nullptr;
+      const uint64_t* w = LinkBucket(raw) ? BucketSlot(LinkBucket(raw), false) : nullptr;
       if (!w) break;
       raw = LoadW(w);
       continue;

@@ -1,4 +1,5 @@
-// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 5; 4 is read).
+// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 6; 4 and 5
+// are read).
 //
 // Paper: Schwalb et al., IMDM'15, section 3.3 (2) (every PM word an 8-byte
 // pool offset, changed by one CAS or failure-atomic store) and (3) (a fixed
@@ -23,7 +24,10 @@
 //
 //   head --> node --> node --> [bucket 4 link] --> slot 4 --> node --> ... kEnd
 //
-//   link word: | successor (offset of a Node, or b << 3) | B | D | M/U |
+//   link word: | tag | successor (offset of a Node, or b << 3) | B | D | M/U |
+//              bits 48-63 tag = a 12-bit window of the successor node's
+//                    split-order key and the window's start (TagOf), 0:
+//                    unknown; bucket links carry 0
 //              bit 2 B = kBucketLink (successor is bucket b's dummy)
 //              bit 1 D = kDirty (the latest store may not be durable yet)
 //              bit 0 M = kMark in a node's next (deleted, word frozen)
@@ -45,6 +49,9 @@
 //     compact nodes in slab pools always are) or an allocator block;
 //   - Root.count is valid only when Root.clean == 1, and so are the slabs'
 //     free bitmaps;
+//   - a nonzero tag in a link word is a window of the split-order key of the
+//     node the link names (TagMatches); bucket links (and every link of a
+//     version 4 or 5 pool) have tag 0;
 //   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
 //     slots; Root.xslots is nonzero iff max_threads > 256 (both written
 //     once, at creation, before the magic).
@@ -52,6 +59,7 @@
 // Thread safety: definitions only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -64,8 +72,12 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // layout of this file with 256 thread slots, compact 32-byte u64 nodes. 5:
 // root.max_threads and root.xslots (more thread slots in their own block);
 // a version 4 pool is a version 5 pool whose two words are 0 (256 slots), so
-// it is read as one and keeps its version.
-constexpr uint32_t kVersion = 5;
+// it is read as one and keeps its version. 6: successor tags in bits 48-63
+// of link words; a version 4 or 5 pool is a version 6 pool whose tags are
+// all 0 (unknown), so it is read as one, keeps its version and is written
+// without tags (a version 5 build can still open it).
+constexpr uint32_t kVersion = 6;
+constexpr uint32_t kFirstTagVersion = 6;
 constexpr uint32_t kOldestReadVersion = 4;
 
 // Thread slots: a thread binds one for its lifetime (kit/epoch.h bounds the
@@ -84,6 +96,22 @@ constexpr uint64_t kMaxBuckets = 1ull << 32;
 // slot) bit 0 is kUnpub (claimed, not published yet): dummies are never
 // marked, and every CAS of a predecessor's word keeps that bit (KeepUnpub).
 constexpr uint64_t kMark = 1, kDirty = 2, kBucketLink = 4, kLow = 7;
+// Bits 48-63 of a link word: the successor's tag, written in the same store
+// or CAS as the successor's offset; 0: unknown. A tag is a property of the
+// successor node alone (so a link copied to another predecessor keeps a
+// valid tag): bits 60-63 hold j, bits 48-59 the 12 bits of its split-order
+// key from bit position s = 4j on, counted from the top (so << s >> 52).
+// A search for split-order key T standing on a predecessor P < T whose
+// link has tag (j, w): if P and T agree on their top s bits and w is above
+// T's window, the successor sorts past T (it is above P, so its top s bits
+// are at least P's, which are T's; equal, its window decides) and is not
+// loaded. All nodes of a bucket share the top log2(bucket count) bits, so
+// an insert picks s just at or below that (TagShift): the window then holds
+// the bits that order a bucket's nodes. Pool offsets and bucket links fit
+// in bits 0-47 (kMaxPoolBytes, kMaxBuckets).
+constexpr int kTagShift = 48;
+constexpr uint64_t kTagMask = ~uint64_t(0) << kTagShift;
+constexpr uint64_t kMaxPoolBytes = uint64_t(1) << kTagShift;
 constexpr uint64_t kUnpub = kMark;
 constexpr uint64_t kEnd = kBucketLink;
 constexpr uint64_t kSlotBytes = 8;  // a bucket-table slot: the dummy's next word
@@ -186,9 +214,39 @@ inline int ClassOf(uint64_t size) {
 inline uint64_t A8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
 // Link-word helpers.
-// The link without its mark/kUnpub and kDirty bits: what a new node's next
-// or an unlink copies.
+// The link without its mark/kUnpub and kDirty bits (its tag kept): what a new
+// node's next or an unlink copies.
 inline uint64_t Succ(uint64_t raw) { return raw & ~(kMark | kDirty); }
+// Tag windows: 12 bits from bit position 4j (j <= kMaxTagJ) of a split-order key.
+constexpr int kTagBits = 12;
+constexpr uint64_t kMaxTagJ = (64 - kTagBits) / 4;
+inline uint64_t TagWindow(uint64_t so, int s) { return (so << s) >> (64 - kTagBits); }
+// The window start for a table of bucket_count buckets: its log2, rounded
+// down to a multiple of 4.
+inline int TagShift(uint64_t bucket_count) {
+  const int l = 63 - __builtin_clzll(bucket_count | 1);
+  return std::min<int>(l & ~3, int(4 * kMaxTagJ));
+}
+// The tag of a link to a node of split-order key so, window start s (a
+// multiple of 4, at most 4 * kMaxTagJ).
+inline uint64_t TagOf(uint64_t so, int s) { return (uint64_t(s / 4) << 60) | (TagWindow(so, s) << kTagShift); }
+// True if the tag of raw (nonzero) is a window of split-order key so.
+inline bool TagMatches(uint64_t raw, uint64_t so) {
+  const uint64_t j = raw >> 60;
+  return j <= kMaxTagJ && ((raw >> kTagShift) & ((1u << kTagBits) - 1)) == TagWindow(so, int(4 * j));
+}
+// True if the link raw (to a regular node), read in the word of a
+// predecessor whose split-order key prev_so is below so, tells that its
+// node sorts past so; false: unknown (tag 0) or not decided.
+inline bool TagAbove(uint64_t raw, uint64_t prev_so, uint64_t so) {
+  const uint64_t t = raw >> kTagShift;
+  if (!t) return false;
+  const int s = int(4 * (t >> kTagBits));
+  if (s > 0 && ((prev_so ^ so) >> (64 - s)) != 0) return false;
+  return (t & ((1u << kTagBits) - 1)) > TagWindow(so, s);
+}
+// The bucket a bucket link (raw & kBucketLink) names.
+inline uint64_t LinkBucket(uint64_t raw) { return (raw & ~kTagMask) >> 3; }
 // The kUnpub bit of a predecessor's word, kept by every CAS of that word: a
 // dummy's word may carry it; a regular predecessor's word as loaded by a
 // search is unmarked, so this is 0 for it.

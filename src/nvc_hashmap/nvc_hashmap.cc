@@ -33,6 +33,7 @@ void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
 int RecoveryWalkers(Index* idx) { return static_cast<internal::nvc::NvcHashmap*>(idx)->RecoveryWalkersForTest(); }
+void SetCreateFormatVersion(uint32_t version) { internal::nvc::g_create_version.store(version, std::memory_order_release); }
 uint64_t SlabRefillRetries() { return internal::nvc::g_slab_refill_retries.load(std::memory_order_relaxed); }
 
 uint64_t SplitOrderKey(KeyKind kind, Slice key) { return internal::nvc::SoRegular(internal::nvc::HashKey(kind, key)); }

@@ -35,6 +35,11 @@ void SetFindHook(LinkHook hook);
 using BucketFailHook = bool (*)(uint64_t bucket);
 void SetInitBatchSlotFailHook(BucketFailHook hook);
 
+// Pools created after this call are written in format `version`: 5 (links
+// without tags, as a version 5 build writes them) or 0 (the current format,
+// the default). Process-wide; tests of older pools only.
+void SetCreateFormatVersion(uint32_t version);
+
 // How many times (process-wide) a thread found no free slab slot, got
 // PoolFull for a new slab and took the retry path (reclaim, then the shared
 // list, then one more slab).

@@ -208,11 +208,12 @@ TEST(NvcHashmap, NodeAllocIsSelectableAndKept) {
   }
 }
 
-// Format 4 (8-byte bucket slots, compact 32-byte u64 nodes, 256 thread
-// slots): a pool of an older format is refused with a clear error, not
-// misread. Version 3 included: three incompatible layouts were written as 3.
+// Format 6 (8-byte bucket slots, compact 32-byte u64 nodes, thread slots,
+// link tags): a pool of an older format than 4, or a newer one, is refused
+// with a clear error, not misread. Version 3 included: three incompatible
+// layouts were written as 3.
 TEST(NvcHashmap, OlderFormatVersionIsRefused) {
-  for (uint32_t old : {2u, 3u, 6u}) {
+  for (uint32_t old : {2u, 3u, 7u}) {
     SCOPED_TRACE(old);
     PoolFile pf("version");
     Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
@@ -225,7 +226,7 @@ TEST(NvcHashmap, OlderFormatVersionIsRefused) {
       pm::PoolOptions po;
       ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
       auto* version = reinterpret_cast<uint32_t*>(p->base() + *p->root_slot() + 8);  // Root::version
-      ASSERT_EQ(*version, 5u);
+      ASSERT_EQ(*version, 6u);
       pm::Store(version, old);
       pm::Persist(version, 4);
       ASSERT_TRUE(p->Close().ok());
@@ -271,7 +272,10 @@ TEST(NvcHashmap, Version4PoolOpens) {
   PoolFile pf("v4");
   Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
   std::unique_ptr<Index> idx;
-  ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
+  nvc_hashmap_testing::SetCreateFormatVersion(5);  // links without tags, as versions 4 and 5 have them
+  const Status cs = OpenIndex("nvc_hashmap", o, &idx);
+  nvc_hashmap_testing::SetCreateFormatVersion(0);
+  ASSERT_TRUE(cs.ok()) << cs.ToString();
   for (uint64_t i = 0; i < 1000; i++) ASSERT_TRUE(idx->Insert(MakeKey(KeyKind::kU64, i), nvc_test::U64(i)).ok());
   idx.reset();
   auto set_v4 = [&](bool crash) {

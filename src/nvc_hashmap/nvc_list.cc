@@ -10,7 +10,9 @@
 // word before the mark and an update checks the mark before its store.
 //
 // Invariants: the list is strictly sorted by (split-order key, key); a
-// marked node's next never changes; a node is retired only by the thread
+// link's nonzero tag is a window of its node's split-order key (an insert's
+// CAS writes the new node's; every other link store copies a link with its
+// tag); a marked node's next never changes; a node is retired only by the thread
 // whose CAS unlinked it, after that unlink was persisted.
 //
 // Persist order:
@@ -43,26 +45,31 @@ namespace pmindex::internal::nvc {
 
 // Finds the position of (so, key) from the dummy word `start`: prev_word is
 // the word to CAS, curr_raw its exact value, curr the regular node it names
-// (found: the key's node) or nullptr (a later dummy or the end). A dummy's so
-// comes from the link naming it (SoDummy of its bucket), so a search that
-// stops at the next bucket's dummy does not touch it.
-void NvcHashmap::Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
+// (found: the key's node) or nullptr (a later dummy or the end); not found,
+// curr may be a node the search did not load (see below). A dummy's so comes
+// from the link naming it (SoDummy of its bucket), and a window of a regular
+// node's from the link's tag (nvc_format.h), so a search that stops at the
+// next bucket's dummy, or at a node whose tag sorts it past so, does not
+// touch it.
+void NvcHashmap::Search(const Start& start, uint64_t so, Slice key, const Ctx& c, Pos* pos) {
   // Without a fix (the paper's original algorithm) every link followed is
   // acted on unchecked: report each one to the observer, so pmcheck's erratum
   // lint sees every read of a not-yet-durable link.
   const bool report = fix() == Fix::kNone;
   auto load = [report](const uint64_t* w) { return report ? pm::LoadAcquire(w) : LoadW(w); };
+  uint64_t prev_so;  // the split-order key of the dummy or node owning prev_word
 retry:
   pos->pp_word = nullptr;
   pos->pp_raw = 0;
-  pos->prev_word = start;
-  pos->curr_raw = load(start);  // exact (a dummy's word may carry kUnpub, never kMark)
+  pos->prev_word = start.word;
+  pos->curr_raw = load(start.word);  // exact (a dummy's word may carry kUnpub, never kMark)
+  prev_so = start.so;
   for (;;) {
     const uint64_t raw = pos->curr_raw;
     if (raw & kBucketLink) {
       // A dummy (or kEnd). Dummies are never marked: no unlink to help.
       pos->curr = nullptr;
-      const uint64_t b = raw >> 3;
+      const uint64_t b = LinkBucket(raw);
       const uint64_t dso = SoDummy(b);
       uint64_t* w;
       if (b == 0 || dso >= so || !(w = BucketSlot(b, false))) {
@@ -73,11 +80,16 @@ retry:
       pos->pp_raw = raw;
       pos->prev_word = w;
       pos->curr_raw = load(w);
+      prev_so = dso;
       continue;
     }
     Node* curr = N(raw);
     pos->curr = curr;
-    if (!curr) {  // a 0 link (never written by this version; Check reports it)
+    // A tag above so: curr sorts past (so, key), so the position is found
+    // without loading curr (the common end of a search: one miss less). curr
+    // may be marked; an insert links before it all the same, and a later
+    // search that passes it unlinks it.
+    if (!curr || TagAbove(raw, prev_so, so)) {  // !curr: a 0 link (never written; Check reports it)
       pos->found = false;
       return;
     }
@@ -94,6 +106,7 @@ retry:
       pos->pp_raw = pos->curr_raw;
       pos->prev_word = &curr->next;
       pos->curr_raw = next_raw;
+      prev_so = curr->so;
       continue;
     }
     pos->found = (r == 0);
@@ -208,7 +221,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   Op op(this);
   if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
-  uint64_t* start = StartFor(h, c, mode != PutMode::kUpdate);
+  const Start start = StartFor(h, c, mode != PutMode::kUpdate);
   Node* fresh = nullptr;   // our node, owned by c.ps->pending until linked
   uint64_t fresh_val = 0;  // our value record, owned by c.ps->pending_val
   Status result;
@@ -293,7 +306,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     // durable, or a crash could keep our node but lose prev.
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
     uint64_t exp = pos.curr_raw;
-    const uint64_t desired = Off(fresh) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
+    const uint64_t desired = Off(fresh) | NewTag(so) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
     if (auto hook = g_link_hook.load(std::memory_order_acquire)) hook(key);
     const bool skip_link = PMINDEX_FAULT("nvc.insert.skip_link_persist");
@@ -373,7 +386,7 @@ Status NvcHashmap::Remove(Slice key) {
   Op op(this);
   if (!op.ok()) return BusyStatus();
   const Ctx c = op.ctx();
-  uint64_t* start = StartFor(h, c, false);
+  const Start start = StartFor(h, c, false);
   Pos pos;
   Search(start, so, key, c, &pos);
   if (!pos.found) return Status::NotFound();

@@ -82,6 +82,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<uint64_t> g_slab_refill_retries{0};  // SlabRefill's PoolFull path taken
+PMINDEX_NVC_HIDDEN inline std::atomic<uint32_t> g_create_version{0};  // format of new pools (0: kVersion)
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 
@@ -211,6 +212,12 @@ struct alignas(64) SlotState {
   std::vector<uint64_t> free_nodes[kNumClasses];
 };
 
+// Where a search starts: a published dummy's word and its split-order key.
+struct Start {
+  uint64_t* word;
+  uint64_t so;
+};
+
 struct Pos {
   uint64_t* pp_word = nullptr;  // word pointing to prev (nullptr: prev is the start dummy)
   uint64_t pp_raw = 0;          // its value when we passed it
@@ -304,8 +311,17 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     c.st->unpushed = 0;
   }
 
-  // The regular node an untagged link names (raw & kBucketLink == 0).
-  Node* N(uint64_t raw) const { return reinterpret_cast<Node*>((raw & ~kLow) ? base_ + (raw & ~kLow) : nullptr); }
+  // The regular node a link names (raw & kBucketLink == 0): its low bits and
+  // its tag masked.
+  Node* N(uint64_t raw) const {
+    const uint64_t off = raw & ~(kLow | kTagMask);
+    return reinterpret_cast<Node*>(off ? base_ + off : nullptr);
+  }
+  // The tag a new link to a node of split-order key so carries: its window
+  // for the current bucket count, or 0 in a pool of a version before tags.
+  uint64_t NewTag(uint64_t so) const {
+    return TagOf(so, TagShift(bucket_count_.load(std::memory_order_relaxed))) & tag_mask_;
+  }
   uint64_t Off(const void* p) const { return uint64_t(static_cast<const char*>(p) - base_); }
   // The key of a regular node (compact: 8 bytes at offset 24; else klen bytes
   // after the 32-byte header).
@@ -390,19 +406,19 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   uint64_t FirstBucket(int s) const { return s == 0 ? 0 : seg0_ << (s - 1); }
   // The dummy to start a search for hash h from: its bucket's if published
   // (the common case, inline), else StartForSlow.
-  uint64_t* StartFor(uint64_t h, const Ctx& c, bool init) {
+  Start StartFor(uint64_t h, const Ctx& c, bool init) {
     const uint64_t bc = bucket_count_.load(std::memory_order_relaxed);
     const uint64_t b = h & (bc - 1);
-    if (uint64_t* d = Published(b)) return d;
+    if (uint64_t* d = Published(b)) return Start{d, SoDummy(b)};
     return StartForSlow(b, bc, c, init);
   }
-  uint64_t* StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init);
+  Start StartForSlow(uint64_t b, uint64_t bc, const Ctx& c, bool init);
   uint64_t* InitBucket(uint64_t b, const Ctx& c);
   // Claims bucket b's free slot d (volatile CAS free -> claimed, i.e. kUnpub;
   // on failure *st gets the word).
   static bool ClaimDummy(uint64_t* d, uint64_t* st) { return pm::CasVolatile(d, st, kUnpub | kEnd); }
 
-  void Search(uint64_t* start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
+  void Search(const Start& start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   uint64_t HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
   Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
@@ -477,6 +493,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // and frees it (open: recovery, or after a clean close).
   void FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr*)>& empty);
   Status InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads);
+  std::string MaxSizeMessage() const;
   Status LoadRoot(bool* needs_recovery);
   Status Recover();
   // The two walkers of Recover (nvc_recovery.cc).
@@ -523,6 +540,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   int recovery_threads_ = 1;  // Options::recovery_threads (0: hardware concurrency); the walk uses at most 2
   int recovery_walkers_ = 0;  // walkers of the last crash recovery (tests)
   uint32_t late_max_threads_ = 0;  // fault nvc.create.skip_max_threads_persist: stored by Finish, unflushed
+  uint64_t tag_mask_ = kTagMask;  // 0 in a version 4 or 5 pool: its links are written without tags
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)
   bool compact_ = false;     // u64 keys and values: CompactNode layout
   std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_

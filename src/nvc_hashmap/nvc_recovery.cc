@@ -7,8 +7,9 @@
 // does not own (the paper leaks them).
 //
 // Open (LoadRoot) validates the root before reading past its first line
-// (block size, magic, version 4 or 5, kinds, segment size, thread slots,
-// the head). After
+// (block size, magic, version 4 to 6, kinds, segment size, thread slots,
+// the head; pools of version 4 and 5 keep their version and get no link
+// tags). After
 // a clean close (root.clean == 1) it takes the record count and the slabs'
 // free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
 // list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
@@ -62,7 +63,13 @@ Status NvcHashmap::Close() {
   return pool_->Close();
 }
 
+std::string NvcHashmap::MaxSizeMessage() const {
+  return "nvc_hashmap: pool growth limit " + std::to_string(pool_->max_size()) + " bytes is above " +
+         std::to_string(kMaxPoolBytes) + " (link words hold 48-bit offsets)";
+}
+
 Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t max_threads) {
+  if (pool_->max_size() > kMaxPoolBytes) return Status::InvalidArgument(MaxSizeMessage());
   pm::Allocator& a = pool_->allocator();
   PMINDEX_RETURN_IF_ERROR(a.AllocateZeroed(pool_->root_slot(), sizeof(Root)));
   root_ = pool_->root<Root>();
@@ -82,7 +89,10 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   compact_ = kk_ == KeyKind::kU64 && vk_ == ValueKind::kU64;
   seg0_ = std::max<uint64_t>(256, initial_buckets);
   log_seg0_ = 63 - __builtin_clzll(seg0_);
-  pm::Store(&root_->version, kVersion);
+  // Format 5 (tests of older pools): the same layout, links without tags.
+  const uint32_t version = g_create_version.load(std::memory_order_acquire) == 5 ? 5 : kVersion;
+  tag_mask_ = version >= kFirstTagVersion ? kTagMask : 0;
+  pm::Store(&root_->version, version);
   pm::Store(&root_->key_kind, uint8_t(kk_));
   pm::Store(&root_->value_kind, uint8_t(vk_));
   pm::Store(&root_->max_key, uint64_t(max_key_));
@@ -136,6 +146,10 @@ Status NvcHashmap::LoadRoot(bool* needs_recovery) {
     return Status::Corrupt("nvc_hashmap: a thread-slot block with max_threads <= " + std::to_string(kRootSlots));
   }
   SetThreadSlots(uint32_t(nt));
+  // Links carry tags from version 6 on; an older pool is written without
+  // them and keeps its version.
+  tag_mask_ = root_->version >= kFirstTagVersion ? kTagMask : 0;
+  if (pool_->max_size() > kMaxPoolBytes) return Status::InvalidArgument(MaxSizeMessage());
   if (root_->key_kind > 1 || root_->value_kind > 1) return Status::Corrupt("nvc_hashmap: bad key/value kind in root");
   kk_ = KeyKind(root_->key_kind);
   vk_ = ValueKind(root_->value_kind);

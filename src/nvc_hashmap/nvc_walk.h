@@ -9,7 +9,9 @@
 // nothing it reads from PM: every link must name a bucket inside the bucket
 // table or an allocated node (a slot of a known slab with matching flags, or
 // a 64-byte aligned allocator block); every regular node must have an odd
-// split-order key; keys must increase strictly in (split-order key, key)
+// split-order key; a link's nonzero tag must be a window of its node's
+// split-order key (bucket links, and every link of a pool of a version
+// before tags, carry none); keys must increase strictly in (split-order key, key)
 // order, which also bounds the walk (a cycle breaks the order); a slab node
 // may be reached once; a node's out-of-line value record must be allocated.
 // What each caller does per step is a Visitor:
@@ -50,7 +52,8 @@ Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive, co
     uint64_t raw = LoadW(pw);
     PMINDEX_RETURN_IF_ERROR(v.OnWord(pw, prev, &raw));
     if (raw & kBucketLink) {
-      const uint64_t b = raw >> 3;
+      if (raw & kTagMask) return v.Bad("bucket link after split-order key " + std::to_string(prev_so) + " carries a tag");
+      const uint64_t b = LinkBucket(raw);
       if (b == 0) return Status::OK();  // kEnd
       uint64_t* w = b < kMaxBuckets ? BucketSlot(b, false) : nullptr;
       if (!w) return v.Bad("link to bucket " + std::to_string(b) + " outside the bucket table");
@@ -78,6 +81,10 @@ Status NvcHashmap::WalkList(Visitor& v, SlabBits* live_slab, uint64_t* nlive, co
                    " does not point to an allocated node");
     }
     if (!(n->so & 1)) return v.Bad("regular node " + std::to_string(off) + " has a dummy's split-order key");
+    if ((raw & kTagMask) && (!tag_mask_ || !TagMatches(raw, n->so)))
+      return v.Bad("the link to node " + std::to_string(off) + " carries tag " + std::to_string(raw >> kTagShift) +
+                   (tag_mask_ ? ", not a window of its split-order key " + std::to_string(n->so)
+                              : " in a pool of a version without tags"));
     if (v.OnMarked(pw, n)) continue;
     if (prev_so > n->so) return v.Bad("split order violated at node " + std::to_string(off));
     if (prev_so == n->so && (!prev || Cmp(prev, n->so, NodeKey(n)) >= 0))
