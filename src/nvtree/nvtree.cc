@@ -147,6 +147,7 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
   if (mode != Mode::kRemove) PMINDEX_RETURN_IF_ERROR(ValidateValue(value_kind(), max_value_, value));
   const K k = MakeKey(key);
   kit::Backoff b;
+  int tries = 0;
   for (;;) {
     uint64_t leaf = 0, v = 0;
     {
@@ -190,6 +191,17 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
     }
     if (c + uint64_t(n) <= cap_) {
       const Status st = Append(l, c, ents, n, key, value, new_key_at);
+      if (st.IsPoolFull() && pointers_ && tries < 2) {
+        // Dead entries hold blocks until their leaf is replaced: compact
+        // this leaf, then (a second time) every leaf, and retry.
+        if (tries++ == 0 && c > 0) {
+          PMINDEX_RETURN_IF_ERROR(Replace(leaf, k, v, false, uint32_t(n), true));
+        } else {
+          UnlockUnchanged(vl, v);
+          PMINDEX_RETURN_IF_ERROR(CompactAll());
+        }
+        continue;
+      }
       if (!st.ok()) {
         UnlockUnchanged(vl, v);
         return st;
@@ -199,7 +211,14 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
       else if (!present) count_.fetch_add(1, std::memory_order_relaxed);
       return Status::OK();
     }
-    PMINDEX_RETURN_IF_ERROR(Replace(leaf, k, v));  // unlocks the leaf
+    // Full: replace the leaf first. A Remove is completed by the replacement
+    // itself (the new leaves leave the key out), so it needs no room.
+    const bool drop = mode == Mode::kRemove;
+    PMINDEX_RETURN_IF_ERROR(Replace(leaf, k, v, drop, uint32_t(n), false));  // unlocks the leaf
+    if (drop) {
+      count_.fetch_sub(1, std::memory_order_relaxed);
+      return Status::OK();
+    }
   }
 }
 

@@ -30,7 +30,12 @@
 //
 // Root object (kRootBytes, allocated zeroed into the pool's root slot):
 //   line 0  magic, initialized (kit/root_check.h), format, config
-//   line 1  head: offset of the first leaf
+//   line 1  head: offset of the first leaf; spare: a leaf kept allocated
+//           so that a replacement that frees as much as it allocates (a
+//           compaction, a Remove on a full leaf) succeeds in a full pool.
+//           The spare moves into the micro-log's `a` by two persisted
+//           stores (log.a = spare, then spare = 0); recovery clears a spare
+//           that equals log.a or log.b.
 //   line 2  the replacement micro-log {link, old, a, b} (nvtree_smo.cc):
 //           link = pool offset of the word that points at `old` (head or the
 //           left neighbour's next word); a, b own the new leaves until the
@@ -83,7 +88,8 @@ struct Root {
   uint64_t pad2[2];
   // line 1
   uint64_t head;
-  uint64_t pad3[7];
+  uint64_t spare;
+  uint64_t pad3[6];
   // line 2
   ReplaceLog log;
   uint64_t pad4[4];

@@ -108,7 +108,7 @@ Status NVTree<kBytes>::Open(const Options& o, const Config& c) {
   root_ = pool_->root<Root>();
   if (state == kit::RootState::kCreating) {
     const Root* r = root_;
-    if (r->log.link || r->log.old || r->log.a || r->log.b) return Bad("root not initialised but its micro-log is in use");
+    if (r->log.link || r->log.old || r->log.a || r->log.b || r->spare) return Bad("root not initialised but its micro-log is in use");
     PMINDEX_RETURN_IF_ERROR(kit::CheckCreationBlocks(pool_.get(), kSpec, r->head ? 2 : 1,
                                                      "root not initialised (initialized = 0, head " + Num(r->head) + ")"));
     if (r->head) {
@@ -128,6 +128,8 @@ Status NVTree<kBytes>::Open(const Options& o, const Config& c) {
 template <bool kBytes>
 Status NVTree<kBytes>::RecoverLog() {
   ReplaceLog* lg = &root_->log;
+  if (root_->spare) PMINDEX_RETURN_IF_ERROR(LeafRange(root_->spare, "spare"));
+  if (root_->spare && (root_->spare == lg->a || root_->spare == lg->b)) pm::StorePersist(&root_->spare, uint64_t(0));
   if (!lg->link && !lg->old && !lg->a && !lg->b) return Status::OK();
   pm::Allocator& alloc = pool_->allocator();
   if (lg->old) PMINDEX_RETURN_IF_ERROR(LeafRange(lg->old, "log.old"));
@@ -261,6 +263,7 @@ Status NVTree<kBytes>::Recover() {
     lows.push_back(mins[i]);
     total += lives[i];
   }
+  if (!root_->spare) (void)pool_->allocator().Allocate(&root_->spare, leaf_bytes_);
   // 5. the inner nodes
   RetireDram();
   delete inner_.exchange(new Inner<K>(lows, kept, std::max<uint32_t>(1, pln_cap_ / 2), fanout_));
@@ -320,6 +323,7 @@ template <bool kBytes>
 Status NVTree<kBytes>::ForEachOwnedBlock(const std::function<void(uint64_t offset)>& fn) {
   if (closed_) return IndexClosed();
   fn(*pool_->root_slot());
+  if (root_->spare) fn(root_->spare);
   kit::BoundedWalk walk(pool_size(), leaf_bytes_);
   std::vector<uint64_t> words;
   for (uint64_t x = root_->head; x; x = Ld(Next(L(x)))) {

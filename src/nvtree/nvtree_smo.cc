@@ -33,8 +33,9 @@
 // only the leaves are freed), otherwise rolls forward (step 5). A crash at
 // any instant leaks nothing.
 // Fault switches: nvtree.replace.skip_leaf_flush (step 2 unflushed),
-// nvtree.replace.skip_log (step 1 not persisted), nvtree.replace.free_before_swap
-// (the old leaf's blocks freed before the commit).
+// nvtree.replace.free_before_swap (byte keys/values: the old leaf's blocks
+// freed before the commit). Step 1 needs none: the allocator's persist of
+// log.a in step 2 carries the same line.
 //
 // Thread safety: Replace runs under smo_mu_ with the old leaf locked by the
 // caller; it waits for no leaf lock, and waits for the grace period outside
@@ -48,10 +49,23 @@
 namespace pmindex::internal::nvtree {
 
 template <bool kBytes>
-Status NVTree<kBytes>::NewLeaf(uint64_t* dest, const std::vector<Rec>& recs, size_t lo, size_t hi, uint64_t next) {
+Status NVTree<kBytes>::AllocLeaf(uint64_t* dest, bool spare_ok) {
   pm::Allocator& alloc = pool_->allocator();
-  PMINDEX_RETURN_IF_ERROR(pointers_ ? alloc.AllocateZeroed(dest, leaf_bytes_) : alloc.Allocate(dest, leaf_bytes_));
-  char* d = L(*dest);
+  Status st = pointers_ ? alloc.AllocateZeroed(dest, leaf_bytes_) : alloc.Allocate(dest, leaf_bytes_);
+  if (st.ok() || !st.IsPoolFull() || !spare_ok || !root_->spare) return st;
+  const uint64_t s = root_->spare;  // the spare moves into *dest
+  pm::StorePersist(dest, s);
+  pm::StorePersist(&root_->spare, uint64_t(0));
+  if (pointers_) {  // scratch words must be 0 (nvtree_format.h)
+    pm::Set(L(s), 0, leaf_bytes_);
+    pm::Flush(L(s), leaf_bytes_);
+  }
+  return Status::OK();
+}
+
+template <bool kBytes>
+void NVTree<kBytes>::FillLeaf(uint64_t off, const std::vector<Rec>& recs, size_t lo, size_t hi, uint64_t next) {
+  char* d = L(off);
   std::vector<Entry> buf;
   buf.reserve(hi - lo);
   for (size_t i = lo; i < hi; i++) buf.push_back(Entry{kInsert, recs[i].kw, recs[i].vw});
@@ -59,7 +73,6 @@ Status NVTree<kBytes>::NewLeaf(uint64_t* dest, const std::vector<Rec>& recs, siz
   pm::StoreAtomic(Next(d), next, __ATOMIC_RELAXED);
   pm::StoreAtomic(Count(d), uint64_t(buf.size()), __ATOMIC_RELAXED);
   if (!PMINDEX_FAULT("nvtree.replace.skip_leaf_flush")) pm::Flush(d, kLeafHeader + buf.size() * kEntryBytes);
-  return Status::OK();
 }
 
 template <bool kBytes>
@@ -93,13 +106,47 @@ void NVTree<kBytes>::RetireDram() {
 }
 
 template <bool kBytes>
+Status NVTree<kBytes>::CompactAll() {
+  struct Todo {
+    uint64_t leaf, v;
+    K k;
+  };
+  std::vector<Todo> todo;  // leaves with dead entries: version read, a key
+  {
+    EpochManager::Guard g(epoch_);
+    Inner<K>* in = inner_.load(std::memory_order_acquire);
+    std::vector<Rec> recs;
+    for (size_t p = 0; p < in->plns(); p++) {
+      for (uint64_t leaf : in->pln(p)->leaves) {
+        kit::VersionLock* vl = VL(leaf);
+        uint64_t v;
+        if (!vl->ReadBegin(&v)) continue;
+        const uint64_t c = LdAcq(Count(L(leaf)));
+        const bool ok = c <= cap_ && Records(L(leaf), c, false, &recs);
+        if (!vl->Validate(v) || !ok || recs.size() == c) continue;
+        K k{};
+        if (!ReadKey(Ld(&E(L(leaf), 0)->key), &k)) continue;
+        todo.push_back(Todo{leaf, v, std::move(k)});
+      }
+    }
+  }
+  for (Todo& t : todo) {
+    // A leaf written or replaced since (its address possibly reused by a
+    // new leaf) holds a newer version: TryLock refuses it.
+    if (!VL(t.leaf)->TryLock(t.v)) continue;
+    PMINDEX_RETURN_IF_ERROR(Replace(t.leaf, t.k, t.v, false, 0, true));
+  }
+  return Status::OK();
+}
+
+template <bool kBytes>
 void NVTree<kBytes>::Rebuild(const std::vector<K>& lows, const std::vector<uint64_t>& leaves) {
   auto* ni = new Inner<K>(lows, leaves, std::max<uint32_t>(1, pln_cap_ / 2), fanout_);
   dead_inners_.push_back(inner_.exchange(ni, std::memory_order_acq_rel));
 }
 
 template <bool kBytes>
-Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
+Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop, uint32_t need, bool compact) {
   std::lock_guard<std::mutex> lk(smo_mu_);
   kit::VersionLock* vl = VL(leaf);
   Inner<K>* in = inner_.load(std::memory_order_relaxed);
@@ -111,6 +158,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
     UnlockUnchanged(vl, v);
     return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " unreadable or not where the inner nodes route");
   }
+  if (drop) live.erase(std::remove_if(live.begin(), live.end(), [&](const Rec& x) { return x.key == k; }), live.end());
   const size_t nl = live.size();
   uint64_t prev = 0;
   if (r.i > 0) {
@@ -125,7 +173,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
   }
   uint64_t* link = prev ? Next(L(prev)) : &root_->head;
   const bool unlink = nl == 0 && r.pln->size() > 1;
-  const bool split = nl > cap_ / 2;
+  bool split = !compact && nl > cap_ / 2;
   const uint64_t next = Ld(Next(l));
   ReplaceLog* lg = &root_->log;
   pm::Allocator& alloc = pool_->allocator();
@@ -133,26 +181,39 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
   // 1. the log names the link and the old leaf
   pm::StoreAtomic(&lg->link, pool_->OffsetOf(link), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->old, leaf, __ATOMIC_RELAXED);
-  if (!PMINDEX_FAULT("nvtree.replace.skip_log")) pm::Persist(lg, 16);
+  pm::Persist(lg, 16);
   auto abort = [&](const Status& st) {
     if (lg->a) alloc.Free(&lg->a);
+    if (lg->b) alloc.Free(&lg->b);
     pm::StoreAtomic(&lg->old, uint64_t(0));
     pm::StoreAtomic(&lg->link, uint64_t(0));
     pm::Persist(lg, 16);
     UnlockUnchanged(vl, v);
     return st;
   };
-  // 2. the new leaves, owned by the log
+  // 2. the new leaves, owned by the log. In a full pool a split falls back
+  // to a compaction when the records and the caller's entries fit one leaf;
+  // a compaction frees as much as it allocates and may take the spare.
   K sepb{};
   if (!unlink) {
-    const size_t cut = split ? nl / 2 : nl;
-    if (Status st = NewLeaf(&lg->a, live, 0, cut, 0); !st.ok()) return abort(st);
     if (split) {
-      if (Status st = NewLeaf(&lg->b, live, cut, nl, next); !st.ok()) return abort(st);
+      Status st = AllocLeaf(&lg->a, false);
+      if (st.ok()) st = AllocLeaf(&lg->b, false);
+      if (!st.ok()) {
+        if (!st.IsPoolFull() || nl + need > cap_) return abort(st);
+        if (lg->a) alloc.Free(&lg->a);
+        split = false;
+      }
+    }
+    if (!split) {
+      if (Status st = AllocLeaf(&lg->a, true); !st.ok()) return abort(st);
+    }
+    const size_t cut = split ? nl / 2 : nl;
+    FillLeaf(lg->a, live, 0, cut, split ? lg->b : next);
+    if (split) {
+      FillLeaf(lg->b, live, cut, nl, next);
       sepb = live[cut].key;
     }
-    pm::StoreAtomic(Next(L(lg->a)), split ? lg->b : next, __ATOMIC_RELAXED);
-    if (!PMINDEX_FAULT("nvtree.replace.skip_leaf_flush")) pm::Flush(Next(L(lg->a)), 8);
     VL(lg->a)->NewBorn();
     if (split) VL(lg->b)->NewBorn();
   }
@@ -204,7 +265,8 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
   if (nb) VL(nb)->Unlock();
   vl->UnlockObsolete();
 
-  // 5. after the grace period: the old leaf's dead blocks, the old leaf, the log
+  // 5. after the grace period: the old leaf's dead blocks, the old leaf, the
+  // log; then the spare is allocated again if it was taken
   epoch_.Synchronize();
   RetireDram();
   if (pointers_) FreeDeadBlocks(l, keep);
@@ -213,6 +275,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v) {
   pm::StoreAtomic(&lg->b, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->link, uint64_t(0), __ATOMIC_RELAXED);
   pm::Persist(lg, sizeof(ReplaceLog));
+  if (!root_->spare) (void)alloc.Allocate(&root_->spare, leaf_bytes_);
   return Status::OK();
 }
 

@@ -161,15 +161,21 @@ class NVTree final : public Index {
   Status Put(Slice key, Slice value, Mode mode);
   // Appends n entries at c (leaf locked) and commits them with the count.
   Status Append(char* l, uint64_t c, const Entry* ents, int n, Slice key, Slice value, int new_key_at);
-  // Replaces the full leaf `leaf` (locked at version v by the caller, routed
-  // to by k) by one or two new leaves, or unlinks it if it holds no record;
-  // unlocks it (obsolete). nvtree_smo.cc.
-  Status Replace(uint64_t leaf, const K& k, uint64_t v);
+  // Replaces `leaf` (locked at version v by the caller, routed to by k) by
+  // one or two new leaves holding its live records, or unlinks it if it holds
+  // none; unlocks it (obsolete if replaced, unchanged on an error). drop:
+  // k is left out (a Remove that the replacement completes). need: entries
+  // the caller appends afterwards. compact: one new leaf, never a split.
+  // nvtree_smo.cc.
+  Status Replace(uint64_t leaf, const K& k, uint64_t v, bool drop, uint32_t need, bool compact);
   // Rebuilds the inner nodes from (lows, leaves) and publishes them (smo_mu_ held).
   void Rebuild(const std::vector<K>& lows, const std::vector<uint64_t>& leaves);
   // Frees the key/value blocks of leaf l (all slots) not in keep, last slot
   // first so that a shared block is freed through its first word.
   void FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep);
+  // Compacts every leaf holding dead entries (a full pool with blocks held
+  // by superseded entries). Takes each leaf's lock like a writer.
+  Status CompactAll();
   void RetireDram();  // after a grace period: frees retired PLNs / Inners
 
   // ---- recovery (nvtree_recovery.cc)
@@ -178,9 +184,11 @@ class NVTree final : public Index {
   Status LeafRange(uint64_t off, const std::string& what) const;
   Status CheckConfig(const Root* r) const;
   void LoadConfig();
-  // Allocates a leaf into *dest (zeroed when entries hold blocks) and writes
-  // and flushes recs [lo, hi) as inserts with the given next (no fence).
-  Status NewLeaf(uint64_t* dest, const std::vector<Rec>& recs, size_t lo, size_t hi, uint64_t next);
+  // Allocates a leaf into *dest (zeroed when entries hold blocks); with
+  // spare_ok, takes the root's spare leaf when the pool is full.
+  Status AllocLeaf(uint64_t* dest, bool spare_ok);
+  // Writes and flushes recs [lo, hi) as inserts into leaf off (no fence).
+  void FillLeaf(uint64_t off, const std::vector<Rec>& recs, size_t lo, size_t hi, uint64_t next);
 
   std::unique_ptr<pm::Pool> pool_;
   char* base_ = nullptr;
