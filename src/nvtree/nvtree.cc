@@ -331,7 +331,10 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     const uint64_t ro = *pool->root_slot();
     if (ro && ro % 8 == 0 && ro + sizeof(Root) <= pool->size()) {
       const Root* r = reinterpret_cast<const Root*>(pool->base() + ro);
-      if (r->key_kind <= 1 && r->value_kind <= 1) {
+      // The root's kinds hold once line 0 is durable: the first leaf is
+      // allocated after its fence. A creation that crashed earlier is
+      // formatted again with the options' kinds.
+      if ((r->initialized == 1 || r->head != 0) && r->key_kind <= 1 && r->value_kind <= 1) {
         kk = KeyKind(r->key_kind);
         vk = ValueKind(r->value_kind);
       }

@@ -263,7 +263,7 @@ Status NVTree<kBytes>::Recover() {
     lows.push_back(mins[i]);
     total += lives[i];
   }
-  if (!root_->spare) (void)pool_->allocator().Allocate(&root_->spare, leaf_bytes_);
+  if (!root_->spare && pool_->allocator().Allocate(&root_->spare, leaf_bytes_).ok()) pm::Fence();  // orders the allocator's log clear
   // 5. the inner nodes
   RetireDram();
   delete inner_.exchange(new Inner<K>(lows, kept, std::max<uint32_t>(1, pln_cap_ / 2), fanout_));

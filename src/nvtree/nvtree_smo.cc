@@ -275,7 +275,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   pm::StoreAtomic(&lg->b, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->link, uint64_t(0), __ATOMIC_RELAXED);
   pm::Persist(lg, sizeof(ReplaceLog));
-  if (!root_->spare) (void)alloc.Allocate(&root_->spare, leaf_bytes_);
+  if (!root_->spare && alloc.Allocate(&root_->spare, leaf_bytes_).ok()) pm::Fence();  // orders the allocator's log clear
   return Status::OK();
 }
 
