@@ -239,3 +239,63 @@ TEST(NVTreeCost, FencesPerOperation) {
 
 }  // namespace
 }  // namespace pmindex
+
+namespace pmindex {
+namespace {
+
+// The figures of docs/nvtree.md that are counted, not timed: lines flushed
+// and fences per operation at steady state (replacements included, and
+// apart), and the DRAM footprint against fptree's at the same record count.
+// Printed; the assertions only bound them.
+TEST(NVTreeFigures, FlushesPerOperationAndDram) {
+  constexpr uint64_t kLoad = 200000, kOps = 20000;
+  std::mt19937_64 rng(3);
+  std::vector<uint64_t> keys(kLoad);
+  for (auto& k : keys) k = rng();
+  for (std::string name : {"nvtree", "fptree"}) {
+    Options o;
+    o.pool_path = PoolPath();
+    o.pool_size = 256ull << 20;
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex(name, o, &idx).ok());
+    for (uint64_t k : keys) ASSERT_TRUE(idx->Insert(U64Slice(k), U64Slice(k)).ok());
+    auto measure = [&](const char* what, auto&& op) {
+      pm::Counters all, plain, smo;
+      uint64_t nplain = 0, nsmo = 0;
+      for (uint64_t i = 0; i < kOps; i++) {
+        pm::Counters before = pm::ThreadCounters();
+        op(i);
+        pm::Counters d = pm::ThreadCounters() - before;
+        all += d;
+        // An operation that allocated or freed changed the structure.
+        if (d.allocs || d.frees) {
+          smo += d;
+          nsmo++;
+        } else {
+          plain += d;
+          nplain++;
+        }
+      }
+      printf("%s %-7s all: lines/op %.3f fences/op %.3f | without SMO (%llu): lines %.3f fences %.3f | with SMO (%llu): lines %.1f fences %.1f\n",
+             name.c_str(), what, double(all.lines_flushed) / kOps, double(all.fences) / kOps,
+             static_cast<unsigned long long>(nplain), nplain ? double(plain.lines_flushed) / double(nplain) : 0.0,
+             nplain ? double(plain.fences) / double(nplain) : 0.0, static_cast<unsigned long long>(nsmo),
+             nsmo ? double(smo.lines_flushed) / double(nsmo) : 0.0, nsmo ? double(smo.fences) / double(nsmo) : 0.0);
+    };
+    std::vector<uint64_t> fresh(kOps);
+    for (auto& k : fresh) k = rng();
+    measure("insert", [&](uint64_t i) { ASSERT_TRUE(idx->Insert(U64Slice(fresh[i]), U64Slice(i)).ok()); });
+    measure("update", [&](uint64_t i) { ASSERT_TRUE(idx->Update(U64Slice(keys[i]), U64Slice(i)).ok()); });
+    measure("delete", [&](uint64_t i) { ASSERT_TRUE(idx->Remove(U64Slice(keys[kOps + i])).ok()); });
+    const IndexStats st = idx->Stats();
+    printf("%s records %llu dram_bytes %llu (%.1f bytes/record) pm_bytes %llu\n", name.c_str(),
+           static_cast<unsigned long long>(st.records), static_cast<unsigned long long>(st.dram_bytes),
+           double(st.dram_bytes) / double(st.records), static_cast<unsigned long long>(st.pm_bytes));
+    EXPECT_GT(st.dram_bytes, 0u);
+    idx.reset();
+    pm::Pool::Remove(o.pool_path);
+  }
+}
+
+}  // namespace
+}  // namespace pmindex
