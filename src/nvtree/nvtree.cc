@@ -21,9 +21,13 @@
 // and a writer holds the leaf lock from its first store until the count is
 // durable, so no validated read sees an entry whose commit can still be
 // lost; a scan does the same per leaf.
+// Fault switches: nvtree.append.skip_entry_flush, .count_before_entry,
+// .skip_count_flush (persist order), .unlock_before_count_persist (the read
+// rule); nvtree_smo.cc has the replacement's.
 //
 // Thread safety: nvtree_tree.h.
 #include <algorithm>
+#include <thread>
 
 #include "nvtree/nvtree_tree.h"
 #include "pmindex/pm/fault.h"
@@ -135,6 +139,7 @@ Status NVTree<kBytes>::Append(char* l, uint64_t c, const Entry* ents, int n, Sli
   if (!PMINDEX_FAULT("nvtree.append.skip_entry_flush")) pm::Flush(E(l, c), kEntryBytes * size_t(n));
   pm::Fence();
   pm::StoreAtomic(Count(l), c + uint64_t(n), __ATOMIC_RELEASE);
+  if (PMINDEX_FAULT("nvtree.append.unlock_before_count_persist")) return Status::OK();  // Put persists it after unlocking
   if (!PMINDEX_FAULT("nvtree.append.skip_count_flush")) pm::Flush(Count(l), 8);
   pm::Fence();
   return Status::OK();
@@ -207,6 +212,11 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
         return st;
       }
       vl->UnlockFrom(v);
+      if (PMINDEX_FAULT("nvtree.append.unlock_before_count_persist")) {
+        // The read rule's fault: readers may see the count before it is durable.
+        std::this_thread::yield();
+        pm::Persist(Count(l), 8);
+      }
       if (mode == Mode::kRemove) count_.fetch_sub(1, std::memory_order_relaxed);
       else if (!present) count_.fetch_add(1, std::memory_order_relaxed);
       return Status::OK();

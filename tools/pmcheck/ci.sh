@@ -241,6 +241,14 @@ if echo "$indexes" | grep -qx nvc_hashmap; then
   read_rule "nvc_hashmap erratum_fix=none (read rule)" --index nvc_hashmap --keys 12 --ops 400 --images 600 --images-per-point 3 \
     --param initial_buckets=16 --param erratum_fix=none &
 fi
+# NV-Tree's read rule: a writer that unlocks its leaf before the count is
+# durable lets a find return an entry a crash takes away.
+if echo "$indexes" | grep -qx nvtree; then
+  throttle
+  nrun=$((nrun + 1))
+  read_rule "nvtree fault append.unlock_before_count_persist (read rule)" --index nvtree --keys 12 --ops 400 --images 600 \
+    --images-per-point 3 --param leaf_size=8 --param inner_size=4 --fault nvtree.append.unlock_before_count_persist &
+fi
 wait
 
 failed=()
