@@ -328,7 +328,7 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   Params p(o.params);
   PMINDEX_RETURN_IF_ERROR(p.Expect({"leaf_size", "inner_size"}));
   long long leaf = 0, inner = 0;
-  PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", 64, 2, kMaxLeafCap, &leaf));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", 64, 4, kMaxLeafCap, &leaf));
   PMINDEX_RETURN_IF_ERROR(p.GetInt("inner_size", 128, 2, kMaxPlnCap, &inner));
   Config c;
   c.leaf_cap = uint32_t(leaf);

@@ -48,7 +48,7 @@ template <bool kBytes>
 Status NVTree<kBytes>::CheckConfig(const Root* r) const {
   if (r->format != kFormat) return Bad("root format " + Num(r->format) + ", expected " + Num(kFormat));
   if (r->key_kind != (kBytes ? 1 : 0) || r->value_kind > 1) return Bad("root key/value kind out of range");
-  if (r->leaf_cap < 2 || r->leaf_cap > kMaxLeafCap) return Bad("root leaf_cap " + Num(r->leaf_cap) + " out of range");
+  if (r->leaf_cap < 4 || r->leaf_cap > kMaxLeafCap) return Bad("root leaf_cap " + Num(r->leaf_cap) + " out of range");
   if (r->pln_cap < 2 || r->pln_cap > kMaxPlnCap) return Bad("root pln_cap " + Num(r->pln_cap) + " out of range");
   if (r->leaf_bytes != LeafBytes(r->leaf_cap)) return Bad("root leaf_bytes does not match leaf_cap");
   if (r->max_key == 0 || r->max_key > (1u << 20) || r->max_value > (64u << 20)) return Bad("root key/value limits out of range");
