@@ -50,6 +50,7 @@ params() {
     fptree|fptree_single|ptree) echo "--param leaf_size=8" ;;
     fastfair) echo "--param node_size=256" ;;
     nvc_hashmap) echo "--param initial_buckets=16" ;;
+    nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
   esac
 }
 # For the small-key-space run: also small inner nodes, so that emptied
@@ -57,6 +58,7 @@ params() {
 shrink_params() {
   case $1 in
     fptree|fptree_single|ptree) echo "--param leaf_size=8 --param inner_size=3" ;;
+    nvtree) echo "--param leaf_size=4 --param inner_size=2" ;;
     *) params "$1" ;;
   esac
 }
@@ -173,6 +175,14 @@ pmwcas pmwcas.skip_descriptor_persist
 pmwcas pmwcas.skip_status_persist
 pmwcas pmwcas.skip_dirty_flush
 "
+# NV-Tree's persist steps (docs/nvtree.md "Fault switches").
+faults+="
+nvtree nvtree.append.skip_entry_flush
+nvtree nvtree.append.count_before_entry
+nvtree nvtree.append.skip_count_flush
+nvtree nvtree.replace.skip_leaf_flush
+nvtree nvtree.replace.free_before_swap --key-kind bytes --value-kind bytes
+"
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
   echo "$indexes" | grep -qx "$idx" || continue
@@ -227,6 +237,14 @@ if echo "$indexes" | grep -qx nvc_hashmap; then
   nrun=$((nrun + 1))
   read_rule "nvc_hashmap erratum_fix=none (read rule)" --index nvc_hashmap --keys 12 --ops 400 --images 600 --images-per-point 3 \
     --param initial_buckets=16 --param erratum_fix=none &
+fi
+# NV-Tree's read rule: a writer that unlocks its leaf before the count is
+# durable lets a find return an entry a crash takes away.
+if echo "$indexes" | grep -qx nvtree; then
+  throttle
+  nrun=$((nrun + 1))
+  read_rule "nvtree fault append.unlock_before_count_persist (read rule)" --index nvtree --keys 12 --ops 400 --images 600 \
+    --images-per-point 3 --param leaf_size=8 --param inner_size=4 --fault nvtree.append.unlock_before_count_persist &
 fi
 wait
 

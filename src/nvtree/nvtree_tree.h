@@ -1,0 +1,213 @@
+// nvtree/nvtree_tree.h: the NV-Tree class (PiBench sec. 3.2): PM leaves with
+// append-only entries (nvtree_format.h) under DRAM inner nodes
+// (nvtree_inner.h). Templated on the key kind: K = uint64_t for u64 keys,
+// std::string for byte keys; byte values are a run-time flag.
+//
+// Files: nvtree.cc (operations on one leaf: find, insert, update, delete,
+// scan; the adapter and registration), nvtree_smo.cc (leaf replacement and
+// inner rebuilds), nvtree_recovery.cc (create, open, recovery, Check, owned
+// blocks).
+//
+// Concurrency. Each leaf has a kit::VersionLock in a DRAM lock table keyed
+// by its address (kit/lock_table.h): nothing about locking is in PM, so a
+// lookup writes nothing and a crash leaves no lock behind (the table is
+// zero at every open). A writer locks the leaf it routed to (TryLock: a
+// replaced leaf's word is obsolete, so the writer routes again), appends and
+// commits, and unlocks. A lookup takes no lock: it reads the version, the
+// count and the entries, and validates the version; since a writer holds the
+// lock from its first store until the count is durable, a validated read saw
+// only durable entries. One mutex (smo_mu_) serialises leaf replacements and
+// inner rebuilds; a writer that found its leaf full takes it while holding
+// the leaf's lock, and no holder of smo_mu_ waits for a leaf lock, so there
+// is no cycle. Nobody waits for a lock inside an epoch guard (they leave the
+// guard, back off, and retry), so the grace period a replacement waits for
+// always ends.
+//
+// Thread safety: every Index call may run concurrently except Check,
+// ForEachOwnedBlock and Close (quiescent).
+#pragma once
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/index_util.h"
+#include "kit/backoff.h"
+#include "kit/epoch.h"
+#include "kit/lock_table.h"
+#include "kit/pm_block.h"
+#include "kit/version_lock.h"
+#include "nvtree/nvtree_format.h"
+#include "nvtree/nvtree_inner.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/persist.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex::internal::nvtree {
+
+struct Config {
+  uint32_t leaf_cap = 64;
+  uint32_t pln_cap = 128;
+  uint32_t fanout = 128;
+};
+
+inline uint64_t Ld(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+inline uint64_t LdAcq(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+template <bool kBytes>
+class NVTree final : public Index {
+ public:
+  using K = std::conditional_t<kBytes, std::string, uint64_t>;
+  enum class Mode { kInsert, kUpdate, kUpsert, kRemove };
+
+  NVTree(std::unique_ptr<pm::Pool> pool, const Options& o);
+  ~NVTree() override { Close(); }
+
+  std::string_view Name() const override { return "nvtree"; }
+  KeyKind key_kind() const override { return kBytes ? KeyKind::kBytes : KeyKind::kU64; }
+  ValueKind value_kind() const override { return vbytes_ ? ValueKind::kBytes : ValueKind::kU64; }
+
+  Status Insert(Slice key, Slice value) override { return Put(key, value, Mode::kInsert); }
+  Status Update(Slice key, Slice value) override { return Put(key, value, Mode::kUpdate); }
+  Status Upsert(Slice key, Slice value) override { return Put(key, value, Mode::kUpsert); }
+  Status Find(Slice key, std::string* value) override;
+  Status Remove(Slice key) override { return Put(key, Slice(), Mode::kRemove); }
+  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override;
+  uint64_t Size() override { return closed_ ? 0 : count_.load(std::memory_order_relaxed); }
+  Status Check() override;
+  Status ForEachOwnedBlock(const std::function<void(uint64_t offset)>& fn) override;
+  IndexStats Stats() override;
+  pm::Pool* pool() override { return closed_ ? nullptr : pool_.get(); }
+  Status Close() override;
+
+  // Creation (Format) and open (Open); both end in Recover.
+  Status Format(const Options& o, const Config& c);
+  Status Open(const Options& o, const Config& c);
+
+  // Introspection for tests and figures (not thread-safe against writers).
+  void Shape(uint64_t* leaves, uint64_t* plns, uint64_t* height);
+  const Root* root() const { return root_; }
+  uint64_t recovery_threads_used() const { return rec_threads_; }
+
+ private:
+  struct Rec {  // a record or entry of a leaf
+    K key;
+    uint64_t kw, vw;
+    int idx;
+    bool live;
+  };
+  struct Route {  // where a key's leaf is in the inner nodes
+    size_t p, i;
+    Pln<K>* pln;
+    uint64_t leaf;
+  };
+
+  // ---- leaf access
+  char* L(uint64_t off) const { return base_ + off; }
+  static uint64_t* Count(char* l) { return reinterpret_cast<uint64_t*>(l); }
+  static uint64_t* Next(char* l) { return reinterpret_cast<uint64_t*>(l + 8); }
+  static Entry* E(char* l, uint64_t j) { return reinterpret_cast<Entry*>(l + kLeafHeader + kEntryBytes * j); }
+  kit::VersionLock* VL(uint64_t leaf) const { return vtab_.At(base_ + leaf); }
+  K MakeKey(Slice s) const {
+    if constexpr (kBytes) return std::string(s);
+    else return SliceToU64(s);
+  }
+  Slice KeySlice(const K& k) const {
+    if constexpr (kBytes) return Slice(k);
+    else return U64Slice(k);
+  }
+  // True if entry key word kw holds k.
+  bool KeyIs(uint64_t kw, const K& k) const {
+    if constexpr (kBytes) return kit::BlockEquals(base_, pool_size(), kw, k);
+    else return kw == k;
+  }
+  bool ReadKey(uint64_t kw, K* k) const {
+    if constexpr (kBytes) return kit::TryReadBlock(base_, pool_size(), kw, max_key_, k);
+    else return *k = kw, true;
+  }
+  bool ReadValue(uint64_t vw, std::string* v) const {
+    if (vbytes_) return kit::TryReadBlock(base_, pool_size(), vw, max_value_, v);
+    v->assign(reinterpret_cast<const char*>(&vw), 8);
+    return true;
+  }
+  uint64_t pool_size() const { return pool_->size(); }
+  // The deciding (last) committed entry of k among [0, c), or -1.
+  int64_t Latest(char* l, uint64_t c, const K& k) const {
+    for (uint64_t j = c; j-- > 0;)
+      if (KeyIs(Ld(&E(l, j)->key), k)) return int64_t(j);
+    return -1;
+  }
+  // Entries [0, c) sorted by key, the deciding entry of each key first and
+  // marked live if it is an insert; all = false keeps only live records.
+  // False if a key block cannot be read (a damaged or, for an optimistic
+  // reader, changing leaf).
+  bool Records(char* l, uint64_t c, bool all, std::vector<Rec>* out) const;
+
+  // ---- inner nodes
+  Route RouteKey(Inner<K>* in, const K& k) const {
+    Route r;
+    r.p = in->Route(k);
+    r.pln = in->pln(r.p);
+    r.i = r.pln->Route(k);
+    r.leaf = r.pln->leaves[r.i];
+    return r;
+  }
+  static void UnlockUnchanged(kit::VersionLock* vl, uint64_t v) { __atomic_store_n(&vl->word, v, __ATOMIC_RELEASE); }
+
+  // ---- operations
+  Status Put(Slice key, Slice value, Mode mode);
+  // Appends n entries at c (leaf locked) and commits them with the count.
+  Status Append(char* l, uint64_t c, const Entry* ents, int n, Slice key, Slice value, int new_key_at);
+  // Replaces `leaf` (locked at version v by the caller, routed to by k) by
+  // one or two new leaves holding its live records, or unlinks it if it holds
+  // none; unlocks it (obsolete if replaced, unchanged on an error). drop:
+  // k is left out (a Remove that the replacement completes). need: entries
+  // the caller appends afterwards. compact: one new leaf, never a split.
+  // nvtree_smo.cc.
+  Status Replace(uint64_t leaf, const K& k, uint64_t v, bool drop, uint32_t need, bool compact);
+  // Rebuilds the inner nodes from (lows, leaves) and publishes them (smo_mu_ held).
+  void Rebuild(const std::vector<K>& lows, const std::vector<uint64_t>& leaves);
+  // Frees the key/value blocks of leaf l (all slots) not in keep, last slot
+  // first so that a shared block is freed through its first word.
+  void FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep);
+  // Compacts every leaf holding dead entries (a full pool with blocks held
+  // by superseded entries). Takes each leaf's lock like a writer.
+  Status CompactAll();
+  void RetireDram();  // after a grace period: frees retired PLNs / Inners
+
+  // ---- recovery (nvtree_recovery.cc)
+  Status Recover();
+  Status RecoverLog();
+  Status LeafRange(uint64_t off, const std::string& what) const;
+  Status CheckConfig(const Root* r) const;
+  void LoadConfig();
+  // Allocates a leaf into *dest (zeroed when entries hold blocks); with
+  // spare_ok, takes the root's spare leaf when the pool is full.
+  Status AllocLeaf(uint64_t* dest, bool spare_ok);
+  // Writes and flushes recs [lo, hi) as inserts into leaf off (no fence).
+  void FillLeaf(uint64_t off, const std::vector<Rec>& recs, size_t lo, size_t hi, uint64_t next);
+
+  std::unique_ptr<pm::Pool> pool_;
+  char* base_ = nullptr;
+  Root* root_ = nullptr;
+  bool closed_ = false;
+  bool vbytes_ = false;
+  bool pointers_ = false;  // byte keys or values: blocks in entries
+  uint32_t cap_ = 64, pln_cap_ = 128, fanout_ = 128, leaf_bytes_ = 0;
+  uint32_t max_key_ = 0, max_value_ = 0;
+  int recovery_threads_ = 0;
+  uint64_t rec_threads_ = 0;
+  double recovery_seconds_ = 0;
+  std::atomic<uint64_t> count_{0};
+  std::atomic<Inner<K>*> inner_{nullptr};
+  EpochManager epoch_;
+  kit::LockTable<kit::VersionLock> vtab_;
+  std::mutex smo_mu_;
+  std::vector<Pln<K>*> dead_plns_;      // smo_mu_
+  std::vector<Inner<K>*> dead_inners_;  // smo_mu_
+};
+
+}  // namespace pmindex::internal::nvtree
