@@ -3,18 +3,21 @@
 // its options (node_size, read_committed), the factory that creates or opens a
 // pool (checking the Meta written by fastfair_recovery.cc: magic, format
 // version, kinds, node size), the registration under the name "fastfair",
-// Stats/Close/Debug, the closed check in front of every call (Closable),
-// and the introspection hooks of fastfair.h. The tree
+// Stats/Close/Debug, and the introspection hooks of fastfair.h. After
+// Close every call answers IndexClosed() (closed_, checked first by each
+// public member; Size 0, Stats empty, pool() nullptr), as
+// include/pmindex/index.h requires. The tree
 // itself: fastfair_tree.h and the files it lists.
 //
 // A pool whose Meta has no magic is what a creation that crashed leaves
 // (CheckCrashedCreation tells it from a damaged tree): Open creates the index
 // in it again.
 //
-// Format version: only kVersion (fastfair_format.h) is created and opened;
-// a pool of an earlier version (1-3) is refused with Unsupported
-// ("unsupported fastfair format version N ..."), any other number with
-// Corrupt.
+// Format version: kVersion (fastfair_format.h) is created; versions
+// kOldestOpened..kVersion are opened (a read-write open of version 4
+// raises it to 5: Recover); a pool of an earlier version (1-3) is refused
+// with Unsupported ("unsupported fastfair format version N ..."), any
+// other number with Corrupt.
 //
 // Thread safety: Create and Open are called once per pool; Close and the
 // test hooks only when no operation runs; Stats and Debug at any time
@@ -27,17 +30,21 @@ namespace pmindex::internal::fastfair {
 template <bool BK>
 IndexStats FastFair<BK>::Stats() {
   IndexStats s;
+  if (closed_) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + (limbo_ ? limbo_->dram_bytes() : 0);
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + (limbo_ ? limbo_->dram_bytes() : 0) +
+                 (blocks_ ? blocks_->dram_bytes() : 0);
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
 
 template <bool BK>
 Status FastFair<BK>::Close() {
+  closed_ = true;
   if (pool_) {
     if (limbo_ && limbo_->has_retired()) Reclaim(true);  // nobody is in the tree any more
+    if (blocks_ && blocks_->has_retired()) ReclaimBlocks(true);
     Status s = pool_->Close();
     pool_.reset();
     return s;
@@ -80,53 +87,7 @@ template DebugCounters FastFair<true>::Debug();
 
 namespace {
 
-// The Index the factories hand out: the tree behind a closed check, so that
-// every call after Close answers IndexClosed() without reaching the tree,
-// whose pool is unmapped by then. One relaxed flag load and one forwarding
-// call per operation. Thread safety: as the tree's (Close runs when no
-// other call does, so the flag needs no ordering).
-class Closable final : public Index {
- public:
-  explicit Closable(std::unique_ptr<FastFairBase> t) : t_(std::move(t)) {}
-  FastFairBase* tree() const { return t_.get(); }
-
-  std::string_view Name() const override { return t_->Name(); }
-  KeyKind key_kind() const override { return t_->key_kind(); }
-  ValueKind value_kind() const override { return t_->value_kind(); }
-  Status Insert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Insert(k, v); }
-  Status Update(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Update(k, v); }
-  Status Upsert(Slice k, Slice v) override { return closed() ? IndexClosed() : t_->Upsert(k, v); }
-  Status Find(Slice k, std::string* v) override { return closed() ? IndexClosed() : t_->Find(k, v); }
-  Status Remove(Slice k) override { return closed() ? IndexClosed() : t_->Remove(k); }
-  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override {
-    if (closed()) {
-      if (count) *count = 0;
-      return IndexClosed();
-    }
-    return t_->Scan(start, n, cb, count);
-  }
-  uint64_t Size() override { return closed() ? 0 : t_->Size(); }
-  Status Check() override { return closed() ? IndexClosed() : t_->Check(); }
-  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override {
-    return closed() ? IndexClosed() : t_->ForEachOwnedBlock(fn);
-  }
-  IndexStats Stats() override { return closed() ? IndexStats{} : t_->Stats(); }
-  pm::Pool* pool() override { return closed() ? nullptr : t_->pool(); }
-  Status Close() override {
-    closed_.store(true, std::memory_order_relaxed);
-    return t_->Close();
-  }
-
- private:
-  bool closed() const { return closed_.load(std::memory_order_relaxed); }
-  std::unique_ptr<FastFairBase> t_;
-  std::atomic<bool> closed_{false};
-};
-
-FastFairBase* Tree(Index* index) {
-  if (auto* c = dynamic_cast<Closable*>(index)) return c->tree();
-  return dynamic_cast<FastFairBase*>(index);
-}
+FastFairBase* Tree(Index* index) { return dynamic_cast<FastFairBase*>(index); }
 
 Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
   Params p(o.params);
@@ -152,7 +113,7 @@ Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<
   auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
   Status s = t->Format();
   if (!s.ok()) return s;
-  *out = std::make_unique<Closable>(std::move(t));
+  *out = std::move(t);
   return Status::OK();
 }
 
@@ -168,7 +129,8 @@ Status CheckCrashedCreation(pm::Pool* pool) {
   const uint64_t mo = *pool->root_slot();
   if (mo == 0) return kit::CheckCreationBlocks(pool, spec, 0, "pool has no root object");
   const Meta* m = pool->root<Meta>();
-  if (m->limbo || m->spare_root) return Status::Corrupt("fastfair metadata has no magic but a retire list or spare root");
+  if (m->limbo || m->blocks || m->spare_root)
+    return Status::Corrupt("fastfair metadata has no magic but a retire list or spare root");
   if (m->root == 0) return kit::CheckCreationBlocks(pool, spec, 1, "metadata has no magic");
   if (m->root % 64 || m->root >= pool->size() || a.UsableSize(m->root) < sizeof(Node) ||
       m->root > pool->size() - a.UsableSize(m->root))
@@ -201,14 +163,16 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     return Create(std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("fastfair metadata has a bad magic");
-  if (m->version != kVersion) {
+  if (m->version < kOldestOpened || m->version > kVersion) {
     // Versions 1-3 were written by earlier builds (docs/fastfair.md,
     // "Format version"): refused, not repaired. Any other number is no
     // fastfair format at all.
     const std::string msg = "unsupported fastfair format version " + std::to_string(m->version) +
-                            " (this build opens version " + std::to_string(kVersion) + " only)";
-    return m->version >= 1 && m->version < kVersion ? Status::Unsupported(msg) : Status::Corrupt(msg);
+                            " (this build opens versions " + std::to_string(kOldestOpened) + " to " +
+                            std::to_string(kVersion) + ")";
+    return m->version >= 1 && m->version < kOldestOpened ? Status::Unsupported(msg) : Status::Corrupt(msg);
   }
+  if (m->version < kVersion && m->blocks) return Status::Corrupt("fastfair version 4 metadata with a block retire list");
   if (m->key_kind > 1 || m->value_kind > 1) return Status::Corrupt("fastfair metadata has bad key/value kinds");
   if (m->node_size < 256 || m->node_size > 8192 || m->node_size % 64) return Status::Corrupt("fastfair metadata has a bad node size");
   if (o.params.count("node_size") && ns_param != m->node_size)
@@ -219,7 +183,7 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   Status s = t->Recover(m);
   if (!s.ok()) return s;
   t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  *out = std::make_unique<Closable>(std::move(t));
+  *out = std::move(t);
   return Status::OK();
 }
 

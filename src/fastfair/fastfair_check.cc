@@ -14,7 +14,8 @@
 // the record count matches Size().
 // ForEachOwnedBlock reports every block the tree owns, each once: Meta,
 // the spare root, the retire-slot array and the unlinked nodes it owns
-// (with a byte-key leaf's low key block), every node, a split's unlinked
+// (with a byte-key leaf's low key block), the block retire-slot array and
+// the unlinked key/value blocks it owns, every node, a split's unlinked
 // spare sibling, the key and value blocks of live records, and spare
 // blocks no record references (what Repair would free).
 //
@@ -26,6 +27,7 @@ namespace pmindex::internal::fastfair {
 
 template <bool BK>
 Status FastFair<BK>::Check() {
+  if (closed_) return IndexClosed();
   auto corrupt = [](const std::string& m) { return Status::Corrupt("fastfair: " + m); };
   Node* root = At(Ld(&meta_->root));
   if (!root) return corrupt("no root");
@@ -125,6 +127,7 @@ Status FastFair<BK>::Check() {
 
 template <bool BK>
 Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
+  if (closed_) return IndexClosed();
   fn(*pool_->root_slot());
   if (meta_->spare_root && meta_->spare_root != meta_->root) fn(meta_->spare_root);
   if (meta_->limbo) {
@@ -133,6 +136,13 @@ Status FastFair<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) 
       if (LimboLinked(s)) return;
       fn(s.block);
       if (const uint64_t k = LimboKeyBlock(s)) fn(k);
+    });
+  }
+  if (meta_->blocks) {
+    fn(meta_->blocks);
+    blocks_->ForEachUsed([&](const kit::RetireSlot& s) {
+      if (s.tag && BlockLinked(s)) return;  // (a read-only open: the record owns it)
+      fn(s.block);
     });
   }
   std::vector<uint64_t> blocks;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -40,11 +41,12 @@ uint32_t* RootCount(char* base, char* meta) {
 }
 
 // Pools of the older format versions 1-3 are refused: Unsupported, with a
-// message naming the version and the one this build opens
+// message naming the version and the ones this build opens
 // (docs/fastfair.md, "Format version"); a number no build wrote is
-// Corrupt; version 4 opens and keeps its records.
+// Corrupt; versions 4 and 5 open and keep their records, and a read-write
+// open raises version 4 to 5.
 TEST(FastFair, OlderFormatVersionsAreRefused) {
-  for (uint32_t version : {1u, 2u, 3u, 4u, 5u}) {
+  for (uint32_t version : {1u, 2u, 3u, 4u, 5u, 6u}) {
     SCOPED_TRACE("version " + std::to_string(version));
     fftest::PoolGuard g("v" + std::to_string(version));
     Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 512);
@@ -54,7 +56,7 @@ TEST(FastFair, OlderFormatVersionsAreRefused) {
     idx.reset();
     PatchPool(g.path, MetaVersion, version);
     Status st = OpenIndex("fastfair", o, &idx);
-    if (version == 4) {
+    if (version == 4 || version == 5) {
       ASSERT_TRUE(st.ok()) << st.ToString();
       for (uint64_t i = 0; i < 20; i++) {
         std::string v;
@@ -62,14 +64,31 @@ TEST(FastFair, OlderFormatVersionsAreRefused) {
         EXPECT_EQ(v, U64(i));
       }
       EXPECT_TRUE(idx->Check().ok());
+      uint32_t now;
+      std::memcpy(&now, idx->pool()->base() + *idx->pool()->root_slot() + 8, 4);
+      EXPECT_EQ(now, 5u);
       continue;
     }
     if (version < 4) EXPECT_TRUE(st.IsUnsupported()) << st.ToString();
     else EXPECT_TRUE(st.IsCorrupt()) << st.ToString();
     EXPECT_NE(st.ToString().find("unsupported fastfair format version " + std::to_string(version)), std::string::npos)
         << st.ToString();
-    EXPECT_NE(st.ToString().find("opens version 4"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.ToString().find("opens versions 4 to 5"), std::string::npos) << st.ToString();
   }
+}
+
+// A version-4 pool predates the block retire list (Meta::blocks, +72): one
+// whose word is set is no pool any build wrote.
+TEST(FastFair, Version4WithABlockRetireListIsCorrupt) {
+  fftest::PoolGuard g("v4blocks");
+  Options o = fftest::MakeOptions(g.path, KeyKind::kBytes, ValueKind::kBytes, 512);
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+  ASSERT_TRUE(idx->Insert("a", "b").ok());
+  idx.reset();
+  PatchPool(g.path, MetaVersion, 4);
+  Status st = OpenIndex("fastfair", o, &idx);
+  EXPECT_TRUE(st.IsCorrupt()) << st.ToString();
 }
 
 // A crash that kept a shrunk or grown count but none of the records it goes

@@ -40,7 +40,8 @@
 //  - The durable count may lag by the one record a shift was moving
 //    (Pushed, fastfair_tree.h); every other slot past it is ignored.
 //  - Every allocated block is owned by a persistent word at all times: a
-//    record, a fence, a spare word, Meta::spare_root or a retire slot.
+//    record, a fence, a spare word, Meta::spare_root or a retire slot
+//    (limbo: unlinked nodes; blocks: unlinked key/value blocks).
 #pragma once
 
 #include <cstdint>
@@ -56,11 +57,15 @@ namespace pmindex::internal::fastfair {
 #define PMINDEX_FASTFAIR_HIDDEN __attribute__((visibility("hidden")))
 
 constexpr uint64_t kMagic = 0x524941465453414Full;  // "OASTFAIR"-ish tag
-// The one format version this build creates and opens. Versions 1-3 (the
+// The format version this build creates. Version 4 (no Meta::blocks: byte
+// blocks freed at once, byte-key and byte-value trees read under leaf
+// locks) is opened too; a read-write open raises it to 5 before any
+// operation (its Meta::blocks word is 0, an empty list). Versions 1-3 (the
 // count fenced on its own, no lk prefixes) are refused at open with
 // "unsupported fastfair format version N" (docs/fastfair.md, "Format
 // version").
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
+constexpr uint32_t kOldestOpened = 4;
 constexpr uint64_t kBytesLk = 1;  // lk of byte-key nodes: never a block offset
 
 struct Meta {
@@ -76,7 +81,8 @@ struct Meta {
   uint64_t root;        // the 8-byte store that publishes a new root
   uint64_t spare_root;  // owns a new root until it is published
   uint64_t limbo;       // owns kLimboSlots retire slots (kit::RetireSlot), 0 until the first merge
-  uint64_t reserved2[5];
+  uint64_t blocks;      // owns kBlockSlots retire slots for key/value blocks (byte trees; 0: none)
+  uint64_t reserved2[4];
 };
 static_assert(sizeof(Meta) == 128);
 
@@ -112,6 +118,15 @@ static_assert(sizeof(Node) == 96);
 static_assert(sizeof(kit::RetireSlot) == 16);
 constexpr uint32_t kLimboSlots = 1024;
 constexpr uint64_t kRootMark = 1;
+// Block retire slots (Meta::blocks, a second kit::PmRetireList): a key or
+// value block that a Remove or an Update unlinks while lock-free readers
+// may still read it is owned by a slot {block = b, tag = leaf} from before
+// the commit that unlinks it until it is freed after the epoch grace
+// period. `tag` (the leaf's offset) is nonzero while the commit may not be
+// durable: recovery then keeps b if a valid record of that leaf still
+// references it (the commit did not persist), else frees it; 0 once the
+// commit is durable (the slot alone owns b).
+constexpr uint32_t kBlockSlots = 1024;
 // Records per node at the largest node size (8192 bytes).
 constexpr uint32_t kMaxCap = (8192 - sizeof(Node)) / sizeof(Entry);
 

@@ -1,8 +1,10 @@
 // fastfair_read.cc: the readers of the FAST & FAIR tree: Find, Scan, Size,
 // lock-free (paper sec. 5, Algorithm 3) and under leaf read locks.
 //
-// Lock-free readers (u64 keys and u64 values, read_committed=0) take no
-// lock. A leaf search scans in the direction given by the node's switch
+// Lock-free readers (read_committed=0) take no lock. Byte keys and
+// values are read in place: a block an Update or Remove unlinks is freed
+// only after the epoch grace period (fastfair_retire.cc), and a reader
+// reads only blocks named by records it loaded inside its guard. A leaf search scans in the direction given by the node's switch
 // counter `sw` (even: inserts, scan left to right; odd: deletes and left
 // inserts, right to left), reads each candidate record as left key, key,
 // value, left key, key (ReadValid, fastfair_tree.h), retries if `sw`
@@ -13,7 +15,7 @@
 // fails validation kLockFreeTries times in a row (a leaf that writers keep
 // changing: the tail leaf of an ascending ingest) reads that leaf once under
 // its read lock instead, so a reader's work is bounded. Locked readers
-// (byte keys or values, read_committed=1) hold one leaf's read lock at a
+// (read_committed=1) hold one leaf's read lock at a
 // time and restart from the root when a leaf was merged away (dead).
 //
 // Durable answers: a lock-free answer (a record found, a key found absent,
@@ -41,6 +43,7 @@ constexpr uint32_t kLockFreeTries = 32;
 
 template <bool BK>
 Status FastFair<BK>::Find(Slice key, std::string* value) {
+  if (__builtin_expect(closed_, 0)) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
   EpochGuard eg(epoch_);
   const SK sk = MakeSK(key);
@@ -50,7 +53,11 @@ Status FastFair<BK>::Find(Slice key, std::string* value) {
   if (!locked_reads_) {
     bool bad = false;
     if (!SearchLeafLF(n, sk, &v, &bad)) return bad ? CorruptWalk("move right") : Status::NotFound();
-    if (value) value->assign(reinterpret_cast<const char*>(&v), 8);
+    if (!value) return Status::OK();
+    // A value block is read in place: the guard keeps it allocated even if
+    // an Update or Remove unlinks it now (fastfair_retire.cc).
+    if (bv_) return ReadBlockTo(v, value);
+    value->assign(reinterpret_cast<const char*>(&v), 8);
     return Status::OK();
   }
   n = ReadLockLeaf(n, sk);
@@ -69,56 +76,13 @@ Status FastFair<BK>::Find(Slice key, std::string* value) {
 template <bool BK>
 Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* count) {
   if (count) *count = 0;
+  if (__builtin_expect(closed_, 0)) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
   if (limit == 0) return Status::OK();
   EpochGuard eg(epoch_);
   SK sk = MakeSK(start);
   size_t c = 0;
-  if (!locked_reads_) {
-    // Lock-free: snapshot each leaf (validated by the switch counter),
-    // then call back outside the node.
-    if constexpr (!BK) {
-      // On the stack (a thread_local vector cost a __tls_get_addr call per
-      // leaf: 3.7% of a pmbench scan profile).
-      Entry buf[kMaxCap];
-      // Records handed out so far are < lo; keys >= lo come next (u64:
-      // the successor of the last key handed out, or the start key).
-      uint64_t lo = sk;
-      Node* n = DescendForScan(sk, limit);
-      if (__builtin_expect(n == Bad(), 0)) return CorruptWalk("descent");
-      for (kit::BoundedWalk walk = Walk(); n && c < limit;) {
-        // Every leaf goes through a validated snapshot before anything is
-        // emitted. (Emitting records while scanning would lose records: a
-        // delete that starts during the scan flips sw and shifts records
-        // left past the reader, and the records emitted already cannot be
-        // taken back, so a rescan would skip the shifted ones as <= last.)
-        uint32_t nbuf;
-        uint64_t left;  // the snapshot's lk: slot 0 is ignored if equal
-        Node* next = SnapshotLeafLF(n, buf, &nbuf, &left);
-        // Filter and emit in one pass: skip ignored records (equal to
-        // their left neighbour) and keys below lo.
-        for (uint32_t i = 0; i < nbuf; i++) {
-          const uint64_t k = buf[i].k;
-          const bool skip = k == left || k < lo;
-          left = k;
-          if (skip) continue;
-          ++c;
-          if (!cb(U64Slice(buf[i].k), U64Slice(buf[i].v)) || c >= limit || k == UINT64_MAX) {
-            if (count) *count = c;
-            return Status::OK();
-          }
-          lo = k + 1;
-        }
-        if (__builtin_expect(!Step(walk), 0)) {
-          if (count) *count = c;
-          return CorruptWalk("leaf chain");
-        }
-        n = next;
-      }
-    }
-    if (count) *count = c;
-    return Status::OK();
-  }
+  if (!locked_reads_) return bv_ ? ScanLF<true>(sk, limit, cb, count) : ScanLF<false>(sk, limit, cb, count);
   Node* n = ReadLockLeaf(Descend(0, sk, nullptr), sk);
   if (n == Bad()) return CorruptWalk("descent");
   std::vector<std::pair<std::string, std::string>> buf;
@@ -204,16 +168,91 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
   return Status::OK();
 }
 
+// The lock-free scan, for byte values (kBV) or u64 values: each leaf is
+// copied into a snapshot validated by its switch counter (SnapshotLeafLF),
+// then its records are handed out from the snapshot, outside the node.
+// Byte keys and values are handed out in place (the guard keeps their
+// blocks allocated: fastfair_retire.cc).
+template <bool BK>
+template <bool kBV>
+Status FastFair<BK>::ScanLF(const SK& sk, size_t limit, ScanCallback& cb, size_t* count) {
+  size_t c = 0;
+  auto done = [&](Status st) {
+    if (count) *count = c;
+    return st;
+  };
+  // On the stack (a thread_local vector cost a __tls_get_addr call per
+  // leaf: 3.7% of a pmbench scan profile).
+  Entry buf[kMaxCap];
+  // Records handed out so far are < lo; keys >= lo come next (u64: the
+  // successor of the last key handed out, or the start key). Byte keys:
+  // keys >= lo_key come next, > lo_key once one was handed out (excl).
+  uint64_t lo = 0;
+  Slice lo_key;
+  bool excl = false;
+  if constexpr (BK) lo_key = sk;
+  else lo = sk;
+  Node* n = DescendForScan(sk, limit);
+  if (__builtin_expect(n == Bad(), 0)) return done(CorruptWalk("descent"));
+  for (kit::BoundedWalk walk = Walk(); n && c < limit;) {
+    // Every leaf goes through a validated snapshot before anything is
+    // emitted. (Emitting records while scanning would lose records: a
+    // delete that starts during the scan flips sw and shifts records
+    // left past the reader, and the records emitted already cannot be
+    // taken back, so a rescan would skip the shifted ones as <= last.)
+    uint32_t nbuf;
+    uint64_t left;  // the snapshot's lk: slot 0 is ignored if equal
+    Node* next = SnapshotLeafLF(n, buf, &nbuf, &left);
+    // Filter and emit in one pass: skip ignored records (equal to their
+    // left neighbour) and keys below lo.
+    for (uint32_t i = 0; i < nbuf; i++) {
+      const uint64_t k = buf[i].k;
+      Slice ks;
+      if constexpr (BK) {
+        const bool skip = k == left || k == kBytesLk;
+        left = k;
+        if (skip) continue;
+        if (!ViewBlock(k, &ks)) return done(kit::BlockOutOfRange(k, pool_->size()));
+        const int c0 = CompareKeys(KeyKind::kBytes, ks, lo_key);
+        if (c0 < 0 || (excl && c0 == 0)) continue;
+      } else {
+        const bool skip = k == left || k < lo;
+        left = k;
+        if (skip) continue;
+        ks = U64Slice(buf[i].k);
+      }
+      Slice vs;
+      if constexpr (kBV) {
+        if (!ViewBlock(buf[i].v, &vs)) return done(kit::BlockOutOfRange(buf[i].v, pool_->size()));
+      } else {
+        vs = U64Slice(buf[i].v);
+      }
+      ++c;
+      if constexpr (BK) {
+        if (!cb(ks, vs) || c >= limit) return done(Status::OK());
+        lo_key = ks;
+        excl = true;
+      } else {
+        if (!cb(ks, vs) || c >= limit || k == UINT64_MAX) return done(Status::OK());
+        lo = k + 1;
+      }
+    }
+    if (__builtin_expect(!Step(walk), 0)) return done(CorruptWalk("leaf chain"));
+    n = next;
+  }
+  return done(Status::OK());
+}
+
 template <bool BK>
 uint64_t FastFair<BK>::Size() {
+  if (closed_) return 0;
   EpochGuard eg(epoch_);  // walks nodes a concurrent merge may retire
   uint64_t total = 0;
   // Each leaf under its read lock, as the locked scan reads it: LiveCount
   // reads the links, the high key and keys with plain loads (written for
-  // quiescent or locked callers) and compares byte keys, whose blocks a
-  // delete frees at once. Unlocked, a Size() (or Stats()) concurrent with
-  // writers would race with the writers' stores and with AllocBlock
-  // reusing a freed block (conformance_concurrency_test,
+  // quiescent or locked callers) and compares byte keys. Unlocked, a
+  // Size() (or Stats()) concurrent with writers would race with the
+  // writers' stores (conformance_concurrency_test,
   // SizeDuringSplitsAndDeletions). A count taken while writers run is
   // approximate; a quiescent one is exact. On a corrupt pool whose leaf
   // chain cannot be walked (no leftmost leaf, a cycle: BoundedWalk) it
@@ -307,7 +346,7 @@ Node* FastFair<BK>::ReadLockLeaf(Node* n, const SK& key) {
   }
 }
 
-// Lock-free leaf search (u64 keys and values), Algorithm 3 with the
+// Lock-free leaf search, Algorithm 3 with the
 // mirrored validity rule. Returns with the value of key, or false (and
 // *bad set if the moves right went round a cycle: kit::BoundedWalk).
 template <bool BK>
@@ -354,9 +393,11 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
       return found;
     };
     if (!(sw & 1)) {
-      // Byte keys (locked callers only): a slot equal to the key loaded
-      // in the previous step is skipped (that is only a filter; a match
-      // is confirmed with fresh loads, ReadValid). u64 keys (the same
+      // Byte keys: a slot equal to the key loaded in the previous step is
+      // skipped (that is only a filter; a match is confirmed with fresh
+      // loads, ReadValid; a word that is no block, e.g. a torn view of
+      // the prefix's kBytesLk, compares as the empty key, below every
+      // key, and bounds-checked). u64 keys (the same
       // answers as testing each key against the previous one, with fewer
       // instructions on the common path): a key below `key` is passed, a slot holding lk (the
       // prefix, or slot 0 ignored in flight; a u64 lk may sort above key)

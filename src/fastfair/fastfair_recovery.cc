@@ -7,9 +7,10 @@
 // creation that did not finish).
 //
 // Open (read-write) does constant work and touches no node: it bumps
-// Meta::gen (persisted), settles the retire slots (an uncommitted merge is
-// undone, an unlinked node freed: kit::PmRetireList::Recover) and the one
-// spare root word (a root that was published is kept, else freed). Every
+// Meta::gen (persisted; a version-4 pool's version becomes 5 in the same
+// line), settles the retire slots (an uncommitted merge is undone, an
+// unlinked node freed: kit::PmRetireList::Recover; the block retire slots:
+// fastfair_retire.cc) and the one spare root word (a root that was published is kept, else freed). Every
 // node whose gen differs from Meta::gen is repaired by the first writer
 // that locks it (Repair): the record a shift was moving past a lagging
 // durable count is counted, a linked split is finished (its cut) and an
@@ -36,6 +37,7 @@ Status FastFair<BK>::Format() {
   PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(slot, sizeof(Meta)));
   meta_ = pool_->At<Meta>(*slot);
   limbo_.emplace(base_, alloc_, &meta_->limbo, kLimboSlots);
+  blocks_.emplace(base_, alloc_, &meta_->blocks, kBlockSlots);
   PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(&meta_->root, node_size_));
   Node* r = At(meta_->root);
   if (BK) {
@@ -57,6 +59,14 @@ Status FastFair<BK>::Format() {
   if (!skip) pm::Persist(meta_, sizeof(Meta));
   St(&meta_->magic, kMagic);
   if (!skip) pm::Persist(&meta_->magic, 8);
+  // The block retire slots of a byte tree, after the magic (a crash before
+  // it leaves a crashed creation of two blocks; one after it an open that
+  // allocates them: RecoverBlocks).
+  if (BK || bv_) {
+    const int i = blocks_->Claim();
+    if (i < 0) return Status::PoolFull("fastfair: no room for the block retire list");
+    blocks_->Release(i);
+  }
   return Status::OK();
 }
 
@@ -66,6 +76,7 @@ Status FastFair<BK>::Recover(Meta* m) {
   meta_ = m;
   gen_ = m->gen;
   limbo_.emplace(base_, alloc_, &meta_->limbo, kLimboSlots);
+  blocks_.emplace(base_, alloc_, &meta_->blocks, kBlockSlots);
   read_only_ = pool_->read_only();
   if (pool_->read_only()) {
     // Open writes nothing: remember the merges whose commit did not
@@ -81,8 +92,10 @@ Status FastFair<BK>::Recover(Meta* m) {
   const pm::Counters c0 = pm::ThreadCounters();
   gen_ = m->gen + 1;
   St(&m->gen, gen_);
-  pm::Persist(&m->gen, 8);
+  if (m->version != kVersion) St(&m->version, kVersion);  // version 4: Meta::blocks is 0, an empty list
+  pm::Persist(&m->gen, 8);  // (version shares gen's line)
   RecoverLimbo();
+  RecoverBlocks();
   if (m->spare_root) {
     if (m->spare_root == m->root) {
       St(&m->spare_root, uint64_t(0));

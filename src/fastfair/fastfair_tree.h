@@ -9,6 +9,7 @@
 //   fastfair_write.cc    Insert/Update/Upsert/Remove on leaves
 //   fastfair_smo.cc      FAIR split, parent insert, root growth, merge,
 //                        rebalance, root collapse, retire slots
+//   fastfair_retire.cc   retired key/value blocks (grace period, PM slots)
 //   fastfair_recovery.cc create, open, undo of merges, lazy repair
 //   fastfair_check.cc    Check, owned-block enumeration
 //   fastfair.cc          options, factory, registration, test hooks
@@ -30,20 +31,25 @@
 // within a level; a node not yet reachable may be locked any time; root_mu_
 // after node locks. A writer that locks a dead node restarts from the
 // root. Every public operation runs in an epoch guard (kit/epoch.h).
-// Readers of u64-key/u64-value trees take no lock: they scan in the
+// Readers take no lock (unless read_committed=1): they scan in the
 // direction given by the node's switch counter `sw` (even: inserts, left to
 // right; odd: deletes, right to left) and retry if `sw` changed; splits and
 // merges add 2 to `sw`. Readers move right when key >= high (read high,
-// sibling, high again). Trees with byte keys or byte values (whose blocks
-// a delete frees at once), and `read_committed=1` trees, read-lock leaves;
-// internal levels stay lock-free (a separator block is freed only after an
-// epoch grace period).
+// sibling, high again). Key and value blocks that a Remove or Update
+// unlinks are freed only after an epoch grace period, owned meanwhile by
+// a persistent block retire slot (fastfair_retire.cc), so a lock-free
+// reader reads byte keys and values in place; separator blocks likewise
+// (freed with the merged node). `read_committed=1` trees read-lock leaves;
+// their internal levels stay lock-free.
 //
 // Walk bounds (corrupt pools; docs/fastfair.md, "Bad input"): every walk
 // (descent, moves right, leaf chain, restarts on dead nodes) is bounded by
 // the number of nodes the pool can hold (kit/bounded_walk.h) and ends with
 // Corrupt past it. Key and value blocks are read bounds-checked
 // (kit/pm_block.h): a damaged one never reads outside the pool.
+//
+// Closed: Close sets closed_, and every public member tests it first (a
+// call after Close answers InvalidArgument "index closed", Size 0).
 //
 // Thread safety: every public member may be called concurrently, except
 // Check, ForEachOwnedBlock, Close and the test hooks (quiescent callers).
@@ -120,6 +126,14 @@ struct Pending {
   }
 };
 
+// Block retire slots claimed for one Update or Remove of byte keys or
+// values (fastfair_retire.cc): claimed before the operation's epoch guard,
+// owned (Own) under the leaf lock, retired or released after the guard.
+struct BlockClaims {
+  int n = 0, used = 0;
+  int slot[2];
+};
+
 template <bool BK>
 class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected NodeOps {
   using SK = std::conditional_t<BK, Slice, uint64_t>;
@@ -129,7 +143,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
       : NodeOps((node_size - sizeof(Node)) / sizeof(Entry)), pool_(std::move(pool)), base_(pool_->base()),
         alloc_(&pool_->allocator()), opts_(o), node_size_(node_size),
         merge_below_(std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
-        locked_reads_(BK || vk == ValueKind::kBytes || rc), max_off_(pool_->max_size()),
+        locked_reads_(rc), max_off_(pool_->max_size()),
         walk_(pool_->size(), node_size), pool_bytes_(pool_->size()) {}
   ~FastFair() override { Close(); }
 
@@ -140,7 +154,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   std::string_view Name() const override { return "fastfair"; }
   KeyKind key_kind() const override { return BK ? KeyKind::kBytes : KeyKind::kU64; }
   ValueKind value_kind() const override { return vk_; }
-  pm::Pool* pool() override { return pool_.get(); }
+  pm::Pool* pool() override { return closed_ ? nullptr : pool_.get(); }
 
   // fastfair_write.cc
   Status Insert(Slice key, Slice value) override;
@@ -200,7 +214,10 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
     return Status::Corrupt(std::string("fastfair: ") + what + " (a cycle of node links, or a child on the wrong level)");
   }
 
+  // Every public operation checks closed_ first (IndexClosed after Close:
+  // the pool is unmapped by then).
   Status Writable() const {
+    if (__builtin_expect(closed_, 0)) return IndexClosed();
     return pool_->read_only() ? Status::Unsupported("fastfair opened read-only") : Status::OK();
   }
 
@@ -603,6 +620,8 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   // and update, Remove's body): they are split out for reading only.
   // fastfair_read.cc
   __attribute__((always_inline)) inline Node* DescendForScan(const SK& key, size_t limit);
+  template <bool kBV>
+  __attribute__((always_inline)) inline Status ScanLF(const SK& sk, size_t limit, ScanCallback& cb, size_t* count);
   Node* ReadLockLeaf(Node* n, const SK& key);
   __attribute__((always_inline)) inline bool SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad);
   __attribute__((always_inline)) inline Node* SnapshotLeafLF(Node* n, Entry* snap, uint32_t* nout, uint64_t* lk_out);
@@ -610,9 +629,18 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   Status LockAt(uint32_t level, const SK& key, Pending* pend, Node** out, bool grow = true);
   Status AllocBlock(uint64_t* dest, Slice s);
   __attribute__((always_inline)) inline Status InsertLeafEntry(Node* t, uint32_t pos, const SK& key, Slice value);
-  __attribute__((always_inline)) inline Status UpdateAt(Node* n, uint32_t pos, Slice value);
+  __attribute__((always_inline)) inline Status UpdateAt(Node* n, uint32_t pos, Slice value, BlockClaims* bc);
   Status Put(Slice key, Slice value, Mode mode);
-  __attribute__((always_inline)) inline Status RemoveIn(const SK& sk);
+  __attribute__((always_inline)) inline Status PutIn(Slice key, Slice value, Mode mode, BlockClaims* bc);
+  __attribute__((always_inline)) inline Status RemoveIn(const SK& sk, BlockClaims* bc);
+  // fastfair_retire.cc
+  Status ClaimBlocks(int n, BlockClaims* c);
+  void OwnBlock(BlockClaims* c, uint64_t block, Node* leaf);
+  void BlocksUnlinked(BlockClaims* c);
+  void EndBlocks(BlockClaims* c);
+  void ReclaimBlocks(bool all);
+  bool BlockLinked(const kit::RetireSlot& s) const;
+  void RecoverBlocks();
   // fastfair_smo.cc
   Status Split(Node* n, uint64_t* out_k, Node** out_s, bool append = false);
   Status SplitAt(Node* n, uint32_t m, uint64_t* out_k, Node** out_s, bool centre = false);
@@ -649,6 +677,9 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   const ValueKind vk_;
   const bool locked_reads_;
   bool read_only_ = false;  // opened read-only: no node is repaired, any may lag
+  // Set by Close; every public member answers IndexClosed() (or 0, empty)
+  // from then on. Close runs when no other call does: a plain flag.
+  bool closed_ = false;
   const uint64_t max_off_;  // the pool's reserved address range (scan prefetch bound)
   const kit::BoundedWalk walk_;  // the walk bound at open (Walk, Step)
   // The pool's size when last looked at (ViewBlock; only grows).
@@ -656,6 +687,12 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   kit::LockTable<NodeLock> locks_;  // DRAM lock words (LockOf)
   // Retire slots in Meta::limbo (set up by Format / Recover).
   std::optional<kit::PmRetireList> limbo_;
+  // Retire slots of key/value blocks in Meta::blocks (byte keys or values;
+  // set up by Format / Recover), and when their next Reclaim is due (as
+  // reclaim_at_ for limbo_).
+  std::optional<kit::PmRetireList> blocks_;
+  std::atomic<uint64_t> blocks_reclaim_at_{0};
+  std::atomic<uint64_t> blocks_freed_{0};
   EpochManager epoch_;  // guards every public operation (lock-free readers)
   // Read-only open: left nodes of merges that did not commit (see Recover).
   std::vector<uint64_t> ro_undo_;

@@ -14,12 +14,16 @@
 // keys or values: the key/value blocks are allocated into the leaf's
 // spare_a / spare_b (the allocator's commit store), the record is
 // inserted (its key store is the commit), then both spares are cleared in
-// one persisted line. Update of a byte value: new block into spare_a, old
-// value parked in spare_b (persisted), v = new block (commit, persisted),
-// old block freed, spare_a cleared. Remove: blocks parked in the spares
-// (persisted), the delete shift (its first key store commits), blocks
-// freed. A crash leaves at most the spares, which the repair frees when
-// no record references them and clears otherwise.
+// one persisted line. Update of a byte value: new block into spare_a, the
+// old block owned by a block retire slot (persisted), v = new block
+// (commit, persisted), the slot's tag cleared (persisted), spare_a
+// cleared (persisted). Remove: the key and value blocks owned by retire
+// slots (persisted), the delete shift (its first key store commits), the
+// slots' tags cleared (persisted). The old blocks are freed after an
+// epoch grace period (fastfair_retire.cc: lock-free readers may still
+// read them). A crash leaves at most the spares, which the repair frees
+// when no record references them and clears otherwise, and retire slots,
+// which the open settles (fastfair_retire.cc).
 //
 // Thread safety: any number of writers and readers concurrently; each
 // public operation runs in an epoch guard.
@@ -89,6 +93,17 @@ Status FastFair<BK>::Put(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(Writable());
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
   PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, opts_.max_value_size, value));
+  // An update of a byte value retires the old block: its slot is claimed
+  // before the guard (a claim may wait for a grace period).
+  BlockClaims bc;
+  if (bv_ && mode != kInsert) PMINDEX_RETURN_IF_ERROR(ClaimBlocks(1, &bc));
+  Status st = PutIn(key, value, mode, &bc);
+  if (bv_ && mode != kInsert) EndBlocks(&bc);
+  return st;
+}
+
+template <bool BK>
+Status FastFair<BK>::PutIn(Slice key, Slice value, Mode mode, BlockClaims* bc) {
   EpochGuard eg(epoch_);
   const SK sk = MakeSK(key);
   Pending pend;
@@ -99,7 +114,7 @@ Status FastFair<BK>::Put(Slice key, Slice value, Mode mode) {
   Node* S2 = nullptr;
   uint64_t K2 = 0;
   if (FindInLocked(n, sk, &pos)) {
-    st = mode == kInsert ? Status::AlreadyExists() : UpdateAt(n, pos, value);
+    st = mode == kInsert ? Status::AlreadyExists() : UpdateAt(n, pos, value, bc);
   } else if (mode == kUpdate) {
     st = Status::NotFound();
   } else {
@@ -169,7 +184,7 @@ Status FastFair<BK>::AllocBlock(uint64_t* dest, Slice s) {
 }
 
 template <bool BK>
-Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
+Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value, BlockClaims* bc) {
   Entry* e = n->ents();
   if (!bv_) {
     St(&e[pos].v, SliceToU64(value));
@@ -178,14 +193,20 @@ Status FastFair<BK>::UpdateAt(Node* n, uint32_t pos, Slice value) {
     return Status::OK();
   }
   PMINDEX_RETURN_IF_ERROR(AllocBlock(&n->spare_a, value));
-  St(&n->spare_b, e[pos].v);
-  pm::Persist(&n->spare_b, 8);
+  // The old block: owned by a retire slot before the commit unlinks it,
+  // freed after the grace period (fastfair_retire.cc).
+  const bool late = PMINDEX_FAULT("fastfair.retire.own_after_commit");
+  const bool early = PMINDEX_FAULT("fastfair.retire.unlinked_before_commit");
+  if (!late) OwnBlock(bc, e[pos].v, n);
+  if (early) BlocksUnlinked(bc);
+  const uint64_t old = e[pos].v;
   St(&e[pos].v, Ld(&n->spare_a));  // commit
   AfterCommit(n);
   pm::Persist(&e[pos], sizeof(Entry));
-  alloc_->Free(&n->spare_b);
+  if (late) OwnBlock(bc, old, n);
+  if (!early) BlocksUnlinked(bc);
   St(&n->spare_a, uint64_t(0));
-  pm::Persist(&n->spare_a, 8);  // (its fence also orders the lane clear)
+  pm::Persist(&n->spare_a, 8);
   return Status::OK();
 }
 
@@ -193,11 +214,17 @@ template <bool BK>
 Status FastFair<BK>::Remove(Slice key) {
   PMINDEX_RETURN_IF_ERROR(Writable());
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, key));
+  // The record's key and value blocks are retired: their slots are claimed
+  // before the guard (a claim may wait for a grace period).
+  BlockClaims bc;
+  const int nb = int(BK) + int(bv_);
+  if (nb) PMINDEX_RETURN_IF_ERROR(ClaimBlocks(nb, &bc));
   Status st;
   {
     EpochGuard eg(epoch_);
-    st = RemoveIn(MakeSK(key));
+    st = RemoveIn(MakeSK(key), &bc);
   }
+  if (nb) EndBlocks(&bc);
   // Outside the guard, so that this thread's own retired nodes can go; only
   // when a reclaim is due (Reclaim takes the retire list's mutex): the last
   // one left nothing waiting (reclaim_at_ 0: what waits now is new and
@@ -212,7 +239,7 @@ Status FastFair<BK>::Remove(Slice key) {
 }
 
 template <bool BK>
-Status FastFair<BK>::RemoveIn(const SK& sk) {
+Status FastFair<BK>::RemoveIn(const SK& sk, BlockClaims* bc) {
   Pending pend;
   Node* n = nullptr;
   PMINDEX_RETURN_IF_ERROR(LockAt(0, sk, &pend, &n));
@@ -222,17 +249,20 @@ Status FastFair<BK>::RemoveIn(const SK& sk) {
     st = Status::NotFound();
   } else {
     Entry* e = n->ents();
-    if (BK || bv_) {
-      // Park the blocks in the spare words first: after the commit no
-      // record owns them, the spares do until they are freed.
-      if (BK) St(&n->spare_a, e[pos].k);
-      if (bv_) St(&n->spare_b, e[pos].v);
-      pm::Persist(&n->spare_a, 16);
-    }
+    // The blocks: owned by retire slots before the commit unlinks them,
+    // freed after the grace period (fastfair_retire.cc).
+    const uint64_t kb = e[pos].k, vb = e[pos].v;
+    const bool late = (BK || bv_) && PMINDEX_FAULT("fastfair.retire.own_after_commit");
+    const bool early = (BK || bv_) && PMINDEX_FAULT("fastfair.retire.unlinked_before_commit");
+    auto own = [&] {
+      if (BK) OwnBlock(bc, kb, n);
+      if (bv_) OwnBlock(bc, vb, n);
+    };
+    if ((BK || bv_) && !late) own();
+    if (early) BlocksUnlinked(bc);
     DeleteAt(n, pos, true);
-    if (BK) alloc_->Free(&n->spare_a);
-    if (bv_) alloc_->Free(&n->spare_b);
-    if (BK || bv_) pm::Fence();  // orders the allocator's flushed lane clear
+    if (late) own();
+    if ((BK || bv_) && !early) BlocksUnlinked(bc);
   }
   // Merge trigger: a non-root node that fell below kMergeBelow of its
   // capacity (docs/fastfair.md, Merges).

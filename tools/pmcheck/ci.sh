@@ -165,6 +165,8 @@ fastfair fastfair.insert.skip_shift_flush
 fastfair fastfair.remove.skip_flush
 fastfair fastfair.split.link_before_persist
 fastfair fastfair.merge.free_before_unlink --keys 30
+fastfair fastfair.retire.own_after_commit --key-kind bytes --value-kind bytes
+fastfair fastfair.retire.unlinked_before_commit --key-kind bytes --value-kind bytes
 nvc_hashmap nvc.insert.skip_node_persist
 nvc_hashmap nvc.insert.skip_link_persist
 nvc_hashmap nvc.remove.skip_mark_persist --lint
