@@ -88,6 +88,7 @@ void RegisterDramBtree(std::vector<IndexFactory>* r);
 void RegisterFPTree(std::vector<IndexFactory>* r);
 void RegisterFastFair(std::vector<IndexFactory>* r);
 void RegisterNvcHashmap(std::vector<IndexFactory>* r);
+void RegisterWBTree(std::vector<IndexFactory>* r);
 
 const std::vector<IndexFactory>& Registry();
 

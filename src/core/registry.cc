@@ -16,6 +16,7 @@ __attribute__((weak)) void RegisterDramBtree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterFPTree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterFastFair(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNvcHashmap(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterWBTree(std::vector<IndexFactory>*) {}
 
 const std::vector<IndexFactory>& Registry() {
   static const std::vector<IndexFactory> r = [] {
@@ -24,6 +25,7 @@ const std::vector<IndexFactory>& Registry() {
     RegisterFPTree(&v);
     RegisterFastFair(&v);
     RegisterNvcHashmap(&v);
+    RegisterWBTree(&v);
     return v;
   }();
   return r;

@@ -1,0 +1,237 @@
+// wbtree_smo.cc: wBTree's structure changes (PiBench sec. 4, "wBTree": the
+// original undo-redo log replaced by FPTree-style micro-logs; docs/
+// wbtree.md, "Splits"): node splits at any level and root growth.
+//
+// Persist order of a split of node n at level l (n locked, under smo_mu_):
+//  1. Meta::logs[l] = {old = n, trim = n's bitmap after the split, mid = the
+//     key word that moves up (inner nodes)}, then the new node allocated
+//     into logs[l].new_node (the allocator persists the line, and the
+//     earlier stores of the same line with it).
+//  2. The new node r filled (upper half of n's entries in key order, its
+//     slot array, next = n's next, leftmost = mid's child) and persisted.
+//  3. n.next = r and n.bitmap = trim: one line, flushed, fenced (the split's
+//     commit: from here recovery finishes the split instead of undoing it).
+//  4. The separator inserted into the parent (a parent split first if it is
+//     full, with logs[l+1]), or a new root (GrowRoot).
+//  5. Inner nodes with byte keys: the mid key block freed through
+//     logs[l].mid (the parent holds its own copy); the log cleared.
+// A failed allocation in step 4 (PoolFull) undoes step 3 and frees r, so
+// the tree is as before. Recovery (wbtree_recovery.cc, RecoverLog) replays
+// logs from the highest level down: n.next != r: free r; else redo the
+// trim, insert the separator if the parent lacks r, free mid, clear.
+// GrowRoot: the root allocated zeroed into Meta::spare_root, its bitmap
+// persisted before its key block is allocated into its entry, the node
+// persisted, Meta::root = it and spare_root = 0 in one line, persisted.
+// Fault switch: wbtree.split.link_before_persist (step 2 skips its flush).
+//
+// Thread safety: under smo_mu_ only, so inner nodes change under one
+// writer; every changed or new node is locked (new ones born locked) until
+// the whole change is durable, so lock-free readers validate around it.
+#include "kit/pm_block.h"
+#include "pmindex/pm/fault.h"
+#include "wbtree/wbtree_tree.h"
+
+namespace pmindex::internal::wbtree {
+
+template <bool BK>
+void WBTree<BK>::ClearLog(SplitLog* l) {
+  St(&l->new_node, uint64_t(0));
+  St(&l->old_node, uint64_t(0));
+  St(&l->trim, uint64_t(0));
+  St(&l->mid, uint64_t(0));
+  pm::Persist(l, sizeof(SplitLog));
+}
+
+template <bool BK>
+Status WBTree<BK>::PathTo(Slice key, uint32_t level, std::vector<Node*>* path, Node** node) {
+  path->clear();
+  uint64_t off = LdR(&meta_->root);
+  for (int d = 0; d <= kMaxLevels; d++) {
+    if (!NodeOk(off)) return Status::Corrupt("wbtree child pointer out of the pool");
+    Node* n = N(off);
+    PMINDEX_RETURN_IF_ERROR(EnsureChecked(n));
+    const uint32_t l = LdR(&n->level);
+    if (l < level) return Status::Corrupt("wbtree node at " + std::to_string(off) + " has the wrong level");
+    if (l == level) {
+      *node = n;
+      return Status::OK();
+    }
+    path->push_back(n);
+    Slots s;
+    LoadSlots(n, &s);
+    off = ChildFor<BK>(Ctx(), n, s, inner_cap_, key);
+  }
+  return Status::Corrupt("wbtree deeper than " + std::to_string(kMaxLevels) + " levels");
+}
+
+template <bool BK>
+Status WBTree<BK>::SplitForKey(Slice key) {
+  std::lock_guard<std::mutex> g(smo_mu_);
+  std::vector<Node*> path;
+  Node* leaf;
+  PMINDEX_RETURN_IF_ERROR(PathTo(key, 0, &path, &leaf));
+  LockNode(leaf);
+  Slots s;
+  LoadSlots(leaf, &s);
+  if (s.count() < leaf_cap_) {
+    UnlockNode(leaf);
+    return Status::OK();
+  }
+  std::vector<Node*> locked{leaf};
+  Node* right;
+  std::string sep;
+  Status st = SplitNode(path, path.size(), leaf, &right, &sep, &locked);
+  for (Node* n : locked) UnlockNode(n);
+  return st;
+}
+
+template <bool BK>
+Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, Node** right, std::string* sep,
+                             std::vector<Node*>* locked) {
+  const uint32_t level = LdR(&n->level);
+  if (level + 1 >= uint32_t(kMaxLevels)) return Status::Corrupt("wbtree too deep to split");
+  const uint32_t cap = CapOf(level);
+  const bool inner = level > 0;
+  Slots s;
+  LoadSlots(n, &s);
+  const uint32_t c = s.count();
+  const uint32_t m = c / 2;  // n keeps positions [0, m)
+  const uint32_t first_right = inner ? m + 1 : m;
+  uint64_t keep = 0;
+  for (uint32_t i = 0; i < m; i++) keep |= 1ull << s.at(i + 1);
+  const Entry* mid = &n->ents()[s.at(m + 1)];
+  if (!ReadKeyWord<BK>(Ctx(), mid->k, sep)) return Status::Corrupt("wbtree: unreadable key block in a split");
+  const uint64_t old_bitmap = LdR(&n->bitmap), old_next = LdR(&n->next);
+
+  SplitLog* log = &meta_->logs[level];
+  St(&log->old_node, Off(n));
+  St(&log->trim, keep);
+  St(&log->mid, inner ? mid->k : uint64_t(0));
+  if (Status st = alloc_->Allocate(&log->new_node, NodeBytes(cap)); !st.ok()) {
+    ClearLog(log);
+    return st;
+  }
+  Node* r = N(log->new_node);
+  LW(r).lock.NewBorn();
+  __atomic_store_n(&LW(r).checked, uint64_t(1), __ATOMIC_RELEASE);
+  locked->push_back(r);
+  const uint32_t k = c - first_right;
+  for (uint32_t j = 0; j < k; j++) {
+    const Entry* src = &n->ents()[s.at(first_right + j + 1)];
+    St(&r->ents()[j].k, LdR(&src->k));
+    St(&r->ents()[j].v, LdR(&src->v));
+  }
+  St(&r->bitmap, CapMask(k));
+  St(&r->next, old_next);
+  St(&r->level, level);
+  St(&r->cap, cap);
+  St(&r->spare_a, uint64_t(0));
+  St(&r->spare_b, uint64_t(0));
+  St(&r->leftmost, inner ? LdR(&mid->v) : uint64_t(0));
+  Slots rs{};
+  rs.b[0] = uint8_t(k);
+  for (uint32_t j = 0; j < k; j++) rs.b[j + 1] = uint8_t(j);
+  for (int i = 0; i < 8; i++) {
+    uint64_t w;
+    std::memcpy(&w, rs.b + 8 * i, 8);
+    St(&r->slotw[i], w);
+  }
+  if (!PMINDEX_FAULT("wbtree.split.link_before_persist")) pm::Flush(r, NodeBytes(k));
+  pm::Fence();
+
+  // The commit: link and trim in one line.
+  St(&n->next, Off(r));
+  St(&n->bitmap, keep);
+  pm::Flush(n, 64);
+  Slots ls = s;
+  ls.b[0] = uint8_t(m);
+  StoreSlots(n, ls, s, true);
+  pm::Fence();
+
+  Status st = InsertIntoParent(path, depth, n, *sep, r, locked);
+  if (!st.ok()) {
+    // Undo the commit (nothing above refers to r): bitmap first, so that a
+    // crash in between finishes the split instead.
+    St(&n->bitmap, old_bitmap);
+    St(&n->next, old_next);
+    pm::Flush(n, 64);
+    StoreSlots(n, s, ls, true);
+    pm::Fence();
+    alloc_->Free(&log->new_node);
+    ClearLog(log);
+    return st;
+  }
+  if (BK && inner) alloc_->Free(&log->mid);
+  ClearLog(log);
+  splits_.fetch_add(1, std::memory_order_relaxed);
+  *right = r;
+  return Status::OK();
+}
+
+template <bool BK>
+Status WBTree<BK>::InsertIntoParent(std::vector<Node*>& path, size_t depth, Node* left, Slice sep, Node* right,
+                                    std::vector<Node*>* locked) {
+  if (depth == 0) return GrowRoot(left, sep, right, locked);
+  Node* p = path[depth - 1];
+  LockNode(p);
+  locked->push_back(p);
+  Slots s;
+  LoadSlots(p, &s);
+  Node* target = p;
+  if (s.count() >= inner_cap_) {
+    Node* pr;
+    std::string psep;
+    PMINDEX_RETURN_IF_ERROR(SplitNode(path, depth - 1, p, &pr, &psep, locked));
+    if (CompareKeys(key_kind(), sep, psep) >= 0) target = pr;
+    LoadSlots(target, &s);
+  }
+  uint32_t pos;
+  bool eq;
+  if (!LowerBound<BK>(Ctx(), target, s, inner_cap_, sep, &pos, &eq) || eq)
+    return Status::Corrupt("wbtree inner node at " + std::to_string(Off(target)) + " has a bad slot array");
+  return InsertEntry(target, s, pos, sep, Off(right), Slice(), 0);
+}
+
+template <bool BK>
+Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node*>* locked) {
+  PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(&meta_->spare_root, NodeBytes(inner_cap_)));
+  Node* r = N(meta_->spare_root);
+  LW(r).lock.NewBorn();
+  __atomic_store_n(&LW(r).checked, uint64_t(1), __ATOMIC_RELEASE);
+  locked->push_back(r);
+  St(&r->level, LdR(&left->level) + 1);
+  St(&r->cap, inner_cap_);
+  St(&r->leftmost, Off(left));
+  St(&r->bitmap, uint64_t(1));
+  pm::Persist(r, 64);
+  if constexpr (BK) {
+    if (Status st = kit::WriteBlock(*alloc_, base_, &r->ents()[0].k, sep); !st.ok()) {
+      alloc_->Free(&meta_->spare_root);
+      return st;
+    }
+  } else {
+    St(&r->ents()[0].k, SliceToU64(sep));
+  }
+  St(&r->ents()[0].v, Off(right));
+  St(&r->slotw[0], uint64_t(1));  // count 1, slot 1 = entry 0
+  pm::Flush(r, NodeBytes(1));
+  pm::Fence();
+  St(&meta_->root, Off(r));
+  St(&meta_->spare_root, uint64_t(0));
+  pm::Persist(&meta_->root, 16);
+  return Status::OK();
+}
+
+#define PMINDEX_WBTREE_SMO(BK)                                                                                   \
+  template void WBTree<BK>::ClearLog(SplitLog*);                                                                 \
+  template Status WBTree<BK>::PathTo(Slice, uint32_t, std::vector<Node*>*, Node**);                              \
+  template Status WBTree<BK>::SplitForKey(Slice);                                                                \
+  template Status WBTree<BK>::SplitNode(std::vector<Node*>&, size_t, Node*, Node**, std::string*,               \
+                                        std::vector<Node*>*);                                                    \
+  template Status WBTree<BK>::InsertIntoParent(std::vector<Node*>&, size_t, Node*, Slice, Node*,                 \
+                                               std::vector<Node*>*);                                             \
+  template Status WBTree<BK>::GrowRoot(Node*, Slice, Node*, std::vector<Node*>*);
+PMINDEX_WBTREE_SMO(false)
+PMINDEX_WBTREE_SMO(true)
+
+}  // namespace pmindex::internal::wbtree
