@@ -25,6 +25,7 @@
 #include <string>
 
 #include "core/index_util.h"
+#include "pmindex/pm/pool.h"
 #include "wbtree/wbtree_format.h"
 
 namespace pmindex::internal::wbtree {
@@ -75,9 +76,11 @@ inline void StoreSlots(Node* n, const Slots& now, const Slots& was, bool flush, 
 
 // How a tree compares keys: u64 keys inline, byte keys through their blocks
 // ({u64 len, bytes}, kit/pm_block.h) with bounds checks.
+// The pool's size is read at each use: a key block allocated after the
+// context was made may lie beyond the size the pool had then.
 struct KeyCtx {
   const char* base;
-  uint64_t pool_size;
+  const pm::Pool* pool;
   size_t max_key;
 };
 
@@ -91,10 +94,11 @@ inline bool CompareKeyWord(const KeyCtx& c, uint64_t kw, Slice key, int* cmp) {
     *cmp = kw < k ? -1 : (kw > k ? 1 : 0);
     return true;
   } else {
-    if (kw == 0 || kw % 8 || kw + 8 > c.pool_size) return false;
+    const uint64_t pool_size = c.pool->size();
+    if (kw == 0 || kw % 8 || kw + 8 > pool_size) return false;
     const auto* w = reinterpret_cast<const uint64_t*>(c.base + kw);
     const uint64_t len = LdR(w);
-    if (len > c.max_key || kw + 8 + len > c.pool_size) return false;
+    if (len > c.max_key || kw + 8 + len > pool_size) return false;
     const size_t n = std::min<size_t>(len, key.size());
     size_t i = 0;
     for (; i < n; i += 8) {
@@ -120,10 +124,11 @@ inline bool ReadKeyWord(const KeyCtx& c, uint64_t kw, std::string* out) {
     out->assign(reinterpret_cast<const char*>(&kw), 8);
     return true;
   } else {
-    if (kw == 0 || kw % 8 || kw + 8 > c.pool_size) return false;
+    const uint64_t pool_size = c.pool->size();
+    if (kw == 0 || kw % 8 || kw + 8 > pool_size) return false;
     const auto* w = reinterpret_cast<const uint64_t*>(c.base + kw);
     const uint64_t len = LdR(w);
-    if (len > c.max_key || kw + 8 + len > c.pool_size) return false;
+    if (len > c.max_key || kw + 8 + len > pool_size) return false;
     out->resize(len);
     for (size_t i = 0; i < len; i += 8) {
       uint64_t x = LdR(w + 1 + i / 8);

@@ -91,6 +91,7 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   const KeyCtx c = Ctx();
+  std::string tmp;  // read before validation: never into the caller's (maybe null) value
   kit::Backoff bo;
   for (;;) {
     Node* l;
@@ -102,12 +103,13 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
     bool eq;
     const bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
     Status st = Status::NotFound();
-    if (ok && eq) st = ReadValue(&l->ents()[s.at(pos + 1)], value);
+    if (ok && eq) st = ReadValue(&l->ents()[s.at(pos + 1)], &tmp);
     if (!LW(l).lock.Validate(v)) {
       bo.Wait();
       continue;
     }
     if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
+    if (st.ok() && value) value->swap(tmp);
     return st;
   }
 }

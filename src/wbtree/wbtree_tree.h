@@ -90,7 +90,7 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   Node* N(uint64_t off) const { return reinterpret_cast<Node*>(base_ + off); }
   uint64_t Off(const Node* n) const { return uint64_t(reinterpret_cast<const char*>(n) - base_); }
   LockWord& LW(const Node* n) const { return *locks_.At(n); }
-  KeyCtx Ctx() const { return KeyCtx{base_, pool_->size(), max_key_}; }
+  KeyCtx Ctx() const { return KeyCtx{base_, pool_.get(), max_key_}; }
   bool vbytes() const { return vk_ == ValueKind::kBytes; }
   uint32_t CapOf(uint32_t level) const { return level ? inner_cap_ : leaf_cap_; }
   // A node offset that can be dereferenced (inside the pool, aligned).
