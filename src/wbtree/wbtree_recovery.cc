@@ -82,7 +82,13 @@ Status WBTree<BK>::RecoverLog(int level) {
     ClearLog(log);
     return Status::OK();
   }
-  // Committed: finish it.
+  // Committed: finish it. Byte keys: an inner split's mid block is freed
+  // only after the separator is in the parent, so mid == 0 means the split
+  // was complete but for clearing the log.
+  if (BK && level > 0 && log->mid == 0) {
+    ClearLog(log);
+    return Status::OK();
+  }
   St(&l->bitmap, log->trim);
   pm::Persist(l, 64);
   LockNode(l);

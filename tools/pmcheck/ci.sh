@@ -50,6 +50,7 @@ params() {
     fptree|fptree_single|ptree) echo "--param leaf_size=8" ;;
     fastfair) echo "--param node_size=256" ;;
     nvc_hashmap) echo "--param initial_buckets=16" ;;
+    wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
   esac
 }
 # For the small-key-space run: also small inner nodes, so that emptied
@@ -175,6 +176,14 @@ nvc_hashmap nvc.open.skip_empty_slab_unlink --keys 3
 pmwcas pmwcas.skip_descriptor_persist
 pmwcas pmwcas.skip_status_persist
 pmwcas pmwcas.skip_dirty_flush
+"
+# wBTree's fault switches (docs/wbtree.md, "Fault switches").
+faults+="
+wbtree wbtree.insert.skip_entry_flush
+wbtree wbtree.insert.skip_slots_flush
+wbtree wbtree.update.skip_flush
+wbtree wbtree.remove.skip_flush
+wbtree wbtree.split.link_before_persist
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
