@@ -36,7 +36,8 @@
 //    routes to it; the sibling chain of each level is in key order.
 //  - A Meta::logs[l] with new_node != 0 owns that node until it is linked
 //    (old_node's next == new_node); Meta::spare_root owns a root being built
-//    until Meta::root points at it.
+//    until Meta::root points at it; Meta::free_leaf owns an empty leaf
+//    being freed (recovery finishes its unlink and frees it).
 #pragma once
 
 #include <cstdint>
@@ -70,7 +71,11 @@ struct Meta {
   // line 1
   uint64_t root;        // the 8-byte store that publishes a new root
   uint64_t spare_root;  // owns a root under construction
-  uint64_t reserved1[6];
+  // The empty leaf being freed (wbtree_smo.cc, FreeEmptyLeaf): owned by
+  // free_leaf once it is out of the sibling chain and its parent;
+  // free_prev its left neighbour, free_parent the inner node routing to it.
+  uint64_t free_leaf, free_prev, free_parent;
+  uint64_t reserved1[3];
   // lines 2..17
   SplitLog logs[kMaxLevels];
 };

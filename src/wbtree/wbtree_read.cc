@@ -92,6 +92,7 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   const KeyCtx c = Ctx();
   std::string tmp;  // read before validation: never into the caller's (maybe null) value
+  EpochManager::Guard g(epoch_);
   kit::Backoff bo;
   for (;;) {
     Node* l;
@@ -124,6 +125,7 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   bool inclusive = true;
   size_t done = 0;
   std::vector<std::pair<std::string, std::string>> buf;
+  EpochManager::Guard g(epoch_);
   kit::Backoff bo;
   while (done < n) {
     Node* l;
@@ -173,6 +175,7 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
 template <bool BK>
 uint64_t WBTree<BK>::Size() {
   if (closed()) return 0;
+  EpochManager::Guard g(epoch_);
   // The leftmost leaf: leftmost pointers never change while a node is in
   // the tree.
   uint64_t off = Ld(&meta_->root);
@@ -188,6 +191,12 @@ uint64_t WBTree<BK>::Size() {
         bm = LdR(&l->bitmap);
         next = LdR(&l->next);
         if (LW(l).lock.Validate(v)) break;
+      } else if (v & kit::VersionLock::kObsolete) {
+        // An empty leaf being freed (the guard keeps it readable): its
+        // next pointer is the one its left neighbour now holds.
+        bm = 0;
+        next = LdR(&l->next);
+        break;
       }
       bo.Wait();
     }

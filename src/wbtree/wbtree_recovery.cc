@@ -3,8 +3,8 @@
 // 5.6 and table 3: a PM-only tree recovers in constant time; docs/
 // wbtree.md, "Recovery").
 //
-// Open does bounded work only: the spare root and at most kMaxLevels split
-// logs (wbtree_smo.cc). Everything per node is lazy: the first operation to
+// Open does bounded work only: the spare root, at most kMaxLevels split
+// logs and the leaf-free log (wbtree_smo.cc). Everything per node is lazy: the first operation to
 // reach a node after open (EnsureChecked) locks it and repairs it: its
 // spare words (a spare that a valid entry also holds is a stale reference
 // and is cleared; any other owns a block in flight and frees it) and its
@@ -63,7 +63,7 @@ Status WBTree<BK>::Recover() {
     }
   }
   for (int l = kMaxLevels - 1; l >= 0; l--) PMINDEX_RETURN_IF_ERROR(RecoverLog(l));
-  return Status::OK();
+  return RecoverFreeLeaf();
 }
 
 template <bool BK>
@@ -300,6 +300,7 @@ Status WBTree<BK>::Check() {
   PMINDEX_RETURN_IF_ERROR(st);
   if (at != want.size()) return Status::Corrupt("wbtree: leaf chain is shorter than its parents say");
   if (meta_->spare_root) return Status::Corrupt("wbtree: spare root in use");
+  if (meta_->free_leaf || meta_->free_prev || meta_->free_parent) return Status::Corrupt("wbtree: leaf-free log in use");
   for (const SplitLog& l : meta_->logs)
     if (l.old_node || l.new_node) return Status::Corrupt("wbtree: split log in use");
   return Status::OK();
@@ -310,6 +311,7 @@ Status WBTree<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   if (closed()) return IndexClosed();
   fn(*pool_->root_slot());
   if (meta_->spare_root) fn(meta_->spare_root);
+  if (meta_->free_leaf) fn(meta_->free_leaf);
   for (const SplitLog& l : meta_->logs)
     if (l.new_node) fn(l.new_node);
   return WalkLevels([&](Node* n, uint32_t level) -> Status {

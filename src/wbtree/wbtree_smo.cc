@@ -22,7 +22,17 @@
 // GrowRoot: the root allocated zeroed into Meta::spare_root, its bitmap
 // persisted before its key block is allocated into its entry, the node
 // persisted, Meta::root = it and spare_root = 0 in one line, persisted.
-// Fault switch: wbtree.split.link_before_persist (step 2 skips its flush).
+// Freeing an empty leaf l (not the root, not its parent's leftmost child:
+// its left neighbour prev is then the parent's previous child), under
+// smo_mu_ with parent, l and prev locked: Meta::free_prev, free_parent,
+// free_leaf stored in one line (free_leaf last) and persisted; prev.next =
+// l.next persisted; the parent's entry for l removed (one bitmap store,
+// wbtree_write.cc RemoveEntry); l unlocked obsolete; after an epoch grace
+// period l freed through Meta::free_leaf, then the log cleared. Recovery
+// (RecoverFreeLeaf) redoes the unlink and the entry removal if not done and
+// frees l. An empty leftmost child stays and takes inserts again.
+// Fault switches: wbtree.split.link_before_persist (step 2 skips its
+// flush), wbtree.free.skip_unlink_flush.
 //
 // Thread safety: under smo_mu_ only, so inner nodes change under one
 // writer; every changed or new node is locked (new ones born locked) until
@@ -222,6 +232,95 @@ Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node
   return Status::OK();
 }
 
+template <bool BK>
+Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
+  std::lock_guard<std::mutex> g(smo_mu_);
+  std::vector<Node*> path;
+  Node* l;
+  PMINDEX_RETURN_IF_ERROR(PathTo(key, 0, &path, &l));
+  if (path.empty()) return Status::OK();  // the root leaf stays
+  Node* p = path.back();
+  LockNode(p);
+  LockNode(l);
+  Slots ps;
+  LoadSlots(p, &ps);
+  uint32_t pos = 0;
+  for (uint32_t i = 1; i <= ps.count() && !pos; i++)
+    if (LdR(&p->ents()[ps.at(i)].v) == Off(l)) pos = i;
+  if (!pos || LdR(&l->bitmap) != 0) {  // a leftmost child, or refilled meanwhile
+    UnlockNode(l);
+    UnlockNode(p);
+    return Status::OK();
+  }
+  const uint64_t prev_off = pos == 1 ? LdR(&p->leftmost) : LdR(&p->ents()[ps.at(pos - 1)].v);
+  if (!NodeOk(prev_off)) {
+    UnlockNode(l);
+    UnlockNode(p);
+    return Status::Corrupt("wbtree inner node at " + std::to_string(Off(p)) + " has a bad child");
+  }
+  Node* prev = N(prev_off);
+  LockNode(prev);
+  if (LdR(&prev->next) != Off(l)) {
+    UnlockNode(prev);
+    UnlockNode(l);
+    UnlockNode(p);
+    return Status::Corrupt("wbtree leaf at " + std::to_string(prev_off) + " is not the left neighbour its parent says");
+  }
+  // Log (one line: the leaf word last), unlink from the chain, then from
+  // the parent (one bitmap store; byte keys free the separator's block).
+  St(&meta_->free_prev, prev_off);
+  St(&meta_->free_parent, Off(p));
+  St(&meta_->free_leaf, Off(l));
+  pm::Persist(&meta_->free_leaf, 24);
+  St(&prev->next, LdR(&l->next));
+  if (!PMINDEX_FAULT("wbtree.free.skip_unlink_flush")) pm::Flush(&prev->next, 8);
+  pm::Fence();
+  RemoveEntry(p, ps, pos - 1);
+  UnlockNode(prev);
+  LW(l).lock.UnlockObsolete();
+  UnlockNode(p);
+  // Readers that reached l before the unlink may still read it.
+  epoch_.Synchronize();
+  alloc_->Free(&meta_->free_leaf);
+  St(&meta_->free_prev, uint64_t(0));
+  St(&meta_->free_parent, uint64_t(0));
+  pm::Persist(&meta_->free_prev, 16);
+  leaves_freed_.fetch_add(1, std::memory_order_relaxed);
+  return Status::OK();
+}
+
+template <bool BK>
+Status WBTree<BK>::RecoverFreeLeaf() {
+  if (meta_->free_leaf) {
+    const uint64_t lo = meta_->free_leaf, po = meta_->free_prev, pa = meta_->free_parent;
+    if (!NodeOk(lo) || !NodeOk(po) || !NodeOk(pa) || !alloc_->IsAllocated(lo))
+      return Status::Corrupt("wbtree leaf-free log names nodes out of the pool");
+    Node* prev = N(po);
+    Node* p = N(pa);
+    if (prev->next == lo) {
+      St(&prev->next, N(lo)->next);
+      pm::Persist(&prev->next, 8);
+    }
+    PMINDEX_RETURN_IF_ERROR(EnsureChecked(p));
+    Slots s;
+    LoadSlots(p, &s);
+    for (uint32_t i = 1; i <= s.count(); i++) {
+      if (p->ents()[s.at(i)].v != lo) continue;
+      LockNode(p);
+      RemoveEntry(p, s, i - 1);
+      UnlockNode(p);
+      break;
+    }
+    alloc_->Free(&meta_->free_leaf);
+  }
+  if (meta_->free_prev || meta_->free_parent) {
+    St(&meta_->free_prev, uint64_t(0));
+    St(&meta_->free_parent, uint64_t(0));
+    pm::Persist(&meta_->free_prev, 16);
+  }
+  return Status::OK();
+}
+
 #define PMINDEX_WBTREE_SMO(BK)                                                                                   \
   template void WBTree<BK>::ClearLog(SplitLog*);                                                                 \
   template Status WBTree<BK>::PathTo(Slice, uint32_t, std::vector<Node*>*, Node**);                              \
@@ -230,7 +329,9 @@ Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node
                                         std::vector<Node*>*);                                                    \
   template Status WBTree<BK>::InsertIntoParent(std::vector<Node*>&, size_t, Node*, Slice, Node*,                 \
                                                std::vector<Node*>*);                                             \
-  template Status WBTree<BK>::GrowRoot(Node*, Slice, Node*, std::vector<Node*>*);
+  template Status WBTree<BK>::GrowRoot(Node*, Slice, Node*, std::vector<Node*>*);                                \
+  template Status WBTree<BK>::FreeEmptyLeaf(Slice);                                                              \
+  template Status WBTree<BK>::RecoverFreeLeaf();
 PMINDEX_WBTREE_SMO(false)
 PMINDEX_WBTREE_SMO(true)
 

@@ -12,12 +12,13 @@
 // after reading it; a writer holds a node's lock from before its first store
 // until after the fence that makes the change durable, so a validated read
 // saw only durable state (the read rule of include/pmindex/index.h).
-// Writers lock the leaf only; a split runs under smo_mu_ (one structure
+// Writers lock the leaf only; a split or a leaf free runs under smo_mu_ (one structure
 // change at a time, which is also why one set of micro-logs in Meta
 // suffices) and locks every node it changes. A thread waits for a lock only
 // while holding none, or holding smo_mu_ and the nodes of its split while
 // waiting for a leaf or inner lock whose holder waits for nothing: no
-// deadlock.
+// deadlock. A thread takes smo_mu_ only outside its epoch guards, so the
+// grace period a leaf free waits for under smo_mu_ always ends.
 //
 // First touch: the lock table's second word per node says whether the node
 // was checked since open (zero at open). The first operation to reach an
@@ -134,6 +135,11 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   Status InsertIntoParent(std::vector<Node*>& path, size_t depth, Node* left, Slice sep, Node* right,
                           std::vector<Node*>* locked);
   Status GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node*>* locked);
+  // Frees the leaf for key if it is empty, not the root and not its
+  // parent's leftmost child. Called outside every epoch guard.
+  Status FreeEmptyLeaf(Slice key);
+  // Recovery: finishes a free recorded in Meta::free_leaf.
+  Status RecoverFreeLeaf();
   Status PathTo(Slice key, uint32_t level, std::vector<Node*>* path, Node** node);
   void ClearLog(SplitLog* l);
 
@@ -146,6 +152,9 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   uint32_t leaf_cap_, inner_cap_, min_cap_;
   size_t max_key_, max_value_;
   kit::LockTable<LockWord> locks_;
+  // Guards every operation that reads nodes without their lock; a freed
+  // leaf goes back to the allocator only after a grace period.
+  EpochManager epoch_;
   std::mutex smo_mu_;
   std::atomic<bool> closed_{false};
 };

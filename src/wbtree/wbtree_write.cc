@@ -129,33 +129,37 @@ Status WBTree<BK>::Write(Slice key, Slice value, Mode mode) {
   const KeyCtx c = Ctx();
   kit::Backoff bo;
   for (;;) {
-    Node* l;
-    uint64_t v;
-    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-    if (!LW(l).lock.Upgrade(v)) {
-      bo.Wait();
-      continue;
-    }
-    Slots s;
-    LoadSlots(l, &s);
-    uint32_t pos;
-    bool eq;
-    Status st;
-    if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq)) {
-      st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-    } else if (eq) {
-      st = mode == kInsert ? Status::AlreadyExists() : UpdateValue(l, &l->ents()[s.at(pos + 1)], value);
-    } else if (mode == kUpdate) {
-      st = Status::NotFound();
-    } else if (s.count() < leaf_cap_) {
-      st = InsertEntry(l, s, pos, key, 0, value, 0);
-    } else {
+    {
+      EpochManager::Guard g(epoch_);
+      Node* l;
+      uint64_t v;
+      PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
+      if (!LW(l).lock.Upgrade(v)) {
+        bo.Wait();
+        continue;
+      }
+      Slots s;
+      LoadSlots(l, &s);
+      uint32_t pos;
+      bool eq;
+      Status st;
+      if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq)) {
+        st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
+      } else if (eq) {
+        st = mode == kInsert ? Status::AlreadyExists() : UpdateValue(l, &l->ents()[s.at(pos + 1)], value);
+      } else if (mode == kUpdate) {
+        st = Status::NotFound();
+      } else if (s.count() < leaf_cap_) {
+        st = InsertEntry(l, s, pos, key, 0, value, 0);
+      } else {
+        UnlockNode(l);
+        goto split;  // outside the guard: SplitForKey takes smo_mu_
+      }
       UnlockNode(l);
-      PMINDEX_RETURN_IF_ERROR(SplitForKey(key));
-      continue;
+      return st;
     }
-    UnlockNode(l);
-    return st;
+  split:
+    PMINDEX_RETURN_IF_ERROR(SplitForKey(key));
   }
 }
 
@@ -165,28 +169,38 @@ Status WBTree<BK>::Remove(Slice key) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   const KeyCtx c = Ctx();
   kit::Backoff bo;
-  for (;;) {
-    Node* l;
-    uint64_t v;
-    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-    if (!LW(l).lock.Upgrade(v)) {
-      bo.Wait();
-      continue;
+  Status st = Status::NotFound();
+  bool emptied = false;
+  {
+    EpochManager::Guard g(epoch_);
+    for (;;) {
+      Node* l;
+      uint64_t v;
+      PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
+      if (!LW(l).lock.Upgrade(v)) {
+        bo.Wait();
+        continue;
+      }
+      Slots s;
+      LoadSlots(l, &s);
+      uint32_t pos;
+      bool eq;
+      if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq)) {
+        st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
+      } else if (eq) {
+        RemoveEntry(l, s, pos);
+        st = Status::OK();
+        emptied = s.count() == 1;
+      }
+      UnlockNode(l);
+      break;
     }
-    Slots s;
-    LoadSlots(l, &s);
-    uint32_t pos;
-    bool eq;
-    Status st = Status::NotFound();
-    if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq))
-      st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-    else if (eq) {
-      RemoveEntry(l, s, pos);
-      st = Status::OK();
-    }
-    UnlockNode(l);
-    return st;
   }
+  if (emptied) {
+    Status fs = FreeEmptyLeaf(key);  // the delete itself is durable already
+    if (fs.IsCorrupt()) return fs;
+  }
+  return st;
 }
 
 #define PMINDEX_WBTREE_WRITE(BK)                                                                         \

@@ -184,6 +184,7 @@ wbtree wbtree.insert.skip_slots_flush
 wbtree wbtree.update.skip_flush
 wbtree wbtree.remove.skip_flush
 wbtree wbtree.split.link_before_persist
+wbtree wbtree.free.skip_unlink_flush --keys 30
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
