@@ -1,7 +1,8 @@
 // wbtree.cc: wBTree as an Index (docs/wbtree.md): its parameters
-// (leaf_size, inner_size: entries per node, at most 63), the factory that
-// creates or opens a pool (checking Meta: magic, format version, kinds,
-// capacities), Stats and Close, and the registration under "wbtree".
+// (leaf_size, inner_size: entries per node, at most 63; 7 for the
+// slot-only variant), the factory that creates or opens a pool (checking
+// Meta: magic, format version, variant, kinds, capacities), Stats and
+// Close, and the registration under "wbtree" and "wbtree_slot".
 // The tree itself: wbtree_tree.h and the files it lists.
 //
 // A pool whose Meta has no magic is what a creation that crashed leaves
@@ -19,7 +20,7 @@ namespace pmindex::internal::wbtree {
 
 template <bool BK>
 WBTree<BK>::WBTree(std::unique_ptr<pm::Pool> pool, const Options& o, std::string name, ValueKind vk, uint32_t leaf_cap,
-                   uint32_t inner_cap)
+                   uint32_t inner_cap, bool slot_only)
     : name_(std::move(name)),
       pool_(std::move(pool)),
       base_(pool_->base()),
@@ -28,6 +29,7 @@ WBTree<BK>::WBTree(std::unique_ptr<pm::Pool> pool, const Options& o, std::string
       leaf_cap_(leaf_cap),
       inner_cap_(inner_cap),
       min_cap_(std::min(leaf_cap, inner_cap)),
+      slot_only_(slot_only),
       max_key_(std::max<size_t>(o.max_key_size, 8)),
       max_value_(std::max<size_t>(o.max_value_size, 8)) {}
 
@@ -57,40 +59,49 @@ template class WBTree<true>;
 
 namespace {
 
-constexpr const char* kName = "wbtree";
+// The two variants: wbtree (bitmap + slot array, up to 63 entries) and
+// wbtree_slot (slot word only, up to 7 entries).
+struct Variant {
+  const char* name;
+  bool slot_only;
+  uint32_t max_cap, leaf_default, inner_default;
+};
+constexpr Variant kBitmap{"wbtree", false, kMaxCap, 63, 32};
+constexpr Variant kSlot{"wbtree_slot", true, kMaxSlotOnlyCap, kMaxSlotOnlyCap, kMaxSlotOnlyCap};
 
-Status ParseParams(const Options& o, uint32_t* leaf, uint32_t* inner) {
+Status ParseParams(const Variant& var, const Options& o, uint32_t* leaf, uint32_t* inner) {
   Params p(o.params);
   PMINDEX_RETURN_IF_ERROR(p.Expect({"leaf_size", "inner_size"}));
   long long l, i;
-  PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", 63, 2, kMaxCap, &l));
-  PMINDEX_RETURN_IF_ERROR(p.GetInt("inner_size", 32, 3, kMaxCap, &i));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", var.leaf_default, 2, var.max_cap, &l));
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("inner_size", var.inner_default, 3, var.max_cap, &i));
   *leaf = uint32_t(l);
   *inner = uint32_t(i);
   return Status::OK();
 }
 
-std::unique_ptr<WBTreeBase> Make(std::unique_ptr<pm::Pool> pool, const Options& o, KeyKind kk, ValueKind vk,
-                                 uint32_t leaf, uint32_t inner) {
-  if (kk == KeyKind::kBytes) return std::make_unique<WBTree<true>>(std::move(pool), o, kName, vk, leaf, inner);
-  return std::make_unique<WBTree<false>>(std::move(pool), o, kName, vk, leaf, inner);
+std::unique_ptr<WBTreeBase> Make(const Variant& var, std::unique_ptr<pm::Pool> pool, const Options& o, KeyKind kk,
+                                 ValueKind vk, uint32_t leaf, uint32_t inner) {
+  if (kk == KeyKind::kBytes)
+    return std::make_unique<WBTree<true>>(std::move(pool), o, var.name, vk, leaf, inner, var.slot_only);
+  return std::make_unique<WBTree<false>>(std::move(pool), o, var.name, vk, leaf, inner, var.slot_only);
 }
 
-Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+Status CreateVariant(const Variant& var, std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
   uint32_t leaf, inner;
-  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &leaf, &inner));
+  PMINDEX_RETURN_IF_ERROR(ParseParams(var, o, &leaf, &inner));
   if (*pool->root_slot() != 0) return Status::InvalidArgument("pool already holds a root object");
-  auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, leaf, inner);
+  auto t = Make(var, std::move(pool), o, o.key_kind, o.value_kind, leaf, inner);
   PMINDEX_RETURN_IF_ERROR(t->Format());
   *out = std::move(t);
   return Status::OK();
 }
 
-Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+Status OpenVariant(const Variant& var, std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
   const auto t0 = std::chrono::steady_clock::now();
   uint32_t leaf, inner;
-  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &leaf, &inner));
-  const kit::RootSpec spec{kName, kMagic, sizeof(Meta), offsetof(Meta, magic), 0};
+  PMINDEX_RETURN_IF_ERROR(ParseParams(var, o, &leaf, &inner));
+  const kit::RootSpec spec{var.name, kMagic, sizeof(Meta), offsetof(Meta, magic), 0};
   const uint64_t mo = *pool->root_slot();
   if (mo && (mo % 64 || mo >= pool->size() || pool->allocator().UsableSize(mo) < sizeof(Meta)))
     return Status::Corrupt("wbtree root object out of the pool or too small");
@@ -101,22 +112,36 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     if (o.read_only) return Status::Unsupported("wbtree pool holds an interrupted creation: open it read-write");
     if (m && m->root) pool->allocator().Free(&m->root);
     if (m) pool->allocator().Free(pool->root_slot());
-    return Create(std::move(pool), o, out);
+    return CreateVariant(var, std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("wbtree metadata has a bad magic");
   if (m->version != kVersion)
     return Status::Corrupt("unsupported wbtree format version " + std::to_string(m->version));
   if (m->key_kind > 1 || m->value_kind > 1) return Status::Corrupt("wbtree metadata has bad key/value kinds");
-  if (m->leaf_cap < 2 || m->leaf_cap > kMaxCap || m->inner_cap < 3 || m->inner_cap > kMaxCap)
+  if (m->variant != (var.slot_only ? 1 : 0)) return Status::Corrupt("wbtree metadata names the other variant");
+  if (m->leaf_cap < 2 || m->leaf_cap > var.max_cap || m->inner_cap < 3 || m->inner_cap > var.max_cap)
     return Status::Corrupt("wbtree metadata has bad node capacities");
   if ((o.params.count("leaf_size") && leaf != m->leaf_cap) || (o.params.count("inner_size") && inner != m->inner_cap))
     return Status::InvalidArgument("pool was created with leaf_size=" + std::to_string(m->leaf_cap) +
                                    " inner_size=" + std::to_string(m->inner_cap));
-  auto t = Make(std::move(pool), o, KeyKind(m->key_kind), ValueKind(m->value_kind), m->leaf_cap, m->inner_cap);
+  auto t = Make(var, std::move(pool), o, KeyKind(m->key_kind), ValueKind(m->value_kind), m->leaf_cap, m->inner_cap);
   PMINDEX_RETURN_IF_ERROR(t->Recover());
   t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   *out = std::move(t);
   return Status::OK();
+}
+
+Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return CreateVariant(kBitmap, std::move(pool), o, out);
+}
+Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return OpenVariant(kBitmap, std::move(pool), o, out);
+}
+Status CreateSlot(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return CreateVariant(kSlot, std::move(pool), o, out);
+}
+Status OpenSlot(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
+  return OpenVariant(kSlot, std::move(pool), o, out);
 }
 
 }  // namespace
@@ -131,6 +156,11 @@ void RegisterWBTree(std::vector<IndexFactory>* r) {
                 "wBTree: whole B+-tree in PM, unsorted nodes with a bitmap and a sorted slot array, micro-log splits, "
                 "lock-free readers, constant-time open"},
                &wbtree::Create, &wbtree::Open);
+  AddIndexType(r,
+               {"wbtree_slot", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
+                "wBTree, slot-only variant: nodes of at most 7 entries whose slot word (count and indices) is the "
+                "commit word, no bitmap"},
+               &wbtree::CreateSlot, &wbtree::OpenSlot);
 }
 
 }  // namespace pmindex::internal

@@ -27,6 +27,7 @@ namespace {
 struct Kinds {
   KeyKind kk;
   ValueKind vk;
+  const char* index = "wbtree";
 };
 
 std::string K(const Kinds& c, uint64_t k) {
@@ -55,7 +56,7 @@ class WBTreeConcurrency : public testing::TestWithParam<Kinds> {
     o.key_kind = GetParam().kk;
     o.value_kind = GetParam().vk;
     o.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
-    ASSERT_TRUE(OpenIndex("wbtree", o, &idx_).ok());
+    ASSERT_TRUE(OpenIndex(GetParam().index, o, &idx_).ok());
   }
   void TearDown() override {
     idx_.reset();
@@ -180,9 +181,11 @@ TEST_P(WBTreeConcurrency, SkewedWritersAndReaders) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, WBTreeConcurrency,
-                         testing::Values(Kinds{KeyKind::kU64, ValueKind::kU64}, Kinds{KeyKind::kBytes, ValueKind::kBytes}),
+                         testing::Values(Kinds{KeyKind::kU64, ValueKind::kU64}, Kinds{KeyKind::kBytes, ValueKind::kBytes},
+                                         Kinds{KeyKind::kU64, ValueKind::kU64, "wbtree_slot"},
+                                         Kinds{KeyKind::kBytes, ValueKind::kBytes, "wbtree_slot"}),
                          [](const testing::TestParamInfo<Kinds>& i) {
-                           return std::string(i.param.kk == KeyKind::kU64 ? "u64" : "bytes");
+                           return std::string(i.param.index) + (i.param.kk == KeyKind::kU64 ? "_u64" : "_bytes");
                          });
 
 }  // namespace

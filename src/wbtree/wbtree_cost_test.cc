@@ -34,13 +34,13 @@ class WBTreeCost : public testing::Test {
     idx_.reset();
     std::filesystem::remove(path_);
   }
-  void Open(KeyKind kk = KeyKind::kU64, ValueKind vk = ValueKind::kU64) {
+  void Open(KeyKind kk = KeyKind::kU64, ValueKind vk = ValueKind::kU64, const char* index = "wbtree") {
     Options o;
     o.pool_path = path_;
     o.pool_size = 256ull << 20;
     o.key_kind = kk;
     o.value_kind = vk;
-    ASSERT_TRUE(OpenIndex("wbtree", o, &idx_).ok());
+    ASSERT_TRUE(OpenIndex(index, o, &idx_).ok());
   }
   template <typename F>
   Cost Measure(int n, F op) {
@@ -100,6 +100,38 @@ TEST_F(WBTreeCost, FlushesPerOperationBytes) {
   const Cost del = Measure(kN / 2, [&](int i) { ASSERT_TRUE(idx_->Remove(key(i)).ok()); });
   std::printf("bytes (50k records): insert %.3f lines %.3f fences, update %.3f / %.3f, delete %.3f / %.3f "
               "(allocator lines and fences included)\n",
+              ins.lines, ins.fences, upd.lines, upd.fences, del.lines, del.fences);
+  ASSERT_TRUE(idx_->Check().ok());
+}
+
+// The slot-only variant (7-entry nodes): an insert without split flushes
+// the entry and the slot word (2 lines, 2 fences); update and delete 1 / 1.
+TEST_F(WBTreeCost, FlushesPerOperationSlotOnly) {
+  Open(KeyKind::kU64, ValueKind::kU64, "wbtree_slot");
+  const uint64_t kN = 200000;
+  std::vector<uint64_t> keys(kN);
+  for (uint64_t i = 0; i < kN; i++) keys[i] = i * 2654435761ull % (1ull << 40);
+  for (uint64_t k : keys) ASSERT_TRUE(idx_->Insert(U64Slice(k), U64Slice(k)).ok());
+  double min_lines = 1e9, min_fences = 1e9;
+  for (int i = 0; i < 64; i++) {
+    const uint64_t k = keys[i] + 1;
+    Cost c = Measure(1, [&](int) { ASSERT_TRUE(idx_->Insert(U64Slice(k), U64Slice(k)).ok()); });
+    min_lines = std::min(min_lines, c.lines);
+    min_fences = std::min(min_fences, c.fences);
+  }
+  EXPECT_EQ(min_lines, 2);
+  EXPECT_EQ(min_fences, 2);
+  std::mt19937_64 rng(1);
+  const Cost ins = Measure(50000, [&](int) {
+    const uint64_t k = (rng() % (1ull << 40)) | 1;
+    Status s = idx_->Insert(U64Slice(k), U64Slice(k));
+    ASSERT_TRUE(s.ok() || s.IsAlreadyExists());
+  });
+  const Cost upd = Measure(50000, [&](int i) { ASSERT_TRUE(idx_->Update(U64Slice(keys[i]), U64Slice(i)).ok()); });
+  EXPECT_EQ(upd.lines, 1);
+  const Cost del = Measure(50000, [&](int i) { ASSERT_TRUE(idx_->Remove(U64Slice(keys[i])).ok()); });
+  std::printf("wbtree_slot u64 steady state (200k records, 7/7 entries): insert %.3f lines %.3f fences, update %.3f / %.3f, "
+              "delete %.3f / %.3f\n",
               ins.lines, ins.fences, upd.lines, upd.fences, del.lines, del.fences);
   ASSERT_TRUE(idx_->Check().ok());
 }

@@ -51,6 +51,9 @@ namespace pmindex::internal::wbtree {
 constexpr uint64_t kMagic = 0x0045455254425757ull;  // "WWBTREE"
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kMaxCap = 63;
+// wbtree_slot: the count and seven one-byte indices fill slot word 0,
+// which is then the node's commit word (no bitmap).
+constexpr uint32_t kMaxSlotOnlyCap = 7;
 constexpr int kMaxLevels = 32;
 
 // One split in flight at level l (FPTree-style micro-log, PiBench sec. 4):
@@ -65,7 +68,7 @@ static_assert(sizeof(SplitLog) == 32);
 struct Meta {
   uint64_t magic;  // written and persisted last at creation
   uint32_t version;
-  uint8_t key_kind, value_kind, variant, pad0;
+  uint8_t key_kind, value_kind, variant, pad0;  // variant 1: wbtree_slot
   uint32_t leaf_cap, inner_cap;
   uint64_t reserved0[5];
   // line 1

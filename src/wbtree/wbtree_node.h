@@ -44,6 +44,15 @@ inline void LoadSlots(const Node* n, Slots* s) {
   }
 }
 
+// The entries a slot array lists (indices >= 63 ignored): the valid
+// entries of a slot-only node, whose slot word is its commit word.
+inline uint64_t SlotBits(const Slots& s) {
+  uint64_t bits = 0;
+  for (uint32_t i = 1; i <= s.count() && i < 64; i++)
+    if (s.at(i) < 63) bits |= 1ull << s.at(i);
+  return bits;
+}
+
 // True if s is a usable slot array for a node with this bitmap and cap.
 inline bool Consistent(const Slots& s, uint64_t bitmap, uint32_t cap) {
   if (cap > kMaxCap || (bitmap & ~CapMask(cap))) return false;

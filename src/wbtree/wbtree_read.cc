@@ -188,7 +188,7 @@ uint64_t WBTree<BK>::Size() {
     uint64_t v, bm, next;
     for (;;) {
       if (LW(l).lock.ReadBegin(&v)) {
-        bm = LdR(&l->bitmap);
+        bm = Valid(l);
         next = LdR(&l->next);
         if (LW(l).lock.Validate(v)) break;
       } else if (v & kit::VersionLock::kObsolete) {

@@ -40,6 +40,7 @@ Status WBTree<BK>::Format() {
   pm::Store(&meta_->value_kind, uint8_t(vk_));
   pm::Store(&meta_->leaf_cap, leaf_cap_);
   pm::Store(&meta_->inner_cap, inner_cap_);
+  pm::Store(&meta_->variant, uint8_t(slot_only_ ? 1 : 0));
   pm::Persist(meta_, 64);
   St(&meta_->magic, kMagic);
   pm::Persist(&meta_->magic, 8);
@@ -89,8 +90,13 @@ Status WBTree<BK>::RecoverLog(int level) {
     ClearLog(log);
     return Status::OK();
   }
-  St(&l->bitmap, log->trim);
-  pm::Persist(l, 64);
+  if (slot_only_) {
+    St(&l->slotw[0], log->trim);
+    pm::Persist(l->slotw, 8);
+  } else {
+    St(&l->bitmap, log->trim);
+    pm::Persist(l, 64);
+  }
   LockNode(l);
   Status st = Repair(l);
   UnlockNode(l);
@@ -117,7 +123,7 @@ Status WBTree<BK>::RecoverLog(int level) {
       Node* p = path.back();
       bool has = p->leftmost == log->new_node;
       for (uint32_t i = 0; i < inner_cap_ && !has; i++)
-        has = (p->bitmap >> i & 1) && p->ents()[i].v == log->new_node;
+        has = (Valid(p) >> i & 1) && p->ents()[i].v == log->new_node;
       if (!has) st = InsertIntoParent(path, path.size(), l, sep, r, &locked);
     }
   }
@@ -131,7 +137,7 @@ Status WBTree<BK>::RecoverLog(int level) {
 template <bool BK>
 bool WBTree<BK>::SpareReferenced(const Node* n, uint64_t w) const {
   const uint32_t cap = std::min<uint32_t>(LdR(&n->cap), kMaxCap);
-  const uint64_t bm = LdR(&n->bitmap);
+  const uint64_t bm = Valid(n);
   const bool leaf = LdR(&n->level) == 0;
   for (uint32_t i = 0; i < cap; i++)
     if ((bm >> i & 1) && ((BK && n->ents()[i].k == w) || (leaf && vbytes() && n->ents()[i].v == w))) return true;
@@ -160,7 +166,7 @@ Status WBTree<BK>::Repair(Node* n) {
   const uint32_t level = LdR(&n->level), cap = LdR(&n->cap);
   const std::string at = "wbtree node at " + std::to_string(Off(n));
   if (level >= uint32_t(kMaxLevels) || cap != CapOf(level)) return Status::Corrupt(at + " has a bad level or capacity");
-  if (LdR(&n->bitmap) & ~CapMask(cap)) return Status::Corrupt(at + " has bitmap bits beyond its capacity");
+  if (Valid(n) & ~CapMask(cap)) return Status::Corrupt(at + " has bitmap bits beyond its capacity");
   if (!pool_->read_only()) {
     for (uint64_t* sp : {&n->spare_a, &n->spare_b}) {
       if (!*sp) continue;
@@ -175,14 +181,14 @@ Status WBTree<BK>::Repair(Node* n) {
   }
   Slots s;
   LoadSlots(n, &s);
-  if (Consistent(s, LdR(&n->bitmap), cap)) return Status::OK();
+  if (Consistent(s, Valid(n), cap)) return Status::OK();
   return Rebuild(n);
 }
 
 template <bool BK>
 Status WBTree<BK>::Rebuild(Node* n) {
   const uint32_t cap = LdR(&n->cap);
-  const uint64_t bm = LdR(&n->bitmap);
+  const uint64_t bm = Valid(n);
   std::vector<std::pair<std::string, uint8_t>> keys;
   for (uint32_t i = 0; i < cap; i++) {
     if (!(bm >> i & 1)) continue;
@@ -260,7 +266,7 @@ Status WBTree<BK>::Check() {
     const Want& w = want[at++];
     Slots s;
     LoadSlots(n, &s);
-    if (!Consistent(s, n->bitmap, n->cap)) return Status::Corrupt(where + ": slot array inconsistent with the bitmap");
+    if (!Consistent(s, Valid(n), n->cap)) return Status::Corrupt(where + ": slot array inconsistent with the bitmap");
     if (n->spare_a || n->spare_b) return Status::Corrupt(where + ": spare word in use");
     std::string prev, k;
     for (uint32_t i = 1; i <= s.count(); i++) {
@@ -317,7 +323,7 @@ Status WBTree<BK>::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {
   return WalkLevels([&](Node* n, uint32_t level) -> Status {
     fn(Off(n));
     for (uint32_t i = 0; i < n->cap; i++) {
-      if (!(n->bitmap >> i & 1)) continue;
+      if (!(Valid(n) >> i & 1)) continue;
       if (BK) fn(n->ents()[i].k);
       if (level == 0 && vbytes()) fn(n->ents()[i].v);
     }

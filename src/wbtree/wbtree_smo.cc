@@ -109,6 +109,9 @@ Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, No
   const uint32_t first_right = inner ? m + 1 : m;
   uint64_t keep = 0;
   for (uint32_t i = 0; i < m; i++) keep |= 1ull << s.at(i + 1);
+  Slots ls = s;  // n's slot array after the split
+  ls.b[0] = uint8_t(m);
+  if (slot_only_) std::memcpy(&keep, ls.b, 8);  // the trim is n's new slot word
   const Entry* mid = &n->ents()[s.at(m + 1)];
   if (!ReadKeyWord<BK>(Ctx(), mid->k, sep)) return Status::Corrupt("wbtree: unreadable key block in a split");
   const uint64_t old_bitmap = LdR(&n->bitmap), old_next = LdR(&n->next);
@@ -131,7 +134,7 @@ Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, No
     St(&r->ents()[j].k, LdR(&src->k));
     St(&r->ents()[j].v, LdR(&src->v));
   }
-  St(&r->bitmap, CapMask(k));
+  St(&r->bitmap, slot_only_ ? uint64_t(0) : CapMask(k));
   St(&r->next, old_next);
   St(&r->level, level);
   St(&r->cap, cap);
@@ -149,12 +152,15 @@ Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, No
   if (!PMINDEX_FAULT("wbtree.split.link_before_persist")) pm::Flush(r, NodeBytes(k));
   pm::Fence();
 
-  // The commit: link and trim in one line.
+  // The commit: link and trim in one line (slot-only: the link, then the
+  // trimmed slot word; recovery redoes the trim of a linked split).
   St(&n->next, Off(r));
-  St(&n->bitmap, keep);
-  pm::Flush(n, 64);
-  Slots ls = s;
-  ls.b[0] = uint8_t(m);
+  if (slot_only_) {
+    pm::Persist(n, 64);
+  } else {
+    St(&n->bitmap, keep);
+    pm::Flush(n, 64);
+  }
   StoreSlots(n, ls, s, true);
   pm::Fence();
 
@@ -162,11 +168,18 @@ Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, No
   if (!st.ok()) {
     // Undo the commit (nothing above refers to r): bitmap first, so that a
     // crash in between finishes the split instead.
-    St(&n->bitmap, old_bitmap);
-    St(&n->next, old_next);
-    pm::Flush(n, 64);
-    StoreSlots(n, s, ls, true);
-    pm::Fence();
+    if (slot_only_) {  // the slot word first, then the link
+      StoreSlots(n, s, ls, true);
+      pm::Fence();
+      St(&n->next, old_next);
+      pm::Persist(n, 64);
+    } else {
+      St(&n->bitmap, old_bitmap);
+      St(&n->next, old_next);
+      pm::Flush(n, 64);
+      StoreSlots(n, s, ls, true);
+      pm::Fence();
+    }
     alloc_->Free(&log->new_node);
     ClearLog(log);
     return st;
@@ -212,7 +225,7 @@ Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node
   St(&r->level, LdR(&left->level) + 1);
   St(&r->cap, inner_cap_);
   St(&r->leftmost, Off(left));
-  St(&r->bitmap, uint64_t(1));
+  St(&r->bitmap, uint64_t(slot_only_ ? 0 : 1));
   pm::Persist(r, 64);
   if constexpr (BK) {
     if (Status st = kit::WriteBlock(*alloc_, base_, &r->ents()[0].k, sep); !st.ok()) {
@@ -247,7 +260,7 @@ Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
   uint32_t pos = 0;
   for (uint32_t i = 1; i <= ps.count() && !pos; i++)
     if (LdR(&p->ents()[ps.at(i)].v) == Off(l)) pos = i;
-  if (!pos || LdR(&l->bitmap) != 0) {  // a leftmost child, or refilled meanwhile
+  if (!pos || Valid(l) != 0) {  // a leftmost child, or refilled meanwhile
     UnlockNode(l);
     UnlockNode(p);
     return Status::OK();

@@ -23,6 +23,7 @@ struct Cfg {
   KeyKind kk;
   ValueKind vk;
   int leaf, inner;
+  const char* index = "wbtree";
 };
 
 std::string Key(const Cfg& c, uint64_t k) {
@@ -53,7 +54,7 @@ class WBTreeTest : public testing::TestWithParam<Cfg> {
     o.params = {{"leaf_size", std::to_string(GetParam().leaf)}, {"inner_size", std::to_string(GetParam().inner)}};
     return o;
   }
-  void Open() { ASSERT_TRUE(OpenIndex("wbtree", Opts(), &idx_).ok()); }
+  void Open() { ASSERT_TRUE(OpenIndex(GetParam().index, Opts(), &idx_).ok()); }
   void Verify() {
     ASSERT_TRUE(idx_->Check().ok()) << idx_->Check().ToString();
     EXPECT_EQ(idx_->Size(), model_.size());
@@ -173,9 +174,13 @@ INSTANTIATE_TEST_SUITE_P(Kinds, WBTreeTest,
                          testing::Values(Cfg{KeyKind::kU64, ValueKind::kU64, 4, 3}, Cfg{KeyKind::kU64, ValueKind::kU64, 63, 32},
                                          Cfg{KeyKind::kBytes, ValueKind::kBytes, 4, 3},
                                          Cfg{KeyKind::kBytes, ValueKind::kBytes, 63, 32},
-                                         Cfg{KeyKind::kU64, ValueKind::kBytes, 5, 4}),
+                                         Cfg{KeyKind::kU64, ValueKind::kBytes, 5, 4},
+                                         Cfg{KeyKind::kU64, ValueKind::kU64, 7, 7, "wbtree_slot"},
+                                         Cfg{KeyKind::kU64, ValueKind::kU64, 2, 3, "wbtree_slot"},
+                                         Cfg{KeyKind::kBytes, ValueKind::kBytes, 7, 7, "wbtree_slot"},
+                                         Cfg{KeyKind::kBytes, ValueKind::kU64, 3, 3, "wbtree_slot"}),
                          [](const testing::TestParamInfo<Cfg>& i) {
-                           return std::string(i.param.kk == KeyKind::kU64 ? "u64" : "bytes") +
+                           return std::string(i.param.index) + "_" + (i.param.kk == KeyKind::kU64 ? "u64" : "bytes") +
                                   (i.param.vk == ValueKind::kU64 ? "_u64" : "_bytes") + "_" + std::to_string(i.param.leaf) +
                                   "_" + std::to_string(i.param.inner);
                          });

@@ -61,7 +61,7 @@ template <bool BK>
 class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
  public:
   WBTree(std::unique_ptr<pm::Pool> pool, const Options& o, std::string name, ValueKind vk, uint32_t leaf_cap,
-         uint32_t inner_cap);
+         uint32_t inner_cap, bool slot_only);
   ~WBTree() override { Close(); }
 
   std::string_view Name() const override { return name_; }
@@ -93,6 +93,14 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   LockWord& LW(const Node* n) const { return *locks_.At(n); }
   KeyCtx Ctx() const { return KeyCtx{base_, pool_.get(), max_key_}; }
   bool vbytes() const { return vk_ == ValueKind::kBytes; }
+  // The valid entries of n: its bitmap, or (slot-only variant) the entries
+  // its slot word lists.
+  uint64_t Valid(const Node* n) const {
+    if (!slot_only_) return LdR(&n->bitmap);
+    Slots s;
+    LoadSlots(n, &s);
+    return SlotBits(s);
+  }
   uint32_t CapOf(uint32_t level) const { return level ? inner_cap_ : leaf_cap_; }
   // A node offset that can be dereferenced (inside the pool, aligned).
   bool NodeOk(uint64_t off) const { return off && off % 64 == 0 && off + NodeBytes(min_cap_) <= pool_->size(); }
@@ -150,6 +158,9 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   Meta* meta_ = nullptr;
   ValueKind vk_;
   uint32_t leaf_cap_, inner_cap_, min_cap_;
+  // wbtree_slot: nodes of at most 7 entries, no bitmap; slot word 0 (count
+  // and seven indices) is the commit word.
+  bool slot_only_;
   size_t max_key_, max_value_;
   kit::LockTable<LockWord> locks_;
   // Guards every operation that reads nodes without their lock; a freed

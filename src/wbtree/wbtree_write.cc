@@ -47,7 +47,7 @@ Status WBTree<BK>::InsertEntry(Node* n, const Slots& s, uint32_t pos, Slice key,
                                uint64_t) {
   const bool leaf = LdR(&n->level) == 0;
   const uint32_t cap = CapOf(leaf ? 0 : 1);
-  const uint64_t bm = LdR(&n->bitmap);
+  const uint64_t bm = Valid(n);
   const uint64_t free_bits = ~bm & CapMask(cap);
   if (!free_bits || s.count() >= cap) return Status::Corrupt("wbtree node at " + std::to_string(Off(n)) + " is full");
   const uint32_t x = __builtin_ctzll(free_bits);
@@ -75,6 +75,18 @@ Status WBTree<BK>::InsertEntry(Node* n, const Slots& s, uint32_t pos, Slice key,
   St(&e->k, kw);
   St(&e->v, vw);
   if (!PMINDEX_FAULT("wbtree.insert.skip_entry_flush")) pm::Flush(e, sizeof(Entry));
+  if (slot_only_) {
+    // The slot word is the commit: the entry first.
+    pm::Fence();
+    StoreSlots(n, WithInserted(s, pos, uint8_t(x)), s, !PMINDEX_FAULT("wbtree.insert.skip_slots_flush"));
+    pm::Fence();
+    if (spares) {
+      St(&n->spare_a, uint64_t(0));
+      St(&n->spare_b, uint64_t(0));
+      pm::Persist(n, 64);
+    }
+    return Status::OK();
+  }
   StoreSlots(n, WithInserted(s, pos, uint8_t(x)), s, !PMINDEX_FAULT("wbtree.insert.skip_slots_flush"));
   pm::Fence();
   St(&n->bitmap, uint64_t(bm | (1ull << x)));
@@ -94,6 +106,15 @@ void WBTree<BK>::RemoveEntry(Node* n, const Slots& s, uint32_t pos) {
   const bool own_v = leaf && vbytes();
   if (BK) St(&n->spare_a, LdR(&e->k));
   if (own_v) St(&n->spare_b, LdR(&e->v));
+  if (slot_only_) {
+    // The spares durable, then the slot word commits.
+    if (BK || own_v) pm::Persist(n, 64);
+    StoreSlots(n, WithRemoved(s, pos), s, !PMINDEX_FAULT("wbtree.remove.skip_flush"));
+    pm::Fence();
+    if (BK) alloc_->Free(&n->spare_a);
+    if (own_v) alloc_->Free(&n->spare_b);
+    return;
+  }
   StoreSlots(n, WithRemoved(s, pos), s, /*flush=*/false, /*vol=*/true);
   St(&n->bitmap, uint64_t(LdR(&n->bitmap) & ~(1ull << x)));
   if (!PMINDEX_FAULT("wbtree.remove.skip_flush")) pm::Flush(n, 64);

@@ -177,7 +177,7 @@ pmwcas pmwcas.skip_descriptor_persist
 pmwcas pmwcas.skip_status_persist
 pmwcas pmwcas.skip_dirty_flush
 "
-# wBTree's fault switches (docs/wbtree.md, "Fault switches").
+# wBTree's fault switches, both variants (docs/wbtree.md, "Fault switches").
 faults+="
 wbtree wbtree.insert.skip_entry_flush
 wbtree wbtree.insert.skip_slots_flush
@@ -185,6 +185,12 @@ wbtree wbtree.update.skip_flush
 wbtree wbtree.remove.skip_flush
 wbtree wbtree.split.link_before_persist
 wbtree wbtree.free.skip_unlink_flush --keys 30
+wbtree_slot wbtree.insert.skip_entry_flush
+wbtree_slot wbtree.insert.skip_slots_flush
+wbtree_slot wbtree.update.skip_flush
+wbtree_slot wbtree.remove.skip_flush
+wbtree_slot wbtree.split.link_before_persist
+wbtree_slot wbtree.free.skip_unlink_flush --keys 30
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
