@@ -127,11 +127,14 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   std::vector<std::pair<std::string, std::string>> buf;
   EpochManager::Guard g(epoch_);
   kit::Backoff bo;
+  const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;  // leaves a chain can hold
+  uint64_t steps = 0;
   while (done < n) {
     Node* l;
     uint64_t v;
     PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
     for (;;) {
+      if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
       // One leaf: copy its records >= from (> from once one was emitted)
       // in slot-array order, then validate, then emit.
       buf.clear();

@@ -102,8 +102,11 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
     return SlotBits(s);
   }
   uint32_t CapOf(uint32_t level) const { return level ? inner_cap_ : leaf_cap_; }
-  // A node offset that can be dereferenced (inside the pool, aligned).
-  bool NodeOk(uint64_t off) const { return off && off % 64 == 0 && off + NodeBytes(min_cap_) <= pool_->size(); }
+  // A node offset that can be dereferenced (inside the pool, aligned, room
+  // for the larger node kind).
+  bool NodeOk(uint64_t off) const {
+    return off && off % 64 == 0 && off + NodeBytes(std::max(leaf_cap_, inner_cap_)) <= pool_->size();
+  }
 
   // wbtree_recovery.cc
   Status EnsureChecked(Node* n);

@@ -18,6 +18,9 @@
 //          is not consistent with the bitmap); the bitmap without the bit
 //          stored, line 0 flushed, fenced (1 line); then the blocks freed
 //          through the spares.
+//  wbtree_slot (no bitmap, the slot word commits): insert: entry flushed,
+//          fence, slot word stored, flushed, fence (2 lines); delete:
+//          [spares persisted] slot word stored, flushed, fence (1 line).
 // Fault switches (tools/pmcheck/ci.sh): wbtree.insert.skip_entry_flush,
 // wbtree.insert.skip_slots_flush, wbtree.update.skip_flush,
 // wbtree.remove.skip_flush.
