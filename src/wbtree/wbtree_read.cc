@@ -7,8 +7,9 @@
 // Invariants relied on: a writer holds a node's version lock from before
 // its first store to it until after the fence that makes the change
 // durable, so a read validated against an unlocked version saw a durable
-// state; a node's level and its leftmost child never change while it is in
-// the tree.
+// state; a node's level never changes while it is in the tree; leftmost
+// pointers change only when a leftmost leaf is freed, never along the
+// tree's left edge (its first leaf and inner nodes are never freed).
 //
 // Persist order: none (readers store nothing to PM; EnsureChecked may
 // repair a node under its lock, wbtree_recovery.cc).
@@ -179,8 +180,8 @@ template <bool BK>
 uint64_t WBTree<BK>::Size() {
   if (closed()) return 0;
   EpochManager::Guard g(epoch_);
-  // The leftmost leaf: leftmost pointers never change while a node is in
-  // the tree.
+  // The first leaf: the leftmost pointers along the tree's left edge never
+  // change.
   uint64_t off = Ld(&meta_->root);
   for (int d = 0; d < kMaxLevels && NodeOk(off) && LdR(&N(off)->level) > 0; d++) off = Ld(&N(off)->leftmost);
   uint64_t total = 0;

@@ -22,15 +22,18 @@
 // GrowRoot: the root allocated zeroed into Meta::spare_root, its bitmap
 // persisted before its key block is allocated into its entry, the node
 // persisted, Meta::root = it and spare_root = 0 in one line, persisted.
-// Freeing an empty leaf l (not the root, not its parent's leftmost child:
-// its left neighbour prev is then the parent's previous child), under
-// smo_mu_ with parent, l and prev locked: Meta::free_prev, free_parent,
-// free_leaf stored in one line (free_leaf last) and persisted; prev.next =
-// l.next persisted; the parent's entry for l removed (one bitmap store,
-// wbtree_write.cc RemoveEntry); l unlocked obsolete; after an epoch grace
-// period l freed through Meta::free_leaf, then the log cleared. Recovery
-// (RecoverFreeLeaf) redoes the unlink and the entry removal if not done and
-// frees l. An empty leftmost child stays and takes inserts again.
+// Freeing an empty leaf l (not the first leaf of the tree, not the only
+// child of its parent), under smo_mu_ with parent, l and its left
+// neighbour prev locked (prev: the parent's previous child, or for a
+// leftmost child the rightmost leaf of the subtree to its left,
+// LeftNeighbour): Meta::free_prev, free_parent, free_leaf stored in one
+// line (free_leaf last) and persisted; prev.next = l.next persisted; the
+// parent's entry for l removed (one bitmap store, wbtree_write.cc
+// RemoveEntry) or, for a leftmost child, the first entry's child made the
+// leftmost (persisted) and that entry removed; l unlocked obsolete; after
+// an epoch grace period l freed through Meta::free_leaf, then the log
+// cleared. Recovery (RecoverFreeLeaf) redoes each step not done and frees
+// l.
 // Fault switches: wbtree.split.link_before_persist (step 2 skips its
 // flush), wbtree.free.skip_unlink_flush.
 //
@@ -260,13 +263,24 @@ Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
   uint32_t pos = 0;
   for (uint32_t i = 1; i <= ps.count() && !pos; i++)
     if (LdR(&p->ents()[ps.at(i)].v) == Off(l)) pos = i;
-  if (!pos || Valid(l) != 0) {  // a leftmost child, or refilled meanwhile
+  // A leftmost child needs an entry to take its place (and its left
+  // neighbour lies in another subtree); a refilled leaf stays.
+  const bool leftmost = pos == 0;
+  if ((leftmost && (ps.count() == 0 || LdR(&p->leftmost) != Off(l))) || Valid(l) != 0) {
     UnlockNode(l);
     UnlockNode(p);
     return Status::OK();
   }
-  const uint64_t prev_off = pos == 1 ? LdR(&p->leftmost) : LdR(&p->ents()[ps.at(pos - 1)].v);
-  if (!NodeOk(prev_off)) {
+  uint64_t prev_off = 0;
+  Status st = leftmost ? LeftNeighbour(path, Off(l), &prev_off)
+                       : Status::OK();
+  if (!leftmost) prev_off = pos == 1 ? LdR(&p->leftmost) : LdR(&p->ents()[ps.at(pos - 1)].v);
+  if (st.ok() && prev_off == 0) {  // the first leaf of the tree stays
+    UnlockNode(l);
+    UnlockNode(p);
+    return Status::OK();
+  }
+  if (!st.ok() || !NodeOk(prev_off)) {
     UnlockNode(l);
     UnlockNode(p);
     return Status::Corrupt("wbtree inner node at " + std::to_string(Off(p)) + " has a bad child");
@@ -288,7 +302,15 @@ Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
   St(&prev->next, LdR(&l->next));
   if (!PMINDEX_FAULT("wbtree.free.skip_unlink_flush")) pm::Flush(&prev->next, 8);
   pm::Fence();
-  RemoveEntry(p, ps, pos - 1);
+  if (leftmost) {
+    // The first entry's child becomes the leftmost child (its range grows
+    // down over l's, which is empty), then the entry goes.
+    St(&p->leftmost, LdR(&p->ents()[ps.at(1)].v));
+    pm::Persist(&p->leftmost, 8);
+    RemoveEntry(p, ps, 0);
+  } else {
+    RemoveEntry(p, ps, pos - 1);
+  }
   UnlockNode(prev);
   LW(l).lock.UnlockObsolete();
   UnlockNode(p);
@@ -300,6 +322,40 @@ Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
   pm::Persist(&meta_->free_prev, 16);
   leaves_freed_.fetch_add(1, std::memory_order_relaxed);
   return Status::OK();
+}
+
+template <bool BK>
+Status WBTree<BK>::LeftNeighbour(const std::vector<Node*>& path, uint64_t leaf, uint64_t* prev) {
+  *prev = 0;
+  uint64_t child = leaf;
+  for (size_t d = path.size(); d-- > 0;) {
+    Node* a = path[d];
+    Slots s;
+    LoadSlots(a, &s);
+    if (LdR(&a->leftmost) != child) {
+      uint32_t apos = 0;
+      for (uint32_t i = 1; i <= s.count() && !apos; i++)
+        if (LdR(&a->ents()[s.at(i)].v) == child) apos = i;
+      if (!apos) return Status::Corrupt("wbtree inner node at " + std::to_string(Off(a)) + " lost a child");
+      // The rightmost leaf of the subtree left of child.
+      uint64_t sub = apos == 1 ? LdR(&a->leftmost) : LdR(&a->ents()[s.at(apos - 1)].v);
+      for (int depth = 0; depth <= kMaxLevels; depth++) {
+        if (!NodeOk(sub)) return Status::Corrupt("wbtree child pointer out of the pool");
+        Node* n = N(sub);
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(n));
+        if (LdR(&n->level) == 0) {
+          *prev = sub;
+          return Status::OK();
+        }
+        Slots ns;
+        LoadSlots(n, &ns);
+        sub = ns.count() ? LdR(&n->ents()[ns.at(ns.count())].v) : LdR(&n->leftmost);
+      }
+      return Status::Corrupt("wbtree deeper than " + std::to_string(kMaxLevels) + " levels");
+    }
+    child = Off(a);
+  }
+  return Status::OK();  // leaf is the first leaf of the tree
 }
 
 template <bool BK>
@@ -316,6 +372,16 @@ Status WBTree<BK>::RecoverFreeLeaf() {
     }
     PMINDEX_RETURN_IF_ERROR(EnsureChecked(p));
     Slots s;
+    LoadSlots(p, &s);
+    if (s.count() > 0 && p->leftmost == lo) {  // a leftmost child: its successor takes over
+      St(&p->leftmost, p->ents()[s.at(1)].v);
+      pm::Persist(&p->leftmost, 8);
+    }
+    if (s.count() > 0 && p->ents()[s.at(1)].v == p->leftmost) {
+      LockNode(p);
+      RemoveEntry(p, s, 0);
+      UnlockNode(p);
+    }
     LoadSlots(p, &s);
     for (uint32_t i = 1; i <= s.count(); i++) {
       if (p->ents()[s.at(i)].v != lo) continue;
@@ -344,7 +410,8 @@ Status WBTree<BK>::RecoverFreeLeaf() {
                                                std::vector<Node*>*);                                             \
   template Status WBTree<BK>::GrowRoot(Node*, Slice, Node*, std::vector<Node*>*);                                \
   template Status WBTree<BK>::FreeEmptyLeaf(Slice);                                                              \
-  template Status WBTree<BK>::RecoverFreeLeaf();
+  template Status WBTree<BK>::RecoverFreeLeaf();                                                                 \
+  template Status WBTree<BK>::LeftNeighbour(const std::vector<Node*>&, uint64_t, uint64_t*);
 PMINDEX_WBTREE_SMO(false)
 PMINDEX_WBTREE_SMO(true)
 

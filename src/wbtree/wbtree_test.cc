@@ -191,10 +191,11 @@ INSTANTIATE_TEST_SUITE_P(Kinds, WBTreeTest,
 namespace pmindex {
 namespace {
 
-// Space comes back after deletes: empty leaves other than a parent's
-// leftmost child are freed, so a tree emptied by deletes holds well under
-// half its peak PM bytes (what stays: one leaf per inner node and the
-// inner nodes: about 36% here, ascending inserts leaving nodes half full),
+// Space comes back after deletes: empty leaves other than the first leaf
+// and a parent's only child are freed (ascending deletes free each
+// parent's leftmost child first), so a tree emptied by deletes holds well
+// under half its peak PM bytes (what stays: the inner nodes and one leaf
+// under each: about 36% here, ascending inserts leaving nodes half full),
 // and it takes inserts again. Without the frees it would hold all of it.
 TEST(WBTreeSpace, EmptyLeavesAreFreed) {
   Options o;

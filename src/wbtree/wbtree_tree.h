@@ -146,9 +146,11 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
   Status InsertIntoParent(std::vector<Node*>& path, size_t depth, Node* left, Slice sep, Node* right,
                           std::vector<Node*>* locked);
   Status GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node*>* locked);
-  // Frees the leaf for key if it is empty, not the root and not its
-  // parent's leftmost child. Called outside every epoch guard.
+  // Frees the leaf for key if it is empty, not the first leaf and not its
+  // parent's only child. Called outside every epoch guard.
   Status FreeEmptyLeaf(Slice key);
+  // The leaf left of `leaf` (path: its ancestors), 0 if it is the first.
+  Status LeftNeighbour(const std::vector<Node*>& path, uint64_t leaf, uint64_t* prev);
   // Recovery: finishes a free recorded in Meta::free_leaf.
   Status RecoverFreeLeaf();
   Status PathTo(Slice key, uint32_t level, std::vector<Node*>* path, Node** node);
