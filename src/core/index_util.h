@@ -89,6 +89,7 @@ void RegisterFPTree(std::vector<IndexFactory>* r);
 void RegisterFastFair(std::vector<IndexFactory>* r);
 void RegisterNvcHashmap(std::vector<IndexFactory>* r);
 void RegisterNVTree(std::vector<IndexFactory>* r);
+void RegisterWBTree(std::vector<IndexFactory>* r);
 
 const std::vector<IndexFactory>& Registry();
 

@@ -17,6 +17,7 @@ __attribute__((weak)) void RegisterFPTree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterFastFair(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNvcHashmap(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNVTree(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterWBTree(std::vector<IndexFactory>*) {}
 
 const std::vector<IndexFactory>& Registry() {
   static const std::vector<IndexFactory> r = [] {
@@ -26,6 +27,7 @@ const std::vector<IndexFactory>& Registry() {
     RegisterFastFair(&v);
     RegisterNvcHashmap(&v);
     RegisterNVTree(&v);
+    RegisterWBTree(&v);
     return v;
   }();
   return r;

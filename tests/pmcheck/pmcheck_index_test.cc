@@ -67,7 +67,14 @@ INSTANTIATE_TEST_SUITE_P(
                       IndexFault{"nvc_hashmap", "nvc.create.skip_max_threads_persist", "initial_buckets=16,max_threads=300", false},
                       // Empty slabs (freed when a recovered image opens) need
                       // images with no record: a tiny key space.
-                      IndexFault{"nvc_hashmap", "nvc.open.skip_empty_slab_unlink", "initial_buckets=16,keys=3", false}),
+                      IndexFault{"nvc_hashmap", "nvc.open.skip_empty_slab_unlink", "initial_buckets=16,keys=3", false},
+                      IndexFault{"wbtree", "wbtree.insert.skip_entry_flush", "leaf_size=4,inner_size=3", false},
+                      IndexFault{"wbtree", "wbtree.insert.skip_slots_flush", "leaf_size=4,inner_size=3", false},
+                      IndexFault{"wbtree", "wbtree.update.skip_flush", "leaf_size=4,inner_size=3", false},
+                      IndexFault{"wbtree", "wbtree.remove.skip_flush", "leaf_size=4,inner_size=3", false},
+                      IndexFault{"wbtree", "wbtree.split.link_before_persist", "leaf_size=4,inner_size=3", false},
+                      // Leaf frees need leaves emptied: a small key space.
+                      IndexFault{"wbtree", "wbtree.free.skip_unlink_flush", "leaf_size=4,inner_size=3,keys=30", false}),
     [](const ::testing::TestParamInfo<IndexFault>& i) {
       std::string n = i.param.fault;
       for (char& ch : n)

@@ -51,6 +51,7 @@ params() {
     fastfair) echo "--param node_size=256" ;;
     nvc_hashmap) echo "--param initial_buckets=16" ;;
     nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
+    wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
   esac
 }
 # For the small-key-space run: also small inner nodes, so that emptied
@@ -184,6 +185,21 @@ nvtree nvtree.append.count_before_entry
 nvtree nvtree.append.skip_count_flush
 nvtree nvtree.replace.skip_leaf_flush
 nvtree nvtree.replace.free_before_swap --key-kind bytes --value-kind bytes
+"
+# wBTree's fault switches, both variants (docs/wbtree.md, "Fault switches").
+faults+="
+wbtree wbtree.insert.skip_entry_flush
+wbtree wbtree.insert.skip_slots_flush
+wbtree wbtree.update.skip_flush
+wbtree wbtree.remove.skip_flush
+wbtree wbtree.split.link_before_persist
+wbtree wbtree.free.skip_unlink_flush --keys 30
+wbtree_slot wbtree.insert.skip_entry_flush
+wbtree_slot wbtree.insert.skip_slots_flush
+wbtree_slot wbtree.update.skip_flush
+wbtree_slot wbtree.remove.skip_flush
+wbtree_slot wbtree.split.link_before_persist
+wbtree_slot wbtree.free.skip_unlink_flush --keys 30
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue

@@ -1,0 +1,222 @@
+// wbtree_read.cc: wBTree's lock-free readers (PiBench sec. 3.1 and 5.4;
+// docs/wbtree.md, "Concurrency"): the optimistic descent shared by every
+// operation, Find (binary search through the slot array of every node),
+// Scan (records come out sorted from each leaf's slot array: no sort step),
+// and Size (a walk of the leaf chain).
+//
+// Invariants relied on: a writer holds a node's version lock from before
+// its first store to it until after the fence that makes the change
+// durable, so a read validated against an unlocked version saw a durable
+// state; a node's level never changes while it is in the tree; leftmost
+// pointers change only when a leftmost leaf is freed, never along the
+// tree's left edge (its first leaf and inner nodes are never freed).
+//
+// Persist order: none (readers store nothing to PM; EnsureChecked may
+// repair a node under its lock, wbtree_recovery.cc).
+//
+// Thread safety: all of these run concurrently with each other and with
+// writers. A validated read of damage (an index or block out of range)
+// returns Corrupt; an unvalidated one retries.
+#include "kit/pm_block.h"
+#include "wbtree/wbtree_tree.h"
+
+namespace pmindex::internal::wbtree {
+
+template <bool BK>
+Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
+  kit::Backoff bo;
+  const KeyCtx c = Ctx();
+  for (;;) {
+    const uint64_t off = Ld(&meta_->root);
+    if (!NodeOk(off)) return Status::Corrupt("wbtree root pointer out of the pool");
+    Node* n = N(off);
+    PMINDEX_RETURN_IF_ERROR(EnsureChecked(n));
+    uint64_t ver;
+    if (!LW(n).lock.ReadBegin(&ver) || Ld(&meta_->root) != off) {
+      bo.Wait();
+      continue;
+    }
+    bool restart = false;
+    for (;;) {
+      const uint32_t level = LdR(&n->level);
+      if (level == 0) break;
+      Slots s;
+      LoadSlots(n, &s);
+      const uint64_t child = ChildFor<BK>(c, n, s, inner_cap_, key);
+      if (!LW(n).lock.Validate(ver)) {
+        restart = true;
+        break;
+      }
+      if (!NodeOk(child) || level >= uint32_t(kMaxLevels))
+        return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
+      Node* ch = N(child);
+      PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
+      uint64_t cv;
+      if (!LW(ch).lock.ReadBegin(&cv) || !LW(n).lock.Validate(ver)) {
+        restart = true;
+        break;
+      }
+      if (LdR(&ch->level) != level - 1) {
+        if (!LW(ch).lock.Validate(cv)) {
+          restart = true;
+          break;
+        }
+        return Status::Corrupt("wbtree node at " + std::to_string(child) + " has the wrong level");
+      }
+      n = ch;
+      ver = cv;
+    }
+    if (restart) {
+      bo.Wait();
+      continue;
+    }
+    *leaf = n;
+    *v = ver;
+    return Status::OK();
+  }
+}
+
+template <bool BK>
+Status WBTree<BK>::ReadValue(const Entry* e, std::string* out) const {
+  const uint64_t w = LdR(&e->v);
+  if (!vbytes()) {
+    out->assign(reinterpret_cast<const char*>(&w), 8);
+    return Status::OK();
+  }
+  if (!kit::TryReadBlock(base_, pool_->size(), w, max_value_, out)) return kit::BlockOutOfRange(w, pool_->size());
+  return Status::OK();
+}
+
+template <bool BK>
+Status WBTree<BK>::Find(Slice key, std::string* value) {
+  if (closed()) return IndexClosed();
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
+  const KeyCtx c = Ctx();
+  std::string tmp;  // read before validation: never into the caller's (maybe null) value
+  EpochManager::Guard g(epoch_);
+  kit::Backoff bo;
+  for (;;) {
+    Node* l;
+    uint64_t v;
+    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
+    Slots s;
+    LoadSlots(l, &s);
+    uint32_t pos;
+    bool eq;
+    const bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+    Status st = Status::NotFound();
+    if (ok && eq) st = ReadValue(&l->ents()[s.at(pos + 1)], &tmp);
+    if (!LW(l).lock.Validate(v)) {
+      bo.Wait();
+      continue;
+    }
+    if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
+    if (st.ok() && value) value->swap(tmp);
+    return st;
+  }
+}
+
+template <bool BK>
+Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
+  if (count) *count = 0;
+  if (closed()) return IndexClosed();
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, start));
+  const KeyCtx c = Ctx();
+  std::string from(start);
+  bool inclusive = true;
+  size_t done = 0;
+  std::vector<std::pair<std::string, std::string>> buf;
+  EpochManager::Guard g(epoch_);
+  kit::Backoff bo;
+  const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;  // leaves a chain can hold
+  uint64_t steps = 0;
+  while (done < n) {
+    Node* l;
+    uint64_t v;
+    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
+    for (;;) {
+      if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
+      // One leaf: copy its records >= from (> from once one was emitted)
+      // in slot-array order, then validate, then emit.
+      buf.clear();
+      Slots s;
+      LoadSlots(l, &s);
+      uint32_t pos;
+      bool eq;
+      bool ok = LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq);
+      if (ok && eq && !inclusive) pos++;
+      for (uint32_t i = pos; ok && i < s.count() && buf.size() < n - done; i++) {
+        const uint32_t x = s.at(i + 1);
+        if (x >= leaf_cap_) {
+          ok = false;
+          break;
+        }
+        const Entry* e = &l->ents()[x];
+        buf.emplace_back();
+        ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
+      }
+      const uint64_t next = LdR(&l->next);
+      if (!LW(l).lock.Validate(v)) break;  // re-descend from `from`
+      if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
+      for (auto& [k, val] : buf) {
+        done++;
+        if (count) *count = done;
+        from = k;
+        inclusive = false;
+        if (!cb(k, val)) return Status::OK();
+      }
+      if (done >= n || next == 0) return Status::OK();
+      if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
+      l = N(next);
+      PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
+      if (!LW(l).lock.ReadBegin(&v)) break;
+    }
+    bo.Wait();
+  }
+  return Status::OK();
+}
+
+template <bool BK>
+uint64_t WBTree<BK>::Size() {
+  if (closed()) return 0;
+  EpochManager::Guard g(epoch_);
+  // The first leaf: the leftmost pointers along the tree's left edge never
+  // change.
+  uint64_t off = Ld(&meta_->root);
+  for (int d = 0; d < kMaxLevels && NodeOk(off) && LdR(&N(off)->level) > 0; d++) off = Ld(&N(off)->leftmost);
+  uint64_t total = 0;
+  const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;
+  kit::Backoff bo;
+  for (uint64_t steps = 0; NodeOk(off) && steps < bound; steps++) {
+    Node* l = N(off);
+    uint64_t v, bm, next;
+    for (;;) {
+      if (LW(l).lock.ReadBegin(&v)) {
+        bm = Valid(l);
+        next = LdR(&l->next);
+        if (LW(l).lock.Validate(v)) break;
+      } else if (v & kit::VersionLock::kObsolete) {
+        // An empty leaf being freed (the guard keeps it readable): its
+        // next pointer is the one its left neighbour now holds.
+        bm = 0;
+        next = LdR(&l->next);
+        break;
+      }
+      bo.Wait();
+    }
+    total += __builtin_popcountll(bm & CapMask(leaf_cap_));
+    off = next;
+  }
+  return total;
+}
+
+#define PMINDEX_WBTREE_READ(BK)                                                        \
+  template Status WBTree<BK>::DescendToLeaf(Slice, Node**, uint64_t*);                 \
+  template Status WBTree<BK>::ReadValue(const Entry*, std::string*) const;             \
+  template Status WBTree<BK>::Find(Slice, std::string*);                               \
+  template Status WBTree<BK>::Scan(Slice, size_t, ScanCallback, size_t*);              \
+  template uint64_t WBTree<BK>::Size();
+PMINDEX_WBTREE_READ(false)
+PMINDEX_WBTREE_READ(true)
+
+}  // namespace pmindex::internal::wbtree
