@@ -277,21 +277,21 @@ TEST_P(FPTreeCorruptTest, CrashedCreationIsFinishedWithTheRootsConfig) {
   EXPECT_TRUE(idx->Check().ok());
 }
 
-// Format version 1 ("PFTRT01") differs from version 2 only in the root's
-// retire_area word, zero padding in version 1: such a pool opens with its
-// contents, its magic rewritten to version 2. A version-1 magic beside a
-// retire area (fptree with byte keys owns one) is no pool any build wrote:
-// Corrupt.
+// Format version 1 ("PFTRT01") differs from version 3 only in the root's
+// retire_area word and the merge and move logs, zero padding in version 1:
+// such a pool opens with its contents, its magic rewritten to version 3. A
+// version-1 magic beside a retire area (fptree with byte keys owns one) is
+// no pool any build wrote: Corrupt.
 TEST_P(FPTreeCorruptTest, FormatVersion1Opens) {
   test::TestWatchdog wd(GetParam().label + " version 1", 120);
   internal::FPTreePmWords w;
   Contents before;
   ASSERT_NO_FATAL_FAILURE(Build(&w, &before));
-  const uint64_t v1 = 0x31305452544650ull, v2 = 0x32305452544650ull;
+  const uint64_t v1 = 0x31305452544650ull, v3 = 0x33305452544650ull;
   {
     File f(path_);
     ASSERT_GE(f.fd, 0);
-    ASSERT_EQ(f.Get<uint64_t>(w.magic), v2);
+    ASSERT_EQ(f.Get<uint64_t>(w.magic), v3);
     f.Put<uint64_t>(w.magic, v1);
   }
   std::unique_ptr<Index> idx;
@@ -305,7 +305,7 @@ TEST_P(FPTreeCorruptTest, FormatVersion1Opens) {
   EXPECT_TRUE(idx->Check().ok());
   idx.reset();
   File f(path_);
-  EXPECT_EQ(f.Get<uint64_t>(w.magic), v2);
+  EXPECT_EQ(f.Get<uint64_t>(w.magic), v3);
 }
 
 // A value block's length is not read at open (that would cost a PM read per
