@@ -157,6 +157,17 @@ std::vector<Case> Cases() {
                  f.Put<uint64_t>(w.split0_new, w.leaves[2]);
                }});
   v.push_back({"delete_log_beyond_pool", "delete log 0 cur", [=](const W& w, File& f) { f.Put<uint64_t>(w.del0_cur, far(f)); }});
+  // The move log {prev, from, to} follows the merge log in the head's line
+  // (fptree_format.h); fptree_single never uses it ("in use in a tree with
+  // leaf groups").
+  v.push_back({"move_log_to_beyond_pool", "move log", [=](const W& w, File& f) {
+                 f.Put<uint64_t>(w.head + 40, w.leaves[1]);
+                 f.Put<uint64_t>(w.head + 48, far(f));
+               }});
+  v.push_back({"move_log_names_neither", "move log", [=](const W& w, File& f) {
+                 f.Put<uint64_t>(w.head + 40, w.leaves[1]);
+                 f.Put<uint64_t>(w.head + 48, w.leaves[2]);
+               }});
   v.push_back({"leaf_slots_huge", "leaf_slots", [](const W& w, File& f) { f.Put<uint32_t>(w.leaf_slots, 200); }});
   v.push_back({"leaf_slots_zero", "leaf_slots", [](const W& w, File& f) { f.Put<uint32_t>(w.leaf_slots, 0); }});
   v.push_back({"inner_size_zero", "inner_size", [](const W& w, File& f) { f.Put<uint32_t>(w.inner_size, 0); }});
