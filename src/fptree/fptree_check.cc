@@ -59,6 +59,7 @@ Status FPTree<kConc, kBytes>::Check() {
     if (root_->split[i].cur || root_->split[i].nw || root_->del[i].cur || root_->del[i].prev)
       return Status::Corrupt("micro-log left set");
   if (root_->merge_left || root_->merge_left_bm || root_->merge_right) return Status::Corrupt("merge log left set");
+  if (root_->move_prev || root_->move_from || root_->move_to) return Status::Corrupt("move log left set");
   if (groups_) {
     if (root_->get_log.new_group || root_->free_log.cur) return Status::Corrupt("group log left set");
     size_t total = 0;

@@ -14,7 +14,8 @@
 // docs/fptree.md "Space after deletes" argues why at open and not online.
 //
 // Persist order, merge of right into left (left.next == right):
-//   0. a format-1 root gets the format-2 magic (persisted) first;
+//   0. an older root gets the current magic (persisted) first (open has
+//      already rewritten it, ClassifyRoot);
 //   1. log {left, left_bm = left's bitmap, right} (right stored last, same
 //      line as the root's head), persisted;
 //   2. right's records are copied into left's free slots (the i-th record of

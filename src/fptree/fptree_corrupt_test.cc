@@ -157,6 +157,17 @@ std::vector<Case> Cases() {
                  f.Put<uint64_t>(w.split0_new, w.leaves[2]);
                }});
   v.push_back({"delete_log_beyond_pool", "delete log 0 cur", [=](const W& w, File& f) { f.Put<uint64_t>(w.del0_cur, far(f)); }});
+  // The move log {prev, from, to} follows the merge log in the head's line
+  // (fptree_format.h); fptree_single never uses it ("in use in a tree with
+  // leaf groups").
+  v.push_back({"move_log_to_beyond_pool", "move log", [=](const W& w, File& f) {
+                 f.Put<uint64_t>(w.head + 40, w.leaves[1]);
+                 f.Put<uint64_t>(w.head + 48, far(f));
+               }});
+  v.push_back({"move_log_names_neither", "move log", [=](const W& w, File& f) {
+                 f.Put<uint64_t>(w.head + 40, w.leaves[1]);
+                 f.Put<uint64_t>(w.head + 48, w.leaves[2]);
+               }});
   v.push_back({"leaf_slots_huge", "leaf_slots", [](const W& w, File& f) { f.Put<uint32_t>(w.leaf_slots, 200); }});
   v.push_back({"leaf_slots_zero", "leaf_slots", [](const W& w, File& f) { f.Put<uint32_t>(w.leaf_slots, 0); }});
   v.push_back({"inner_size_zero", "inner_size", [](const W& w, File& f) { f.Put<uint32_t>(w.inner_size, 0); }});
@@ -277,21 +288,21 @@ TEST_P(FPTreeCorruptTest, CrashedCreationIsFinishedWithTheRootsConfig) {
   EXPECT_TRUE(idx->Check().ok());
 }
 
-// Format version 1 ("PFTRT01") differs from version 2 only in the root's
-// retire_area word, zero padding in version 1: such a pool opens with its
-// contents, its magic rewritten to version 2. A version-1 magic beside a
-// retire area (fptree with byte keys owns one) is no pool any build wrote:
-// Corrupt.
+// Format version 1 ("PFTRT01") differs from version 3 only in the root's
+// retire_area word and the merge and move logs, zero padding in version 1:
+// such a pool opens with its contents, its magic rewritten to version 3. A
+// version-1 magic beside a retire area (fptree with byte keys owns one) is
+// no pool any build wrote: Corrupt.
 TEST_P(FPTreeCorruptTest, FormatVersion1Opens) {
   test::TestWatchdog wd(GetParam().label + " version 1", 120);
   internal::FPTreePmWords w;
   Contents before;
   ASSERT_NO_FATAL_FAILURE(Build(&w, &before));
-  const uint64_t v1 = 0x31305452544650ull, v2 = 0x32305452544650ull;
+  const uint64_t v1 = 0x31305452544650ull, v3 = 0x33305452544650ull;
   {
     File f(path_);
     ASSERT_GE(f.fd, 0);
-    ASSERT_EQ(f.Get<uint64_t>(w.magic), v2);
+    ASSERT_EQ(f.Get<uint64_t>(w.magic), v3);
     f.Put<uint64_t>(w.magic, v1);
   }
   std::unique_ptr<Index> idx;
@@ -305,7 +316,7 @@ TEST_P(FPTreeCorruptTest, FormatVersion1Opens) {
   EXPECT_TRUE(idx->Check().ok());
   idx.reset();
   File f(path_);
-  EXPECT_EQ(f.Get<uint64_t>(w.magic), v2);
+  EXPECT_EQ(f.Get<uint64_t>(w.magic), v3);
 }
 
 // A value block's length is not read at open (that would cost a PM read per

@@ -46,7 +46,8 @@
 // Persist order: see fptree_smo.cc (split, leaf delete), fptree.cc (insert,
 // update, delete), fptree_retire.cc (retired key/value blocks),
 // fptree_group.cc (groups), fptree_recovery.cc (creation),
-// fptree_compact.cc (leaf merges and group compaction at open).
+// fptree_compact.cc (leaf merges and group compaction at open),
+// fptree_relocate.cc (leaf moves at open).
 //
 // Thread safety: declarations only.
 #pragma once
@@ -59,16 +60,18 @@
 
 namespace pmindex::internal::fptree {
 
-// Format magic, which carries the format version: "PFTRT02" (version 2).
-// Version 2 adds two things to version 1 ("PFTRT01"), both in bytes that
-// were zero padding in every version-1 root (allocated zeroed, never
-// written): Root::retire_area (fptree_retire.cc) and the leaf-merge log in
-// the head line (fptree_compact.cc). A version-1 root is opened as a
-// version-2 root with no retire list and an unused merge log, its magic
-// rewritten to version 2 first (fptree_recovery.cc, ClassifyRoot), so a build
-// that knows only version 1 refuses the pool (bad magic) instead of ignoring
-// a retire list or a merge in flight.
-constexpr uint64_t kMagic = 0x32305452544650ull;
+// Format magic, which carries the format version: "PFTRT03" (version 3).
+// Each version adds words in bytes that were zero padding in every root of
+// the versions before (allocated zeroed, never written): version 2
+// ("PFTRT02") adds Root::retire_area (fptree_retire.cc) and the leaf-merge
+// log in the head line (fptree_compact.cc) to version 1 ("PFTRT01");
+// version 3 adds the leaf-move log in the same line (fptree_relocate.cc). An
+// older root whose newer words are all zero is opened as a version-3 root,
+// its magic rewritten to version 3 first (fptree_recovery.cc, ClassifyRoot),
+// so a build that knows only an older version refuses the pool (bad magic)
+// instead of ignoring a retire list, a merge or a move in flight.
+constexpr uint64_t kMagic = 0x33305452544650ull;
+constexpr uint64_t kMagicV2 = 0x32305452544650ull;
 constexpr uint64_t kMagicV1 = 0x31305452544650ull;
 // Micro-log slots per kind: concurrent splits/deletes take one each.
 constexpr int kLogs = 64;
@@ -112,6 +115,11 @@ struct alignas(64) Root {
   // whose bitmap before the merge was left_bm. right is stored last (same
   // line) and is nonzero iff the log is in use.
   uint64_t merge_left, merge_left_bm, merge_right;
+  // Leaf-move log (format 3; fptree_relocate.cc): the listed leaf `from`,
+  // whose predecessor is the leaf `prev` (0: from is the head), is being
+  // copied to the block `to` (allocated into this word). prev and from are
+  // persisted before to is allocated; to is nonzero iff a copy may exist.
+  uint64_t move_prev, move_from, move_to;
   alignas(64) uint64_t groups_head;
   uint64_t groups_tail;
   GroupLog get_log;
@@ -119,8 +127,8 @@ struct alignas(64) Root {
   SplitLog split[kLogs];
   DeleteLog del[kLogs];
 };
-static_assert(offsetof(Root, merge_right) < 128 && offsetof(Root, groups_head) == 128,
-              "the merge log fits in the head's line; format-1 offsets unchanged");
+static_assert(offsetof(Root, move_to) < 128 && offsetof(Root, groups_head) == 128,
+              "the merge and move logs fit in the head's line; format-1 offsets unchanged");
 
 // ---------------------------------------------------------------------------
 // Leaf geometry.

@@ -29,21 +29,19 @@
 #include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "testing/pm_test_util.h"
 
 namespace pmindex {
 namespace {
 
-std::string PoolPath(const std::string& tag) {
-  static std::atomic<int> n{0};
-  return "/dev/shm/fptree-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".pool";
-}
+using pm::testing::TempPoolPath;
 
 bool Long() { return std::getenv("PMINDEX_LONG") != nullptr; }
 
 
 // ---------------------------------------------------------------------------
 TEST(FPTreeMisc, WrongPoolTypeAndBadParams) {
-  std::string path = PoolPath("type");
+  std::string path = TempPoolPath("fptree-type");
   Options o;
   o.pool_path = path;
   std::unique_ptr<Index> idx;
@@ -75,7 +73,7 @@ TEST(FPTreeMisc, WrongPoolTypeAndBadParams) {
 
 // Params persist in the root object: reopening with other options keeps them.
 TEST(FPTreeMisc, ParamsPersistAcrossReopen) {
-  std::string path = PoolPath("params");
+  std::string path = TempPoolPath("fptree-params");
   Options o;
   o.pool_path = path;
   o.key_kind = KeyKind::kBytes;
@@ -129,7 +127,7 @@ TEST(FPTreeMisc, ScanOrderHintNeverServesAStaleOrder) {
   for (const char* variant : {"fptree", "fptree_single", "ptree"})
     for (int kind = 0; kind < 3; kind++) {
       SCOPED_TRACE(std::string(variant) + " kind " + std::to_string(kind));
-      std::string path = PoolPath("scanhint");
+      std::string path = TempPoolPath("fptree-scanhint");
       Options o = HintKindOptions(path, kind);
       o.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
       std::unique_ptr<Index> idx;
@@ -213,7 +211,7 @@ TEST(FPTreeMisc, DefaultSizeHintsAreReused) {
   for (const char* variant : {"fptree", "fptree_single", "ptree"})
     for (int kind = 0; kind < 3; kind++) {
       SCOPED_TRACE(std::string(variant) + " kind " + std::to_string(kind));
-      std::string path = PoolPath("hintwords");
+      std::string path = TempPoolPath("fptree-hintwords");
       Options o = HintKindOptions(path, kind);
       std::unique_ptr<Index> idx;
       ASSERT_TRUE(OpenIndex(variant, o, &idx).ok());
@@ -260,7 +258,7 @@ TEST(FPTreeMisc, LeafVersionWordsAreDistinct) {
   for (int m : {2, 3, 4, 5, 8, 13, 56})
     for (bool bytes : {false, true}) {
       SCOPED_TRACE("leaf_size " + std::to_string(m) + (bytes ? " byte keys" : " u64 keys"));
-      std::string path = PoolPath("vtab");
+      std::string path = TempPoolPath("fptree-vtab");
       Options o;
       o.pool_path = path;
       o.key_kind = bytes ? KeyKind::kBytes : KeyKind::kU64;
@@ -337,7 +335,7 @@ TEST(FPTreeMisc, HomeLinePlacement) {
       for (bool flip : {false, true}) {
         if (flip && kind != 0) continue;  // byte values always flip
         SCOPED_TRACE(std::string(variant) + " kind " + std::to_string(kind) + (flip ? " flip" : ""));
-        std::string path = PoolPath("home");
+        std::string path = TempPoolPath("fptree-home");
         Options o = HintKindOptions(path, kind);
         if (flip) o.params["update"] = "flip";
         std::unique_ptr<Index> idx;
@@ -390,7 +388,7 @@ TEST(FPTreeMisc, FullPoolMidSplit) {
   for (std::string name : {"fptree", "fptree_single", "ptree"})
     for (int kk = 0; kk < 2; kk++) {
       SCOPED_TRACE(name + (kk ? " bytes" : " u64"));
-      std::string path = PoolPath("full");
+      std::string path = TempPoolPath("fptree-full");
       Options o;
       o.pool_path = path;
       o.pool_size = 2ull << 20;
@@ -481,7 +479,7 @@ TEST(FPTreeMisc, SigkillDuringLoad) {
     std::string name = r % 3 == 0 ? "fptree" : r % 3 == 1 ? "fptree_single" : "ptree";
     bool bytes = r % 2 == 1;
     SCOPED_TRACE(name + (bytes ? " bytes" : " u64"));
-    std::string path = PoolPath("kill");
+    std::string path = TempPoolPath("fptree-kill");
     Options o;
     o.pool_path = path;
     o.key_kind = bytes ? KeyKind::kBytes : KeyKind::kU64;
@@ -624,7 +622,7 @@ TEST(FPTreeMisc, FaultSwitchesChangePersistSequence) {
 // write moves it.
 TEST(FPTreeMisc, WritesThatChangeNothingKeepLeafVersions) {
   for (bool bytes : {false, true}) {
-    std::string path = PoolPath("unchanged");
+    std::string path = TempPoolPath("fptree-unchanged");
     Options o;
     o.pool_path = path;
     o.key_kind = bytes ? KeyKind::kBytes : KeyKind::kU64;

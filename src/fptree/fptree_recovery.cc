@@ -29,7 +29,10 @@
 // leaves are unlinked (with the delete log, as at run time; the tree's last
 // leaf stays), sparse leaves are merged and fptree_single's groups compacted
 // (fptree_compact.cc, after the merge log of an interrupted open is redone
-// with the delete logs), fptree_single's free-leaf vector is rebuilt, and
+// with the delete logs), fptree's and ptree's surviving leaves are moved to
+// adjacent blocks after a compaction that dropped at least half of them
+// (fptree_relocate.cc; the move log of an interrupted open is settled with
+// the merge log), fptree_single's free-leaf vector is rebuilt, and
 // the inner nodes are bulk-loaded about 75% full.
 //
 // Corrupt pools (docs/fptree.md "Corrupt pools"): before recovery stores
@@ -69,14 +72,16 @@ Status CheckConfig(const Root* r, uint8_t v) {
 
 Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
   *fresh = *pm_config = false;
-  // Format version 1 -> 2 (fptree_format.h): only the magic differs, since
-  // a version-1 root holds zeros where version 2 keeps its retire area and
-  // merge log. A version-1 magic beside nonzero words there is not a
-  // version-1 pool and stays refused.
+  // Format versions 1 and 2 -> 3 (fptree_format.h): only the magic
+  // differs, since an older root holds zeros where the newer versions keep
+  // their words (version 2: retire area and merge log; version 3: move
+  // log). An older magic beside nonzero words there is not a pool of that
+  // version and stays refused.
   if (const uint64_t ro = *pool->root_slot(); ro && ro % 8 == 0 && pool->size() >= sizeof(Root) && ro <= pool->size() - sizeof(Root)) {
     Root* r = reinterpret_cast<Root*>(pool->base() + ro);
-    if (r->magic == kMagicV1 && r->retire_area == 0 && r->merge_left == 0 && r->merge_left_bm == 0 && r->merge_right == 0)
-      pm::StorePersist(&r->magic, kMagic);
+    const bool no_v3 = r->move_prev == 0 && r->move_from == 0 && r->move_to == 0;
+    const bool no_v2 = r->retire_area == 0 && r->merge_left == 0 && r->merge_left_bm == 0 && r->merge_right == 0;
+    if ((r->magic == kMagicV1 && no_v2 && no_v3) || (r->magic == kMagicV2 && no_v3)) pm::StorePersist(&r->magic, kMagic);
   }
   const kit::RootSpec spec{"fptree", kMagic, sizeof(Root), offsetof(Root, magic), offsetof(Root, initialized)};
   kit::RootState state;
@@ -99,7 +104,7 @@ Status ClassifyRoot(pm::Pool* pool, uint8_t v, bool* fresh, bool* pm_config) {
                                                    "root not initialised (initialized = 0, head " + Num(r->head) + ")"));
   *fresh = true;
   if (!allocated) return Status::OK();
-  if (r->magic != kMagic && r->magic != kMagicV1) return Bad("root not initialised, without magic, but leaves allocated");
+  if (r->magic != kMagic) return Bad("root not initialised, without magic, but leaves allocated");
   PMINDEX_RETURN_IF_ERROR(CheckConfig(r, v));
   *pm_config = true;
   if (r->head) {
@@ -162,8 +167,8 @@ Status FPTree<kConc, kBytes>::Format(uint8_t variant, const Options& o, uint32_t
 template <bool kConc, bool kBytes>
 Status FPTree<kConc, kBytes>::Open() {
   root_ = pool_->root<Root>();
-  if (!root_ || (root_->magic != kMagic && root_->magic != kMagicV1))
-    return Status::Corrupt("fptree root object missing or bad magic (not an fptree pool, or a format newer than 2)");
+  if (!root_ || root_->magic != kMagic)
+    return Status::Corrupt("fptree root object missing or bad magic (not an fptree pool, or a format newer than 3)");
   if (VariantName(root_->variant) != pool_->type()) return Status::Corrupt("fptree root variant does not match the pool type");
   LoadConfig();
   if (root_->leaf_bytes != lay_.bytes) return Status::Corrupt("fptree leaf size mismatch");
@@ -269,6 +274,7 @@ Status FPTree<kConc, kBytes>::Recover() {
   // Everything the log passes below dereference, before they store.
   PMINDEX_RETURN_IF_ERROR(CheckLogs());
   PMINDEX_RETURN_IF_ERROR(CheckMergeLog());
+  PMINDEX_RETURN_IF_ERROR(CheckMoveLog());
   // Retired key/value blocks first: a slot may hand its block back to a
   // leaf word that the per-leaf pass below then frees (fptree_retire.cc).
   PMINDEX_RETURN_IF_ERROR(RecoverRetired());
@@ -314,6 +320,7 @@ Status FPTree<kConc, kBytes>::Recover() {
     RedoUnlink(lg->prev, lg->cur);
   }
   RecoverMergeLog();  // fptree_compact.cc
+  RecoverMoveLog();   // fptree_relocate.cc
   // Collect the leaf list.
   std::vector<uint64_t> leaves;
   PMINDEX_RETURN_IF_ERROR(CollectLeaves(&leaves));
@@ -445,6 +452,9 @@ Status FPTree<kConc, kBytes>::Recover() {
   // Merge sparse neighbours; fptree_single: vacate the sparsest groups.
   CompactLeaves(&keep, &keepmin);
   CompactGroups(&keep);
+  // fptree, ptree: after a compaction that left at most half of the listed
+  // leaves, copy the survivors to adjacent blocks (fptree_relocate.cc).
+  if (!groups_ && nl >= 2 * keep.size()) RelocateLeaves(&keep);
   if (groups_) {
     // Free leaves: group members not in the list.
     std::vector<uint64_t> sorted = keep;

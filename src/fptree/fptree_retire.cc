@@ -32,6 +32,7 @@
 // every slot is taken); DropBlockWord under the leaf's lock;
 // RecoverRetired at open only.
 #include "fptree/fptree_tree.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::fptree {
 
@@ -69,11 +70,22 @@ void FPTree<kConc, kBytes>::DropBlockWord(uint64_t* w, Claims* c) {
     pool_->allocator().Free(w);
     return;
   }
-  if (Ld(w) == 0) return;
+  const uint64_t block = Ld(w);
+  if (block == 0) return;
   const int i = c->slot[c->used++];
-  retire_->Own(i, Ld(w), uint64_t(reinterpret_cast<char*>(w) - base_));
-  pm::StoreAtomic(w, uint64_t(0));
-  pm::Persist(w, 8);
+  // Fault switches: clear_word_first persists step 2 before step 1 (a
+  // crash between leaks the block); skip_word_persist leaves step 2
+  // unflushed when step 3 commits (the lint's missing flush).
+  const bool clear_first = PMINDEX_FAULT("fptree.retire.clear_word_first");
+  if (clear_first) {
+    pm::StoreAtomic(w, uint64_t(0));
+    pm::Persist(w, 8);
+  }
+  retire_->Own(i, block, uint64_t(reinterpret_cast<char*>(w) - base_));
+  if (!clear_first) {
+    pm::StoreAtomic(w, uint64_t(0));
+    if (!PMINDEX_FAULT("fptree.retire.skip_word_persist")) pm::Persist(w, 8);
+  }
   retire_->Unlinked(i);
 }
 

@@ -534,7 +534,7 @@ int FPTree<kConc, kBytes>::TryDeleteLeaf(uint64_t loff, const SKey& k, Retired* 
     // unlocked, or prev could be deleted, freed and reused while the log
     // still sends recovery's RedoUnlink to it. With prev = 0 recovery
     // checks the root's head instead, which never names cur again.
-    if (prev) pm::StorePersist(&root_->del[li].prev, uint64_t(0));
+    if (prev && !PMINDEX_FAULT("fptree.delete.keep_log_prev")) pm::StorePersist(&root_->del[li].prev, uint64_t(0));
     // DRAM unlink.
     uint64_t kw = RemoveAt(pn[t], at.pi[t]);
     if constexpr (kBytes) ret->keys.push_back(kw);

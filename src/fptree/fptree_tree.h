@@ -373,6 +373,12 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void CompactLeaves(std::vector<uint64_t>* leaves, std::vector<Rec>* mins);
   void CompactGroups(std::vector<uint64_t>* leaves);
 
+  // ---- leaf moves at open (fptree_relocate.cc) ----------------------------------------------
+  Status CheckMoveLog() const;
+  void RecoverMoveLog();
+  void ClearMoveLog();
+  void RelocateLeaves(std::vector<uint64_t>* leaves);
+
   // ---- scans (fptree_scan.cc) -------------------------------------------------------------
   static KV* ScanBuffer();
   Status ScanU64(uint64_t start, size_t n, ScanCallback cb, size_t* count);

@@ -121,6 +121,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
   for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
   for (const auto& fl : c.faults) s += " --fault " + fl;
   if (c.shared_keys) s += " --shared-keys";
+  if (c.drain) s += " --drain";
   if (!c.read_rule) s += " --no-read-rule";
   if (!c.unfenced_image) s += " --no-unfenced-image";
   if (c.recovery_crashes && f.point >= 0) {

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   bool no_unfenced = false, no_read_rule = false;
   app.add_flag("--no-unfenced-image", no_unfenced,
                "do not build the per-point image that drops every flushed-but-unfenced store and keeps the others");
+  app.add_flag("--drain", c.drain, "first half of each thread's ops mostly inserts, second half mostly removes");
   app.add_flag("--shared-keys", c.shared_keys, "finds and scans read every thread's keys (writes stay with the owner thread)");
   app.add_flag("--no-read-rule", no_read_rule, "do not require a version a completed read returned to survive later crashes");
   app.add_option("--recovery-crashes", c.recovery_crashes,

@@ -69,6 +69,10 @@ struct Config {
   // (writes stay with the key's owner thread, so per-key histories remain
   // totally ordered), with more reads in the mix.
   bool shared_keys = false;
+  // Drain: each thread's ops are a fill phase (first half: mostly inserts)
+  // and a drain phase (second half: mostly removes), so that nodes thin
+  // out and a recovery finds sparse ones (FPTree merges leaves at open).
+  bool drain = false;
   // The read rule: a version a completed Find/Scan returned must survive
   // every later crash (that version or a later one). --no-read-rule.
   bool read_rule = true;

@@ -80,6 +80,12 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
                   : r < 88 ? OpType::kFind
                            : OpType::kScan;
         if (op.type == OpType::kFind || op.type == OpType::kScan) op.kid = uint32_t(rng() % (nkeys * uint64_t(threads)));
+      } else if (c.drain) {
+        // Fill, then drain: removes of absent keys do nothing, so the
+        // drain removes about as many keys as the fill inserted.
+        const bool fill = i < ops_per_thread / 2;
+        op.type = fill ? (r < 70 ? OpType::kInsert : r < 85 ? OpType::kUpsert : r < 95 ? OpType::kUpdate : OpType::kFind)
+                       : (r < 80 ? OpType::kRemove : r < 88 ? OpType::kUpdate : r < 95 ? OpType::kFind : OpType::kScan);
       } else {
         op.type = r < 38   ? OpType::kInsert
                   : r < 55 ? OpType::kUpdate
