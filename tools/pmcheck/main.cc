@@ -70,13 +70,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-reported", c.max_reported, "failures printed per kind");
   app.add_flag("--verbose", c.verbose, "one line per crash image / kill round");
   app.add_option("--trace-line", c.trace_line, "print a backtrace of every store to / flush of the line holding this pool offset");
-  app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive) pmcheck can check");
+  app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive, the allocator) pmcheck can check");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
     for (const auto& i : pmindex::ListIndexes())
       if (i.persistent) std::printf("%s\n", i.name.c_str());
-    std::printf("%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName);
+    std::printf("%s\n%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName, pmcheck::kAllocatorTargetName);
     return 0;
   }
   c.unfenced_image = !no_unfenced;

@@ -62,7 +62,10 @@ bool Recorder::InRange(const void* addr, size_t size, uint64_t* off) {
     return false;
   }
   *off = uint64_t(p - base_);
-  if (*off + size > cur_size_) {
+  // The pool's size word is stored after the file grew: a growth is logged
+  // before the store that publishes it (the header's size), so every crash
+  // image that keeps that store has the grown file.
+  if (*off + size > cur_size_ || size_fn_() > cur_size_) {
     uint64_t n = size_fn_();
     uint64_t need = (*off + size + 4095) & ~uint64_t(4095);
     if (n < need) n = need;
