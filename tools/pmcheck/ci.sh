@@ -251,6 +251,12 @@ done
 # A new run's unpersisted bitmap shows only on a chunk that held records,
 # in a bitmap of several lines: a smaller pool, more ops, a seed that gets there.
 run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 --param max_chunks=12 --ops 1000 --seed 1 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --fault pm.run.skip_bitmap_persist
+# A missing fence, without a fault switch: --drop-fence K records as if the
+# K-th fence call site had no fence. The toy's site 7 (its insert's commit
+# fence) and the allocator target's site 4 (Allocate's commit fence; sites
+# 1-2 format a run, 3 persists the lane).
+run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
+run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
 wait
 
 failed=()

@@ -61,6 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));
   app.add_option("--ops-per-kill", c.ops_per_kill_round, "ops per kill round")->check(CLI::Range(1, 1000000));
   app.add_option("--fault", c.faults, "enable a fault switch (repeatable)");
+  app.add_option("--drop-fence", c.drop_fence,
+                 "record as if the K-th fence call site (first-recorded order; see 'fence sites' in the report) had no fence");
   app.add_option("--timeout", c.timeout_s, "seconds allowed per recovery + verification")->check(CLI::PositiveNumber);
   app.add_option("--pool-mb", pool_mb, "initial pool size in MiB")->check(CLI::Range(uint64_t(1), uint64_t(1) << 16));
   app.add_option("--param", params, "index parameter name=value (repeatable)");
