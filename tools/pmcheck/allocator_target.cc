@@ -5,10 +5,15 @@
 // reaches its maximum size, and frees of blocks another thread allocated.
 // Index paths reach only small size classes; this target reaches the rest.
 //
+// The allocator's contract is FPTree's (SIGMOD'16, section 2): the store of
+// a block's offset into a persistent destination word commits the
+// allocation, and a free zeroes that word durably.
+//
 // It is a u64 key/value map so that pmcheck's rules apply unchanged: each
 // record is an allocator block of a size derived from its key and value
-// (32 bytes to 700 KiB; 32 when the pool is full), {key, value, size} at its start and a check word in
-// its last 8 bytes; a slot of an open-addressing table holds its offset.
+// (32 bytes to 700 KiB; 32 when the pool is full), {key, value, size} at
+// its start and a check word in its last 8 bytes; a slot of an
+// open-addressing table holds its offset.
 // Every record write allocates a fresh block; every overwrite and remove
 // frees the old one. After every crash image pmcheck's leak check holds the
 // allocator to exactly the owned blocks: nothing leaked, nothing owned twice,
@@ -17,8 +22,8 @@
 // Layout (the root block): {magic, nslots, pad to a line; logs[kLogs] (one
 // line each); spares[kSpares]; slots[kSlots]}. A slot is 0 (never used),
 // kTomb (free, keeps probe chains intact) or a record block. A log belongs
-// to one thread: {slot + 1, expect (the slot's word before the commit),
-// old (the block the op frees), staging (the block the op allocated)}.
+// to one thread: {expect (the slot's word before the commit), old (the
+// block the op frees), slot + 1, staging (the block the op allocated)}.
 // Spares are blocks owned by the root that any thread allocates or frees
 // (under a DRAM lock per spare), so blocks are freed by threads other than
 // their allocator; when the pool is full, spares are freed to make room.
