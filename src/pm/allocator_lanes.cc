@@ -191,8 +191,8 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
   FetchOr(word, uint64_t(1) << (idx % 64));
   StoreAtomic(dest, off);
   Flush(word, 8);
-  Flush(dest, 8);
-  Fence();
+  if (!PMINDEX_FAULT("pm.alloc.skip_dest_flush")) Flush(dest, 8);
+  if (!PMINDEX_FAULT("pm.alloc.skip_commit_fence")) Fence();
   StoreAtomic(&tc->lane->op, kOpIdle);
   Flush(tc->lane, sizeof(Lane));
   bytes_.fetch_add(r->bsize, std::memory_order_relaxed);
@@ -244,7 +244,7 @@ void PoolAllocator::Free(uint64_t* dest) {
     StoreAtomic(dest, uint64_t(0));
     FetchAnd(word, ~(uint64_t(1) << (idx % 64)));
     Flush(dest, 8);
-    Flush(word, 8);
+    if (!PMINDEX_FAULT("pm.free.skip_bit_flush")) Flush(word, 8);
   }
   Fence();
   // The lane clear is not flushed: a stale FREE lane is harmless (its replay

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "pm/allocator_internal.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -115,7 +116,7 @@ Status PoolAllocator::AllocLarge(ThreadCache* tc, uint64_t* dest, size_t size, b
   LogLane(tc, kOpAlloc, off, dest, kArgLarge | span);
   StoreAtomic(State(first), LargeState(span));
   StoreAtomic(dest, off);
-  Flush(State(first), 8);
+  if (!PMINDEX_FAULT("pm.alloc.large.skip_state_flush")) Flush(State(first), 8);
   Flush(dest, 8);
   Fence();
   StoreAtomic(&tc->lane->op, kOpIdle);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pm/allocator_internal.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 
 namespace pmindex::pm::alloc_internal {
@@ -107,7 +108,7 @@ Status PoolAllocator::Refill(ThreadCache* tc, int cls, Run** out) {
   // Format: zero the bitmap, persist, then the header (the chunk is ours).
   const ClassGeom& geom = Classes().geom[cls];
   Set(base_ + ChunkOff(chunk) + 64, 0, geom.nwords * 8);
-  Persist(base_ + ChunkOff(chunk) + 64, geom.nwords * 8);
+  if (!PMINDEX_FAULT("pm.run.skip_bitmap_persist")) Persist(base_ + ChunkOff(chunk) + 64, geom.nwords * 8);
   StorePersist(State(chunk), RunState(cls));
   Run* r = MakeRun(chunk, cls, false);
   r->owner.store(tc, std::memory_order_relaxed);

@@ -45,6 +45,7 @@
 
 #include "pm/layout.h"
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
 #include "pm/pmwcas_internal.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pmwcas.h"
@@ -510,7 +511,10 @@ Status Pool::Grow(uint64_t new_size) {
     (void)madvise(m, target - mapped_size_, MADV_HUGEPAGE);
     mapped_size_ = target;
   }
-  StorePersist(&header()->size, target);
+  if (PMINDEX_FAULT("pm.grow.skip_size_persist"))
+    StoreAtomic(&header()->size, target);
+  else
+    StorePersist(&header()->size, target);
   return Status::OK();
 }
 

@@ -236,6 +236,34 @@ TEST(PmcheckToy, KillModeCatchesABrokenRecovery) {
   EXPECT_GT(Count(r, FailKind::kLostAck), 0u) << Describe(c, r);
 }
 
+// --drop-fence K records as if the K-th fence call site had no fence: on
+// the toy index (11 fence sites), dropping each site in turn must be
+// reported for most of them (the toy's fences are all needed except where
+// a later fence of the same op orders the same flushes), every dropped site
+// drops fences, a site past the last drops nothing and reports nothing,
+// and the same run without a drop is clean.
+TEST(PmcheckToy, DroppedFenceSitesAreReported) {
+  Config c = Toy(200, 300);
+  c.images_per_point = 2;
+  c.stop_after = 1;
+  Report clean = MustRun(c);
+  ASSERT_EQ(clean.total_failures(), 0u) << Describe(c, clean);
+  ASSERT_GE(clean.fence_sites, 4u) << Describe(c, clean);
+  uint64_t reported = 0;
+  for (uint64_t k = 1; k <= clean.fence_sites; k++) {
+    c.drop_fence = k;
+    Report r = MustRun(c);
+    EXPECT_GT(r.fences_dropped, 0u) << "site " << k;
+    EXPECT_FALSE(r.dropped_site.empty()) << "site " << k;
+    reported += r.total_failures() > 0;
+  }
+  EXPECT_GE(reported * 2, clean.fence_sites) << reported << " of " << clean.fence_sites << " sites reported";
+  c.drop_fence = clean.fence_sites + 1;
+  Report none = MustRun(c);
+  EXPECT_EQ(none.fences_dropped, 0u);
+  EXPECT_EQ(none.total_failures(), 0u) << Describe(c, none);
+}
+
 TEST(PmcheckBadInput, ClearStatus) {
   Report r;
   Config c;

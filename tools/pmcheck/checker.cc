@@ -120,6 +120,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (c.pool_size != (8ull << 20)) s += " --pool-mb " + std::to_string(c.pool_size >> 20);
   for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
   for (const auto& fl : c.faults) s += " --fault " + fl;
+  if (c.drop_fence) s += " --drop-fence " + std::to_string(c.drop_fence);
   if (c.shared_keys) s += " --shared-keys";
   if (c.drain) s += " --drain";
   if (!c.read_rule) s += " --no-read-rule";
@@ -147,6 +148,7 @@ std::string FormatReport(const Config& c, const Report& r) {
   char buf[256];
   o << "pmcheck " << c.index << ": " << c.threads << " thread(s) x " << c.ops << " ops, seed " << c.seed;
   for (const auto& f : c.faults) o << ", fault " << f;
+  if (c.drop_fence) o << ", fence site " << c.drop_fence << " dropped";
   o << "\n";
   std::snprintf(buf, sizeof buf,
                 "  recorded %llu ops, %llu events (%llu crash points) in %.2f s\n"
@@ -187,6 +189,11 @@ std::string FormatReport(const Config& c, const Report& r) {
   line("  redundant flushes", r.redundant_flushes);
   line("  fences", r.fences);
   line("  fences with nothing to order", r.empty_fences);
+  o << "    fence sites: " << r.fence_sites;
+  if (c.drop_fence)
+    o << "; site " << c.drop_fence << " dropped: " << r.fences_dropped << " fence(s)"
+      << (r.dropped_site.empty() ? " (the run has no such site)" : " at " + r.dropped_site);
+  o << "\n";
   for (const Failure& f : r.failures) {
     o << "FAIL [" << FailKindName(f.kind) << "] " << f.what << "\n    reproduce: " << Reproducer(c, f) << "\n";
   }

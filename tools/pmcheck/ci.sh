@@ -21,6 +21,8 @@
 #      each at 40 sampled images (double crashes, --recovery-crashes);
 #   7. shared keys and the read rule (two threads, --shared-keys) for every
 #      concurrent index.
+# The allocator target (--index allocator) gets clean, two-thread,
+# shared-keys, tiny-key-space and kill lines and its fault switches.
 # Every line builds the unfenced image per point (flushed-but-unfenced
 # stores dropped, the rest kept), which is pmcheck's default.
 # Then the same budgets (clean, two threads, tiny key space, shared keys,
@@ -92,7 +94,7 @@ run() {  # run <label> <expected exit status> <pmcheck args...>
   ) &
 }
 
-indexes=$("$bin" --list | grep -v -e '^pmcheck_toy$' -e '^pmwcas$')  # pmcheck's own targets have their own lines
+indexes=$("$bin" --list | grep -v -e '^pmcheck_toy$' -e '^pmwcas$' -e '^allocator$')  # pmcheck's own targets have their own lines
 for idx in $indexes; do
   p=$(params "$idx")
   # shellcheck disable=SC2086
@@ -263,6 +265,7 @@ if echo "$indexes" | grep -qx nvc_hashmap; then
   read_rule "nvc_hashmap erratum_fix=none (read rule)" --index nvc_hashmap --keys 12 --ops 400 --images 600 --images-per-point 3 \
     --param initial_buckets=16 --param erratum_fix=none &
 fi
+<<<<<<< HEAD
 # NV-Tree's read rule: a writer that unlocks its leaf before the count is
 # durable lets a find return an entry a crash takes away.
 if echo "$indexes" | grep -qx nvtree; then
@@ -271,6 +274,32 @@ if echo "$indexes" | grep -qx nvtree; then
   read_rule "nvtree fault append.unlock_before_count_persist (read rule)" --index nvtree --keys 12 --ops 400 --images 600 \
     --images-per-point 3 --param leaf_size=8 --param inner_size=4 --fault nvtree.append.unlock_before_count_persist &
 fi
+=======
+
+# The allocator target (tools/pmcheck/allocator_target.cc, docs/allocator.md):
+# the allocator driven directly with run blocks of every class and large
+# blocks, in a pool that grows to 20 heap chunks and then reclaims; frees of
+# blocks other threads allocated. Clean (with recovery crashes), two threads,
+# shared keys, a tiny key space, kills; then its fault switches.
+run "allocator clean" 0 --index allocator --keys 24 --ops $((300 * scale)) --images $((2000 * scale)) --images-per-point 3 --lint --timeout 10 --recovery-crashes $((3 * scale)) --recovery-images 40
+run "allocator 2 threads" 0 --index allocator --threads 2 --keys 24 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+run "allocator shared keys" 0 --index allocator --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+run "allocator tiny" 0 --index allocator --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
+run "allocator kills" 0 --index allocator --points none --kill $((20 * scale)) --timeout 10
+for fault in pm.alloc.skip_replay pm.alloc.skip_dest_flush pm.alloc.skip_commit_fence pm.alloc.large.skip_state_flush \
+    pm.free.skip_bit_flush pm.grow.skip_size_persist; do
+  run "allocator fault $fault" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --fault "$fault"
+done
+# A new run's unpersisted bitmap shows only on a chunk that held records,
+# in a bitmap of several lines: a smaller pool, more ops, a seed that gets there.
+run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 --param max_chunks=12 --ops 1000 --seed 1 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --fault pm.run.skip_bitmap_persist
+# A missing fence, without a fault switch: --drop-fence K records as if the
+# K-th fence call site had no fence. The toy's site 7 (its insert's commit
+# fence) and the allocator target's site 4 (Allocate's commit fence; sites
+# 1-2 format a run, 3 persists the lane).
+run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
+run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
+>>>>>>> h-pmcheck
 wait
 
 failed=()

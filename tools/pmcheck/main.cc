@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   app.add_option("--kill", c.kills, "process-crash rounds (SIGKILL at random moments)")->check(CLI::Range(0, 1000000));
   app.add_option("--ops-per-kill", c.ops_per_kill_round, "ops per kill round")->check(CLI::Range(1, 1000000));
   app.add_option("--fault", c.faults, "enable a fault switch (repeatable)");
+  app.add_option("--drop-fence", c.drop_fence,
+                 "record as if the K-th fence call site (first-recorded order; see 'fence sites' in the report) had no fence");
   app.add_option("--timeout", c.timeout_s, "seconds allowed per recovery + verification")->check(CLI::PositiveNumber);
   app.add_option("--pool-mb", pool_mb, "initial pool size in MiB")->check(CLI::Range(uint64_t(1), uint64_t(1) << 16));
   app.add_option("--param", params, "index parameter name=value (repeatable)");
@@ -71,13 +73,13 @@ int main(int argc, char** argv) {
   app.add_option("--max-reported", c.max_reported, "failures printed per kind");
   app.add_flag("--verbose", c.verbose, "one line per crash image / kill round");
   app.add_option("--trace-line", c.trace_line, "print a backtrace of every store to / flush of the line holding this pool offset");
-  app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive) pmcheck can check");
+  app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive, the allocator) pmcheck can check");
   CLI11_PARSE(app, argc, argv);
 
   if (list) {
     for (const auto& i : pmindex::ListIndexes())
       if (i.persistent) std::printf("%s\n", i.name.c_str());
-    std::printf("%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName);
+    std::printf("%s\n%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName, pmcheck::kAllocatorTargetName);
     return 0;
   }
   c.unfenced_image = !no_unfenced;

@@ -82,6 +82,11 @@ struct Config {
   uint64_t recovery_crashes = 0;
   uint64_t recovery_image_budget = 100;  // images per crashed recovery (0: every point)
   bool lint = false;             // lint findings count as failures
+  // > 0: the recording ignores every fence issued from the K-th fence site
+  // (call sites numbered in the order their first fence was recorded), as
+  // if that pm::Fence were deleted from the source: the lint and the crash
+  // images see the flushes it ordered as unfenced. --drop-fence K.
+  uint64_t drop_fence = 0;
   int kills = 0;                 // --kill N: process-crash rounds
   int ops_per_kill_round = 60;
   std::vector<std::string> faults;
@@ -126,6 +131,9 @@ struct Report {
   // Performance lint, by op type.
   std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
   uint64_t erratum_reads = 0, acting_loads = 0, unflushed_loads = 0;
+  uint64_t fence_sites = 0;      // distinct call sites of recorded fences
+  uint64_t fences_dropped = 0;   // --drop-fence: fences of that site ignored
+  std::string dropped_site;      // --drop-fence: "object+0xoffset" of the site
   double record_seconds = 0, replay_seconds = 0, kill_seconds = 0;
 
   uint64_t total_failures() const;

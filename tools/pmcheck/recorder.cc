@@ -5,6 +5,7 @@
 #include "recorder.h"
 
 #include <algorithm>
+#include <dlfcn.h>
 #include <execinfo.h>
 #include <unistd.h>
 
@@ -62,7 +63,10 @@ bool Recorder::InRange(const void* addr, size_t size, uint64_t* off) {
     return false;
   }
   *off = uint64_t(p - base_);
-  if (*off + size > cur_size_) {
+  // The pool's size word is stored after the file grew: a growth is logged
+  // before the store that publishes it (the header's size), so every crash
+  // image that keeps that store has the grown file.
+  if (*off + size > cur_size_ || size_fn_() > cur_size_) {
     uint64_t n = size_fn_();
     uint64_t need = (*off + size + 4095) & ~uint64_t(4095);
     if (n < need) n = need;
@@ -223,8 +227,26 @@ void Recorder::FlushLocked(const void* line) {
   ts.tainted.clear();
 }
 
-void Recorder::OnFence() {
+__attribute__((noinline)) void Recorder::OnFence() {
+  const uintptr_t site = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
   std::lock_guard<std::mutex> g(mu_);
+  auto it = std::find(fence_sites_.begin(), fence_sites_.end(), site);
+  if (it == fence_sites_.end()) it = fence_sites_.insert(fence_sites_.end(), site);
+  if (uint64_t(it - fence_sites_.begin()) + 1 == drop_site_) {
+    if (fences_dropped++ == 0) {
+      Dl_info info;
+      char buf[64];
+      if (dladdr(reinterpret_cast<void*>(site), &info) && info.dli_fname) {
+        const char* slash = std::strrchr(info.dli_fname, '/');
+        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(site - uintptr_t(info.dli_fbase)));
+        dropped_site = std::string(slash ? slash + 1 : info.dli_fname) + buf;
+      } else {
+        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(site));
+        dropped_site = buf;
+      }
+    }
+    return;
+  }
   const int tid = Tid();
   Log(Ev::kFence, tid, 0, 0, 0);
   ThreadState& ts = threads_[tid];

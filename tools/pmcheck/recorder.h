@@ -18,6 +18,10 @@
 //    (since its previous fence).
 // Volatile stores (pm::StoreVolatile & co.: lock words recovery resets) are
 // logged and replayed like any store but do not make a line dirty for the lint.
+// Fence sites: each fence is attributed to its call site (the return
+// address of OnFence, inside the function that inlined pm::Fence); with
+// DropFenceSite(k) the k-th site's fences are not recorded at all, which is
+// what deleting that pm::Fence from the source would record.
 // Unlogged stores: at every flush (single-threaded runs) the flushed line is
 // compared with the shadow, and at the end the whole pool is; any difference
 // is a store that bypassed the pm:: primitives and is reported with its offset.
@@ -70,6 +74,13 @@ class Recorder final : public pmindex::pm::Observer {
   // (outside the recorder's lock) so other threads run inside this one's
   // persist windows (the erratum lint needs such interleavings).
   void PerturbSchedule(uint64_t seed) { perturb_seed_ = seed | 1; }
+
+  // Ignore every fence issued from the k-th fence call site (1-based, in
+  // first-recorded order): the fence is neither logged nor seen by the lint.
+  void DropFenceSite(uint64_t k) { drop_site_ = k; }
+  uint64_t fence_sites() const { return fence_sites_.size(); }
+  uint64_t fences_dropped = 0;
+  std::string dropped_site;  // "object+0xoffset" of the dropped site
 
   // The thread id the calling thread's events are attributed to.
   static void SetThreadId(int tid);
@@ -137,6 +148,8 @@ class Recorder final : public pmindex::pm::Observer {
   int next_foreign_tid_ = 1000;
   int64_t trace_line_ = -1;
   uint64_t perturb_seed_ = 0;
+  uint64_t drop_site_ = 0;
+  std::vector<uintptr_t> fence_sites_;  // call sites of fences, first-recorded order
   void MaybeYield(bool shared_line);
   void Trace(const char* what, uint64_t off, size_t size);
 };

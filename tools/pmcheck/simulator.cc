@@ -71,6 +71,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   if (c.threads > 1) out->rec->PerturbSchedule(c.seed);
   Recorder& rec = *out->rec;
   rec.TraceLine(c.trace_line);
+  rec.DropFenceSite(c.drop_fence);
   Recorder::SetThreadId(0);
   pm::SetObserver(&rec);
   std::unique_ptr<pmindex::Index> idx;
@@ -141,6 +142,9 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->acting_loads = rec.acting_loads;
   report->unflushed_loads = rec.unflushed_loads;
   report->ops_recorded = rec.ops.size();
+  report->fence_sites = rec.fence_sites();
+  report->fences_dropped = rec.fences_dropped;
+  report->dropped_site = rec.dropped_site;
   report->events = rec.events.size();
   return Status::OK();
 }

@@ -176,6 +176,7 @@ struct PrivateTarget {
 const PrivateTarget kPrivateTargets[] = {
     {kToyName, MakeToyTarget},
     {kPmwcasTargetName, MakePmwcasTarget},
+    {kAllocatorTargetName, MakeAllocatorTarget},
 };
 
 }  // namespace

@@ -64,4 +64,10 @@ inline constexpr uint64_t kToyRegionSize = 64 * 1024;
 inline constexpr const char* kPmwcasTargetName = "pmwcas";
 pmindex::Status MakePmwcasTarget(const Config& config, std::unique_ptr<Target>* out);
 
+// The allocator target (allocator_target.cc): the crash-safe allocator driven
+// directly (blocks of every size class and large blocks, pool growth,
+// Reclaim, cross-thread frees) behind a u64 map. Unordered, concurrent.
+inline constexpr const char* kAllocatorTargetName = "allocator";
+pmindex::Status MakeAllocatorTarget(const Config& config, std::unique_ptr<Target>* out);
+
 }  // namespace pmcheck
