@@ -265,7 +265,6 @@ if echo "$indexes" | grep -qx nvc_hashmap; then
   read_rule "nvc_hashmap erratum_fix=none (read rule)" --index nvc_hashmap --keys 12 --ops 400 --images 600 --images-per-point 3 \
     --param initial_buckets=16 --param erratum_fix=none &
 fi
-<<<<<<< HEAD
 # NV-Tree's read rule: a writer that unlocks its leaf before the count is
 # durable lets a find return an entry a crash takes away.
 if echo "$indexes" | grep -qx nvtree; then
@@ -274,7 +273,6 @@ if echo "$indexes" | grep -qx nvtree; then
   read_rule "nvtree fault append.unlock_before_count_persist (read rule)" --index nvtree --keys 12 --ops 400 --images 600 \
     --images-per-point 3 --param leaf_size=8 --param inner_size=4 --fault nvtree.append.unlock_before_count_persist &
 fi
-=======
 
 # The allocator target (tools/pmcheck/allocator_target.cc, docs/allocator.md):
 # the allocator driven directly with run blocks of every class and large
@@ -299,7 +297,6 @@ run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 -
 # 1-2 format a run, 3 persists the lane).
 run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
 run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
->>>>>>> h-pmcheck
 wait
 
 failed=()
