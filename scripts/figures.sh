@@ -67,6 +67,7 @@ else
 fi
 PHASES="--phases read,insert,update,delete,scan,custom -r 0.5 -u 0.5 --no_progress"
 SS="--distribution SELFSIMILAR --skew 0.2"
+TREES="--phases read,insert,update,delete,scan --no_progress"
 CG="valgrind --tool=callgrind"
 
 # ID | kind | command. kind: pmbench (JSON + plots, repeated with --repeat),
@@ -81,6 +82,11 @@ figures=(
   "tp-5m-ss|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair -n $N5M -p $P5M -t 1 $PHASES $SS"
   "tp-2t|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair -n $N1M -p $P2T -t 2 $PHASES"
   "tp-2t-ss|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair -n $N1M -p $P2T -t 2 $PHASES $SS"
+  "trees-1m|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair,wbtree,wbtree_slot,nvtree -n $N1M -p $P1M -t 1 $TREES"
+  "trees-1m-ss|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair,wbtree,wbtree_slot,nvtree -n $N1M -p $P1M -t 1 $TREES --distribution SELFSIMILAR"
+  "trees-2t|pmbench|$bin/pmbench --index dram_btree,fptree,fastfair,wbtree,wbtree_slot,nvtree -n $N1M -p $P1M -t 2 $TREES"
+  "trees-open|pmbench|$bin/pmbench --index fptree,wbtree,nvtree -n $N1M -p 1000 --phases read --recovery --sequential --no_progress"
+  "trees-open-10m|pmbench|$bin/pmbench --index fptree,wbtree,nvtree -n $FP_BIG -p 1000 --phases read --recovery --sequential --no_progress"
   "fptree-cost|text|$bin/fptree_figures --records $FP_REC --skip-big"
   "fptree-10m|text|$bin/fptree_figures --skip-small --big $FP_BIG"
   "fptree-100m|text|$bin/fptree_figures --skip-small --big $FP_HUGE --skip-rebuild"
@@ -104,6 +110,7 @@ group_ids() {
     fptree) echo tp-1m tp-1m-ss tp-5m tp-5m-ss tp-2t tp-2t-ss fptree-cost fptree-10m fptree-100m fptree-opcost fptree-opcost-find ;;
     fastfair) echo tp-1m tp-1m-ss tp-5m tp-5m-ss tp-2t tp-2t-ss fastfair-cost fastfair-opcost ;;
     nvc_hashmap) echo tp-1m nvc-300k nvc-1m nvc-eadr nvc-erratum ;;
+    wbtree|nvtree|trees) echo trees-1m trees-1m-ss trees-2t trees-open trees-open-10m ;;
     alloc) echo alloc ;;
     pmcheck) echo pmcheck ;;
     *) echo "$1" ;;
