@@ -1,7 +1,9 @@
 // fastfair_read.cc: the readers of the FAST & FAIR tree: Find, Scan, Size,
 // lock-free (paper sec. 5, Algorithm 3) and under leaf read locks.
 //
-// Lock-free readers (read_committed=0) take no lock. Byte keys and
+// Lock-free readers (read_committed=0, u64 keys) take no lock; byte-key
+// trees read under leaf locks (docs/fastfair.md "Not done": the lock-free
+// search lost keys with byte keys under concurrent writers). Byte
 // values are read in place: a block an Update or Remove unlinks is freed
 // only after the epoch grace period (fastfair_retire.cc), and a reader
 // reads only blocks named by records it loaded inside its guard. A leaf search scans in the direction given by the node's switch
