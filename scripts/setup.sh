@@ -12,6 +12,8 @@ PKGS=(
   libtbb-dev                             # tbb::concurrent_hash_map baseline
   libjemalloc-dev libpmemobj-dev libpmem-dev  # allocator comparison baselines
   python3 python3-matplotlib python3-venv             # pmbench-plot
+  libevent-dev                           # pmindex-server
+  memcached libmemcached-tools           # pmindex-server tests (reference server, client tools)
 )
 
 missing=()
