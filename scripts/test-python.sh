@@ -5,7 +5,7 @@
 # Works as root on Debian 12 (PEP 668): nothing is installed into the system
 # Python. Needs python3-venv and a C++20 compiler with the library's own
 # dependencies (scripts/setup.sh installs them); pip fetches scikit-build-core,
-# pybind11 and pytest from PyPI. The CMake build directory is kept under
+# pybind11, pytest and pymemcache (tests/server) from PyPI. The CMake build directory is kept under
 # build/python-ext, so a second run only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,11 @@ fi
 venv=build/python-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q pytest
+"$venv/bin/python" -m pip install -q pytest pymemcache
 "$venv/bin/python" -m pip install -q ./python -C build-dir="$PWD/build/python-ext" -C cmake.build-type=Release
-cd python/tests  # not the source tree's package: the installed one
-exec "../../$venv/bin/python" -m pytest -q "$@" .
+(cd python/tests && "../../$venv/bin/python" -m pytest -q "$@" .)  # the installed package, not the source tree's
+# pmindex-server against real clients (tests/server, docs/server.md): needs
+# the release build's server (built here if missing or stale), memcached and
+# libmemcached-tools (scripts/setup.sh).
+PMINDEX_SERVER="$PWD/$(bash scripts/build.sh release pmindex-server)/bin/pmindex-server" \
+  "$venv/bin/python" -m pytest -q "$@" tests/server
