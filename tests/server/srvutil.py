@@ -139,6 +139,8 @@ class Raw:
             while True:
                 if not self.s.recv(65536):
                     return True
+        except ConnectionResetError:  # closed with our bytes unread
+            return True
         except OSError:
             return False
 
