@@ -242,3 +242,61 @@ def test_expiry(server):
     assert sorted(got) == ["extended", "long", "never"]
     assert c.add("short", b"2") is True  # an expired key is free again
     assert c.get("short") == b"2"
+
+
+META_TRANSCRIPT = [
+    (b"ms mk 2\r\nhi\r\n", b"HD\r\n"),
+    (b"ms mk 2 F5 T0 O123 k\r\nhi\r\n", b"HD O123 kmk\r\n"),
+    (b"mg mk v\r\n", b"VA 2\r\nhi\r\n"),
+    (b"mg mk s v t f k O9\r\n", b"VA 2 s2 t-1 f5 kmk O9\r\nhi\r\n"),
+    (b"mg mk\r\n", b"HD\r\n"),
+    (b"mg nokey v\r\n", b"EN\r\n"),
+    (b"mg nokey v q\r\nmn\r\n", b"MN\r\n"),
+    (b"ms mk 1 MA\r\nx\r\n", b"HD\r\n"),
+    (b"ms mk 1 MP\r\ny\r\nmg mk v\r\n", b"HD\r\nVA 4\r\nyhix\r\n"),
+    (b"ms new 1 ME\r\nz\r\nms new 1 ME O8\r\nz\r\n", b"HD\r\nNS O8\r\n"),
+    (b"ms nokey2 1 MR\r\nz\r\n", b"NS\r\n"),
+    (b"ms mk 1 C1\r\nz\r\n", b"EX\r\n"),
+    (b"ms nokey3 1 C1\r\nz\r\n", b"NF\r\n"),
+    (b"ms q1 1 q\r\nx\r\nms q1 1 ME q\r\nx\r\nmn\r\n", b"NS\r\nMN\r\n"),
+    (b"ms t1 2 T-1\r\nhi\r\nmg t1 v\r\n", b"HD\r\nEN\r\n"),
+    (b"ms tt 1 T100 F7\r\nx\r\nmg tt t\r\nget tt\r\n", b"HD\r\nHD t100\r\nVALUE tt 7 1\r\nx\r\nEND\r\n"),
+    (b"md mk q\r\nmn\r\n", b"MN\r\n"),
+    (b"md mk\r\n", b"NF\r\n"),
+    (b"md nokey q\r\nmn\r\n", b"NF\r\nMN\r\n"),
+    (b"ms n 1\r\n5\r\nma n\r\nma n v\r\nma n MD D3 v\r\nma nokey\r\nma n D9 M- v\r\n",
+     b"HD\r\nHD\r\nVA 1\r\n7\r\nVA 1\r\n4\r\nNF\r\nVA 1\r\n0\r\n"),
+    (b"ma n q v\r\nmn\r\n", b"MN\r\n"),
+    (b"md n O5 k\r\n", b"HD O5 kn\r\n"),
+    (b"ms t 2\r\nab\r\nma t\r\n", b"HD\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n"),
+    (b"mg mk zz\r\n", b"CLIENT_ERROR invalid flag\r\n"),
+    (b"ms mk abc\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+    (b"ms mk 2 MX\r\nhi\r\nmn\r\n", b"CLIENT_ERROR invalid mode for ms M token\r\nMN\r\n"),
+    (b"ms mk 2 Fx\r\nhi\r\nmn\r\n", b"CLIENT_ERROR bad command line format\r\nMN\r\n"),
+    (b"mg\r\n", b"ERROR\r\n"),
+    (b"mg " + K251 + b" v\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+    (b"ms big 2000000 T0\r\n" + b"x" * 2000000 + b"\r\nmn\r\n", b"SERVER_ERROR object too large for cache\r\nMN\r\n"),
+]
+
+
+def test_meta_transcript(server):
+    r = Raw(server.addr)
+    for req, want in META_TRANSCRIPT:
+        r.send(req)
+        r.expect(want)
+
+
+def test_meta_cas(server):
+    r = Raw(server.addr)
+    r.send(b"ms mc 1 c\r\nx\r\n")
+    ln = r.line()
+    assert ln.startswith(b"HD c")
+    cas = int(ln[4:])
+    r.send(b"mg mc c v\r\n")
+    r.expect(b"VA 1 c%d\r\nx\r\n" % cas)
+    r.send(b"ms mc 1 C%d\r\ny\r\n" % (cas + 1000))
+    r.expect(b"EX\r\n")
+    r.send(b"ms mc 1 C%d\r\ny\r\n" % cas)
+    r.expect(b"HD\r\n")
+    r.send(b"md mc C%d\r\n" % cas)
+    r.expect(b"EX\r\n")

@@ -2,6 +2,7 @@
 // connection. Parsing follows memcached 1.6's proto_text.c in what it
 // accepts and answers; protocol.h lists the replies.
 #include "protocol.h"
+#include "parse.h"
 
 #include "pmindex/pm/pool.h"
 
@@ -25,35 +26,6 @@ void Split(std::string_view line, std::vector<std::string_view>* t) {
     if (j > i) t->push_back(line.substr(i, j - i));
     i = j;
   }
-}
-
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 20) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    uint64_t d = uint64_t(c - '0');
-    if (v > (UINT64_MAX - d) / 10) return false;
-    v = v * 10 + d;
-  }
-  *out = v;
-  return true;
-}
-
-bool ParseU32(std::string_view s, uint32_t* out) {
-  uint64_t v;
-  if (!ParseU64(s, &v) || v > UINT32_MAX) return false;
-  *out = uint32_t(v);
-  return true;
-}
-
-// A signed 32-bit number (memcached's exptime and byte count).
-bool ParseI32(std::string_view s, int64_t* out) {
-  bool neg = !s.empty() && s[0] == '-';
-  uint64_t v;
-  if (!ParseU64(neg ? s.substr(1) : s, &v) || v > (neg ? 2147483648ull : 2147483647ull)) return false;
-  *out = neg ? -int64_t(v) : int64_t(v);
-  return true;
 }
 
 void Append(std::string* out, const char* s) { out->append(s); }
@@ -130,10 +102,22 @@ Protocol::Step Protocol::Data(std::string* out) {
     return Step::kDone;
   }
   st_->cmd_set.fetch_add(1, std::memory_order_relaxed);
-  Reply r = st_->store->Write(pend_.mode, pend_.key, pend_.flags, pend_.exptime, data, pend_.cas);
+  uint64_t new_cas = 0;
+  Reply r = st_->store->Write(pend_.mode, pend_.key, pend_.flags, pend_.exptime, data, pend_.cas, &new_cas);
   if (pend_.mode == Mode::kCas) {
     auto& c = r == Reply::kStored ? st_->cas_hits : r == Reply::kExists ? st_->cas_badval : st_->cas_misses;
     c.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (pend_.meta) {
+    const char* code = r == Reply::kStored ? "HD" : r == Reply::kNotStored ? "NS" : r == Reply::kExists ? "EX"
+                       : r == Reply::kNotFound ? "NF" : nullptr;
+    if (code == nullptr) StoreReply(r, out);
+    else if (!(pend_.noreply && r == Reply::kStored)) {
+      out->append(code);
+      if (pend_.meta_cas && r == Reply::kStored) out->append(" c" + std::to_string(new_cas));
+      out->append(pend_.meta_ret).append("\r\n");
+    }
+    return Step::kDone;
   }
   if (!pend_.noreply || r == Reply::kError) StoreReply(r, out);
   return Step::kDone;
@@ -236,6 +220,12 @@ Protocol::Step Protocol::Line(std::string_view line, std::string* out) {
     Append(out, "ERROR: shutdown not enabled\r\n");
   } else if (cmd == "mn") {
     Append(out, "MN\r\n");
+  } else if (cmd == "mg" || cmd == "md" || cmd == "ma") {
+    if (n < 2) return Append(out, "ERROR\r\n"), Step::kDone;
+    Meta(t, out);
+  } else if (cmd == "ms") {
+    if (n < 3) return Append(out, "ERROR\r\n"), Step::kDone;
+    MetaSet(t, out);
   } else {
     Append(out, "ERROR\r\n");
   }
@@ -299,6 +289,7 @@ void Protocol::Storage(const std::vector<std::string_view>& t, Mode mode, std::s
     swallow_ = size_t(bytes) + 2;
     return;
   }
+  pend_ = Pending();
   pend_.active = true;
   pend_.mode = mode;
   pend_.key.assign(t[1]);

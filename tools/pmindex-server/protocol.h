@@ -4,7 +4,8 @@
 // calls Run, and writes what Run appended to its output buffer.
 //
 // Commands: get gets gat gats set add replace append prepend cas delete incr
-// decr touch flush_all stats version verbosity quit shutdown mn. Replies and
+// decr touch flush_all stats version verbosity quit shutdown, and the meta
+// commands mg ms md ma mn with the flags meta.cc lists. Replies and
 // error strings are memcached 1.6's: ERROR for an unknown command or a wrong
 // number of arguments, "CLIENT_ERROR bad command line format" for a bad
 // number or a key over 250 bytes, "SERVER_ERROR object too large for cache"
@@ -80,6 +81,9 @@ class Protocol {
   void Storage(const std::vector<std::string_view>& t, Mode mode, std::string* out);
   void Arith(const std::vector<std::string_view>& t, bool incr, std::string* out);
   void Stats(const std::vector<std::string_view>& t, std::string* out);
+  // The meta commands mg, ms, md, ma (meta.cc).
+  void Meta(const std::vector<std::string_view>& t, std::string* out);
+  void MetaSet(const std::vector<std::string_view>& t, std::string* out);
   void StoreReply(Reply r, std::string* out);
 
   ServerState* st_;
@@ -95,6 +99,9 @@ class Protocol {
     size_t bytes = 0;
     uint64_t cas = 0;
     bool noreply = false;
+    bool meta = false;      // ms: reply HD/NS/EX/NF ...
+    bool meta_cas = false;  // ... with c<cas> ...
+    std::string meta_ret;   // ... and these echoed flags (O, k)
   } pend_;
   size_t swallow_ = 0;  // bytes of a refused data block still to skip
 };

@@ -159,7 +159,8 @@ Reply Store::Put(Slice key, const ItemHeader& h, Slice a, Slice b) {
   return Reply::kError;
 }
 
-Reply Store::Write(Mode mode, Slice key, uint32_t flags, uint32_t exptime, Slice data, uint64_t cas_in) {
+Reply Store::Write(Mode mode, Slice key, uint32_t flags, uint32_t exptime, Slice data, uint64_t cas_in,
+                   uint64_t* cas_out) {
   if (data.size() > max_item_size_) return Reply::kTooLarge;
   std::lock_guard<std::mutex> g(StripeOf(key));
   Item old;
@@ -188,14 +189,16 @@ Reply Store::Write(Mode mode, Slice key, uint32_t flags, uint32_t exptime, Slice
       break;
   }
   h.cas = next_cas_.fetch_add(1, std::memory_order_relaxed);
+  if (cas_out != nullptr) *cas_out = h.cas;
   return Put(key, h, a, b);
 }
 
-Reply Store::Delete(Slice key) {
+Reply Store::Delete(Slice key, uint64_t cas_in) {
   std::lock_guard<std::mutex> g(StripeOf(key));
   Item old;
   int r = Read(key, &old);
   if (r == 0) return Reply::kNotFound;
+  if (r > 0 && cas_in != 0 && old.cas != cas_in) return Reply::kExists;
   Status s = ERemove(key);
   if (!s.ok() && !s.IsNotFound()) {
     t_error = s.ToString();

@@ -110,9 +110,11 @@ class Store {
   void GetMany(const std::vector<Slice>& keys, std::vector<Item>* items, std::vector<bool>* found);
 
   // A storage command. cas_in is used by kCas only. kAppend/kPrepend keep the
-  // item's flags and exptime.
-  Reply Write(Mode mode, Slice key, uint32_t flags, uint32_t exptime, Slice data, uint64_t cas_in);
-  Reply Delete(Slice key);
+  // item's flags and exptime. *cas_out (if not null) receives the new CAS.
+  Reply Write(Mode mode, Slice key, uint32_t flags, uint32_t exptime, Slice data, uint64_t cas_in,
+              uint64_t* cas_out = nullptr);
+  // cas_in != 0: only if the item's CAS is cas_in (else kExists).
+  Reply Delete(Slice key, uint64_t cas_in = 0);
   // incr (or decr) by delta: *result receives the new value.
   Reply Arith(Slice key, bool incr, uint64_t delta, uint64_t* result);
   // New exptime for a visible item; *out (if not null) receives it (gat).
