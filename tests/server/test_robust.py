@@ -207,3 +207,34 @@ def test_every_engine(tmp_path, pooldir, engine):
         assert client(p).get_many(list(want)) == want
     finally:
         p.kill()
+
+
+def test_out_of_file_descriptors(tmp_path, pooldir):
+    """With a file limit below the connection limit, accept fails (EMFILE):
+    the server pauses accepting, keeps serving, and accepts again once
+    connections close."""
+    argv = [srvutil.SERVER, "--pool", pooldir + "/emfile.pool", "--port", str(srvutil.free_port()), "-c", "5000"]
+    log = open(str(tmp_path / "emfile.log"), "w")
+    p = srvutil.subprocess.Popen(argv, stderr=log,
+                                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100)))
+    try:
+        port = int(argv[4])
+        srvutil.wait_port(port, p)
+        first = Raw(("127.0.0.1", port))
+        first.send(b"set k 0 0 1\r\nv\r\n")
+        first.expect(b"STORED\r\n")
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(150)]
+        time.sleep(0.3)
+        first.send(b"get k\r\n")  # an accepted connection keeps being served
+        first.expect(b"VALUE k 0 1\r\nv\r\nEND\r\n")
+        for s in socks:
+            s.close()
+        late = Raw(("127.0.0.1", port), timeout=10)
+        late.send(b"get k\r\n")
+        late.expect(b"VALUE k 0 1\r\nv\r\nEND\r\n")
+        p.terminate()
+        assert p.wait(20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        log.close()

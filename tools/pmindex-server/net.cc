@@ -154,6 +154,8 @@ Status Server::Start(std::string* bound) {
   getnameinfo(reinterpret_cast<sockaddr*>(&ss), sl, host, sizeof host, serv, sizeof serv,
               NI_NUMERICHOST | NI_NUMERICSERV);
   *bound = std::string(host) + ":" + serv;
+  resume_ = evtimer_new(base_, OnResume, this);
+  evconnlistener_set_error_cb(listener_, OnAcceptError);
   sigterm_ = evsignal_new(base_, SIGTERM, OnSignal, base_);
   sigint_ = evsignal_new(base_, SIGINT, OnSignal, base_);
   event_add(sigterm_, nullptr);
@@ -173,6 +175,20 @@ Status Server::Start(std::string* bound) {
 }
 
 void Server::OnSignal(int, short, void* arg) { event_base_loopbreak(static_cast<event_base*>(arg)); }
+
+// accept failed (EMFILE, ENFILE ...): stop accepting for 100 ms instead of
+// spinning on a listening socket that stays readable, as memcached does.
+void Server::OnAcceptError(evconnlistener* l, void* arg) {
+  Server* s = static_cast<Server*>(arg);
+  evconnlistener_disable(l);
+  timeval tv{0, 100000};
+  event_add(s->resume_, &tv);
+}
+
+void Server::OnResume(int, short, void* arg) {
+  Server* s = static_cast<Server*>(arg);
+  if (s->listener_ != nullptr) evconnlistener_enable(s->listener_);
+}
 
 void Server::OnAccept(evconnlistener*, int fd, sockaddr*, int, void* arg) {
   Server* s = static_cast<Server*>(arg);
@@ -210,6 +226,8 @@ void Server::Stop() {
     event_base_free(w->base);
   }
   workers_.clear();
+  if (resume_ != nullptr) event_free(resume_);
+  resume_ = nullptr;
   if (sigterm_ != nullptr) event_free(sigterm_);
   if (sigint_ != nullptr) event_free(sigint_);
   sigterm_ = sigint_ = nullptr;

@@ -12,7 +12,8 @@
 // block at most the item limit plus 2.
 //
 // Connection limit: beyond max_connections an accepted socket receives
-// "ERROR Too many open connections" and is closed, as memcached does.
+// "ERROR Too many open connections" and is closed, as memcached does. When
+// accept itself fails (out of file descriptors), accepting pauses for 100 ms.
 //
 // Shutdown: Stop (from the accept thread, after Run returned on SIGTERM or
 // SIGINT) frees the listener, breaks every worker's loop (a callback that is
@@ -61,6 +62,8 @@ class Server {
  private:
   static void OnAccept(evconnlistener* l, int fd, ::sockaddr* addr, int len, void* arg);
   static void OnSignal(int sig, short what, void* arg);
+  static void OnAcceptError(evconnlistener* l, void* arg);
+  static void OnResume(int fd, short what, void* arg);
 
   ServerState* st_;
   NetConfig cfg_;
@@ -68,6 +71,7 @@ class Server {
   evconnlistener* listener_ = nullptr;
   event* sigterm_ = nullptr;
   event* sigint_ = nullptr;
+  event* resume_ = nullptr;  // re-enables accepting after an accept error
   std::vector<std::unique_ptr<Worker>> workers_;
   size_t next_ = 0;
 };
