@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Debian's libmemcached tools against pmindex-server (docs/server.md):
 # memccp / memccat / memcexist / memctouch / memcrm / memcflush / memcstat
-# round trips, memccapable's ASCII conformance tests, and a stop with SIGTERM
-# after which a restarted server still serves what memccp stored.
+# round trips, memcslap and memcaslap (which verifies every value it reads)
+# load, memccapable's ASCII conformance tests, and a stop with SIGTERM after
+# which a restarted server still serves what memccp stored.
 #   memc_tools_test.sh PATH/TO/pmindex-server
 # Exits 77 (ctest: skipped) when the tools are not installed.
 set -euo pipefail
@@ -60,6 +61,16 @@ cmp "$dir/files/b.bin" "$dir/b.out" || fail "b.bin differs after restart"
 # A second server on the same pool is refused.
 if "$server" --engine fptree --pool "$dir/pool" --port 0 2>"$dir/second"; then fail "second server started"; fi
 grep -q "already open" "$dir/second" || { cat "$dir/second"; fail "second server: unclear error"; }
+
+# Load generators: memcslap sets and gets; memcaslap checks every value it reads.
+memcslap --servers="$S" --concurrency=4 --execute-number=300 --test=set >/dev/null || fail "memcslap set"
+memcslap --servers="$S" --concurrency=4 --execute-number=300 --initial-load=300 --test=get >/dev/null ||
+  fail "memcslap get"
+if command -v memcaslap >/dev/null; then
+  memcaslap -s "$S" -T 2 -c 8 -x 2000 --verify=1.0 >"$dir/aslap" 2>&1 || { cat "$dir/aslap"; fail memcaslap; }
+  grep -q "^verify_failed: 0" "$dir/aslap" && grep -q "^get_misses: 0" "$dir/aslap" && grep -q "Ops: 2000" "$dir/aslap" ||
+    { cat "$dir/aslap"; fail "memcaslap verification"; }
+fi
 
 memcflush --servers="$S" || fail memcflush
 memccat --servers="$S" b.bin >/dev/null 2>&1 && fail "b.bin still there after flush"
