@@ -61,6 +61,14 @@ class Proc:
         wait_port(port, self.p)
         self.addr = ("127.0.0.1", port)
 
+    def check_log(self):
+        """Fails on a sanitizer report in the server's output (ASan, UBSan and
+        TSan builds of the server, PMINDEX_SERVER=build-asan/... or build-tsan/...)."""
+        out = self.output()
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "WARNING: ThreadSanitizer"):
+            assert marker not in out, "sanitizer report from %s:\n%s" % (self.argv[0], out[-6000:])
+
     def alive(self):
         return self.p.poll() is None
 
@@ -69,6 +77,7 @@ class Proc:
             self.p.send_signal(signal.SIGTERM)
         rc = self.p.wait(timeout)
         self.log.close()
+        self.check_log()
         return rc
 
     def kill(self):
@@ -76,6 +85,7 @@ class Proc:
             self.p.kill()
         self.p.wait(20)
         self.log.close()
+        self.check_log()
 
     def output(self):
         return open(self.log_path).read()
