@@ -57,6 +57,10 @@ def test_malformed_and_oversize_do_not_hurt_others(pmserver):
     r2.send(b"x" * 5000)
     assert r2.line() == b"CLIENT_ERROR line too long\r\n"
     assert r2.closed()
+    # A binary-protocol request (magic 0x80) closes its connection.
+    r3 = Raw(pmserver.addr)
+    r3.send(b"\x80\x00\x00\x00" + b"\x00" * 20)
+    assert r3.closed()
     # A value over the item limit is refused and its data skipped.
     r.send(b"set huge 0 0 %d\r\n" % (3 << 20) + b"h" * (3 << 20) + b"\r\nget keep\r\n")
     r.expect(b"SERVER_ERROR object too large for cache\r\nVALUE keep 0 4\r\nsafe\r\nEND\r\n")

@@ -52,6 +52,8 @@ bool Protocol::Run(std::string* out, size_t out_limit) {
     Step s;
     if (pend_.active) {
       s = Data(out);
+    } else if (static_cast<unsigned char>(in_[pos_]) == 0x80) {
+      s = Step::kClose;  // a binary-protocol request: not spoken here
     } else {
       const char* nl = static_cast<const char*>(std::memchr(in_.data() + pos_, '\n', in_.size() - pos_));
       if (nl == nullptr) {

@@ -13,7 +13,9 @@
 // bad data chunk" when the data block does not end with \r\n, "CLIENT_ERROR
 // line too long" (and a close) for a command line over kMaxShortLine bytes
 // (kMaxLine for get, gets, gat and gats, which may name many keys),
-// "SERVER_ERROR out of memory storing object" when the pool is full.
+// "SERVER_ERROR out of memory storing object" when the pool is full. A
+// command starting with the binary protocol's magic byte 0x80 closes the
+// connection (the binary protocol is not implemented).
 //
 // Invariants: a reply is appended only after the Store call it reports has
 // returned, so STORED, DELETED, OK, TOUCHED and an incr result are durable
