@@ -9,7 +9,8 @@
 #   bash bench/server/figures.sh [BUILD_DIR]        (default: build)
 # Env: RUN_SECONDS (10), KEYS (1000000: key space of the throughput runs),
 # VALUE (100 bytes), CLIENTS (4 client threads), RESTART_ITEMS ("1000000
-# 10000000"), DIR (/dev/shm: pools and memcached's memory file), PORT (22411).
+# 10000000"), DIR (/dev/shm: pools and memcached's memory file), PORT (22411),
+# MC_MB (4096: memcached's -m, also the size of its memory file in DIR).
 # Needs memcached and a release build of pmindex-server and server_load
 # (bash scripts/build.sh release pmindex-server server_load). Results are
 # printed as lines "figure ... key=value ..."; nothing is written elsewhere.
@@ -17,9 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build}
 RUN_SECONDS=${RUN_SECONDS:-10} KEYS=${KEYS:-1000000} VALUE=${VALUE:-100} CLIENTS=${CLIENTS:-4}
-RESTART_ITEMS=${RESTART_ITEMS:-"1000000 10000000"} DIR=${DIR:-/dev/shm} PORT=${PORT:-22411}
+RESTART_ITEMS=${RESTART_ITEMS:-"1000000 10000000"} DIR=${DIR:-/dev/shm} PORT=${PORT:-22411} MC_MB=${MC_MB:-4096}
 SRV=$B/bin/pmindex-server LOAD=$B/bin/server_load
-MC=(memcached -U 0 -l 127.0.0.1 -p "$PORT" -m 8192 -I 1m)
+MC=(memcached -U 0 -l 127.0.0.1 -p "$PORT" -m "$MC_MB" -I 1m)
 [ "$(id -u)" = 0 ] && MC+=(-u root)
 pid=
 trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -f "$DIR"/figures-*.pool "$DIR"/figures-mc.*' EXIT
