@@ -1,4 +1,6 @@
-// net.cc: Server (net.h), libevent accept thread and worker threads.
+// net.cc: Server (net.h), libevent accept thread and worker threads. No PM
+// access of its own (the Store persists). Thread safety, flow control and
+// shutdown order: as net.h describes.
 #include "net.h"
 
 #include <event2/buffer.h>

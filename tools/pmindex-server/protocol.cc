@@ -1,6 +1,8 @@
 // protocol.cc: Protocol (protocol.h), the memcached text protocol of one
 // connection. Parsing follows memcached 1.6's proto_text.c in what it
-// accepts and answers; protocol.h lists the replies.
+// accepts and answers; protocol.h lists the replies. No PM access of its
+// own: replies follow the Store calls they report (protocol.h). Thread
+// safety: one connection's worker thread.
 #include "protocol.h"
 #include "parse.h"
 

@@ -1,6 +1,7 @@
 // store.cc: Store (store.h), memcached item semantics over pmindex::KV.
-// The format, invariants, persist order and locking are described in
-// store.h; this file follows them.
+// The format, invariants, persist order (one engine write per change) and
+// locking (striped key locks; thread-safe) are described in store.h; this
+// file follows them.
 #include "store.h"
 
 #include <algorithm>
