@@ -40,19 +40,32 @@ Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
     for (;;) {
       const uint32_t level = LdR(&n->level);
       if (level == 0) break;
-      Slots s;
-      LoadSlots(n, &s);
-      const uint64_t child = ChildFor<BK>(c, n, s, inner_cap_, key);
+      const uint64_t child = ChildFor<BK>(c, n, NodeSlots{n}, inner_cap_, key);
+      if (!NodeOk(child) || level >= uint32_t(kMaxLevels)) {
+        if (!LW(n).lock.Validate(ver)) {
+          restart = true;
+          break;
+        }
+        return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
+      }
+      // The child's version is read before the parent is validated: one
+      // validation covers both the child pointer and the version (a stale
+      // pointer inside the pool only reads a lock word of the table).
+      Node* ch = N(child);
+      uint64_t cv;
+      const bool readable = LW(ch).lock.ReadBegin(&cv);
       if (!LW(n).lock.Validate(ver)) {
         restart = true;
         break;
       }
-      if (!NodeOk(child) || level >= uint32_t(kMaxLevels))
-        return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
-      Node* ch = N(child);
-      PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
-      uint64_t cv;
-      if (!LW(ch).lock.ReadBegin(&cv) || !LW(n).lock.Validate(ver)) {
+      if (!__atomic_load_n(&LW(ch).checked, __ATOMIC_ACQUIRE)) {
+        // First touch since open: repair, then descend again (the repair
+        // may have changed the child under the version just read).
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
+        restart = true;
+        break;
+      }
+      if (!readable) {
         restart = true;
         break;
       }
@@ -99,19 +112,31 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
     Node* l;
     uint64_t v;
     PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-    Slots s;
-    LoadSlots(l, &s);
+    const NodeSlots s{l};
     uint32_t pos;
     bool eq;
-    const bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+    bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+    const uint32_t x = ok && eq ? s.at(pos + 1) : 0;
+    ok = ok && x < leaf_cap_;
     Status st = Status::NotFound();
-    if (ok && eq) st = ReadValue(&l->ents()[s.at(pos + 1)], &tmp);
+    uint64_t vw = 0;
+    if (ok && eq) {
+      if (vbytes()) {
+        st = ReadValue(&l->ents()[x], &tmp);
+      } else {
+        vw = LdR(&l->ents()[x].v);  // 8-byte values: a word, copied out after the validation
+        st = Status::OK();
+      }
+    }
     if (!LW(l).lock.Validate(v)) {
       bo.Wait();
       continue;
     }
     if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-    if (st.ok() && value) value->swap(tmp);
+    if (st.ok() && value) {
+      if (vbytes()) value->swap(tmp);
+      else value->assign(reinterpret_cast<const char*>(&vw), 8);
+    }
     return st;
   }
 }
@@ -139,17 +164,21 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
     Node* l;
     uint64_t v;
     PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
+    bool first = true;  // the leaf `from` routes to; the ones after it hold only keys above it
     for (;;) {
       if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
       // One leaf: copy its records >= from (> from once one was emitted)
-      // in slot-array order, then validate, then emit.
+      // in slot-array order, then validate, then emit. A leaf reached by
+      // the sibling chain is copied whole: its keys lie in ranges above
+      // the previous leaf's, which holds `from`.
       buf.clear();
       wbuf.clear();
       Slots s;
       LoadSlots(l, &s);
-      uint32_t pos;
-      bool eq;
-      bool ok = LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq);
+      uint32_t pos = 0;
+      bool eq = false;
+      bool ok = s.count() <= leaf_cap_ && (!first || LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq));
+      first = false;
       if (ok && eq && !inclusive) pos++;
       for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
         const uint32_t x = s.at(i + 1);
@@ -173,13 +202,25 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
       const uint64_t next = LdR(&l->next);
       if (!LW(l).lock.Validate(v)) break;  // re-descend from `from`
       if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
+      // The next leaf is read whole unless this one ends the scan: its lines
+      // are fetched while the callback runs.
+      if (next && done + wbuf.size() + buf.size() < n && NodeOk(next)) {
+        const char* p = base_ + next;
+        for (uint64_t o = 0; o < NodeBytes(leaf_cap_); o += 64) __builtin_prefetch(p + o);
+      }
+      // Emitting: `from` and *count are set once per leaf (and before an
+      // early return); a re-descent reads `from` only after the loop.
       for (const auto& [kw, vw] : wbuf) {
         done++;
+        if (!cb(Slice(reinterpret_cast<const char*>(&kw), 8), Slice(reinterpret_cast<const char*>(&vw), 8))) {
+          if (count) *count = done;
+          return Status::OK();
+        }
+      }
+      if (!wbuf.empty()) {
         if (count) *count = done;
-        const Slice k(reinterpret_cast<const char*>(&kw), 8);
-        from.assign(k.data(), 8);
+        from.assign(reinterpret_cast<const char*>(&wbuf.back().first), 8);
         inclusive = false;
-        if (!cb(k, Slice(reinterpret_cast<const char*>(&vw), 8))) return Status::OK();
       }
       for (auto& [k, val] : buf) {
         done++;
