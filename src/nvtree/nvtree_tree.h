@@ -143,8 +143,10 @@ class NVTree final : public Index {
   // Entries [0, c) sorted by key, the deciding entry of each key first and
   // marked live if it is an insert; all = false keeps only live records.
   // False if a key block cannot be read (a damaged or, for an optimistic
-  // reader, changing leaf).
-  bool Records(char* l, uint64_t c, bool all, std::vector<Rec>* out) const;
+  // reader, changing leaf). from: only keys >= *from (> *from unless
+  // inclusive).
+  bool Records(char* l, uint64_t c, bool all, std::vector<Rec>* out, const K* from = nullptr,
+               bool inclusive = true) const;
 
   // ---- inner nodes
   Route RouteKey(Inner<K>* in, const K& k) const {
