@@ -44,6 +44,36 @@ template <bool kBytes>
 bool NVTree<kBytes>::Records(char* l, uint64_t c, bool all, std::vector<Rec>* out, const K* from,
                              bool inclusive) const {
   out->clear();
+  if (c > kMaxLeafCap) return false;
+  if constexpr (!kBytes) {
+    // u64 keys: (key, slot) pairs are sorted, 16 bytes each, and records
+    // are made only for the entries kept.
+    struct KeySlot {
+      uint64_t key, j;
+    };
+    KeySlot ks[kMaxLeafCap];
+    size_t m = 0;
+    for (uint64_t j = 0; j < c; j++) {
+      const uint64_t k = Ld(&E(l, j)->key);
+      if (from && (k < *from || (!inclusive && k == *from))) continue;
+      ks[m++] = KeySlot{k, j};
+    }
+    std::sort(ks, ks + m, [](const KeySlot& a, const KeySlot& b) { return a.key < b.key || (a.key == b.key && a.j > b.j); });
+    out->reserve(m);
+    for (size_t i = 0; i < m; i++) {
+      const bool first = i == 0 || ks[i - 1].key != ks[i].key;
+      const Entry* e = E(l, ks[i].j);
+      const bool live = first && Ld(&e->flag) == kInsert;
+      if (!all && !live) continue;
+      Rec r;
+      r.key = r.kw = ks[i].key;
+      r.vw = Ld(&e->value);
+      r.idx = int(ks[i].j);
+      r.live = live;
+      out->push_back(r);
+    }
+    return true;
+  }
   out->reserve(c);
   for (uint64_t j = 0; j < c; j++) {
     const Entry* e = E(l, j);
@@ -253,7 +283,6 @@ Status NVTree<kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_t* coun
   size_t done = 0;
   std::vector<Rec> recs;
   std::vector<std::string> vals;  // byte values, copied under the guard
-  std::string val;
   kit::Backoff b;
   uint64_t leaf = 0, at = 0;  // the next leaf, readable while the epoch is `at`
   while (done < n) {
@@ -301,8 +330,8 @@ Status NVTree<kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_t* coun
       if (count) *count = done;
       from = r.key;
       inclusive = false;
-      if (!vbytes_) val.assign(reinterpret_cast<const char*>(&r.vw), 8);
-      if (!cb(KeySlice(r.key), vbytes_ ? Slice(vals[i]) : Slice(val))) return Status::OK();
+      const Slice val = vbytes_ ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&r.vw), 8);
+      if (!cb(KeySlice(r.key), val)) return Status::OK();
     }
     if (!next) break;
     leaf = next;

@@ -135,8 +135,19 @@ class NVTree final : public Index {
   }
   uint64_t pool_size() const { return pool_->size(); }
   // The deciding (last) committed entry of k among [0, c), or -1.
+  // u64 keys: four key words compared per step with one branch (a write
+  // of an absent key reads every entry).
   int64_t Latest(char* l, uint64_t c, const K& k) const {
-    for (uint64_t j = c; j-- > 0;)
+    uint64_t j = c;
+    if constexpr (!kBytes) {
+      const Entry* e = E(l, 0);
+      for (; j >= 4; j -= 4) {
+        const bool m3 = Ld(&e[j - 1].key) == k, m2 = Ld(&e[j - 2].key) == k;
+        const bool m1 = Ld(&e[j - 3].key) == k, m0 = Ld(&e[j - 4].key) == k;
+        if (m3 | m2 | m1 | m0) return int64_t(j) - (m3 ? 1 : m2 ? 2 : m1 ? 3 : 4);
+      }
+    }
+    for (; j-- > 0;)
       if (KeyIs(Ld(&E(l, j)->key), k)) return int64_t(j);
     return -1;
   }
