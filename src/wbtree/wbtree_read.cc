@@ -15,7 +15,8 @@
 // repair a node under its lock, wbtree_recovery.cc).
 //
 // Thread safety: all of these run concurrently with each other and with
-// writers. A validated read of damage (an index or block out of range)
+// writers; a scan's callback runs outside every epoch guard and may call
+// any operation of the tree. A validated read of damage (an index or block out of range)
 // returns Corrupt; an unvalidated one retries.
 #include "kit/pm_block.h"
 #include "wbtree/wbtree_tree.h"
@@ -156,21 +157,41 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   const bool words = !BK && !vbytes();
   std::vector<std::pair<uint64_t, uint64_t>> wbuf;
   if (words) wbuf.reserve(leaf_cap_);
-  EpochManager::Guard g(epoch_);
   kit::Backoff bo;
   const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;  // leaves a chain can hold
   uint64_t steps = 0;
+  // One leaf per round: its records copied and validated inside an epoch
+  // guard, the callback called outside every guard (so it may call Remove,
+  // whose leaf free waits for a grace period). The next leaf is taken from
+  // the sibling pointer if the epoch has not advanced since that pointer
+  // was read (a leaf free advances it before the leaf returns to the
+  // allocator), else by a descent from the last key emitted.
+  Node* l = nullptr;  // the next leaf, readable while the epoch is `at`
+  uint64_t at = 0;
+  bool first = true;  // l is the leaf `from` routes to; the ones after it hold only keys above it
   while (done < n) {
-    Node* l;
-    uint64_t v;
-    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
-    bool first = true;  // the leaf `from` routes to; the ones after it hold only keys above it
-    for (;;) {
+    uint64_t next;
+    {
+      EpochManager::Guard g(epoch_);
+      uint64_t v = 0;
+      if (l && epoch_.Epoch() != at) l = nullptr;
+      if (l) {
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
+        if (!LW(l).lock.ReadBegin(&v)) l = nullptr;
+      }
+      if (!l) {
+        PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
+        first = true;
+      }
       if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
-      // One leaf: copy its records >= from (> from once one was emitted)
-      // in slot-array order, then validate, then emit. A leaf reached by
-      // the sibling chain is copied whole: its keys lie in ranges above
-      // the previous leaf's, which holds `from`.
+      // Read before the sibling pointer: a free of the leaf it names is
+      // visible to that read or advances the epoch after this one.
+      at = epoch_.Epoch();
+      std::atomic_thread_fence(std::memory_order_acquire);
+      // Copy the records >= from (> from once one was emitted) in
+      // slot-array order, then validate. A leaf reached by the sibling
+      // chain is copied whole: its keys lie in ranges above the previous
+      // leaf's, which holds `from`.
       buf.clear();
       wbuf.clear();
       Slots s;
@@ -178,7 +199,6 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
       uint32_t pos = 0;
       bool eq = false;
       bool ok = s.count() <= leaf_cap_ && (!first || LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq));
-      first = false;
       if (ok && eq && !inclusive) pos++;
       for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
         const uint32_t x = s.at(i + 1);
@@ -199,8 +219,12 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
         buf.emplace_back();
         ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
       }
-      const uint64_t next = LdR(&l->next);
-      if (!LW(l).lock.Validate(v)) break;  // re-descend from `from`
+      next = LdR(&l->next);
+      if (!LW(l).lock.Validate(v)) {  // re-descend from `from`
+        l = nullptr;
+        bo.Wait();
+        continue;
+      }
       if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
       // The next leaf is read whole unless this one ends the scan: its lines
       // are fetched while the callback runs.
@@ -208,34 +232,32 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
         const char* p = base_ + next;
         for (uint64_t o = 0; o < NodeBytes(leaf_cap_); o += 64) __builtin_prefetch(p + o);
       }
-      // Emitting: `from` and *count are set once per leaf (and before an
-      // early return); a re-descent reads `from` only after the loop.
-      for (const auto& [kw, vw] : wbuf) {
-        done++;
-        if (!cb(Slice(reinterpret_cast<const char*>(&kw), 8), Slice(reinterpret_cast<const char*>(&vw), 8))) {
-          if (count) *count = done;
-          return Status::OK();
-        }
-      }
-      if (!wbuf.empty()) {
-        if (count) *count = done;
-        from.assign(reinterpret_cast<const char*>(&wbuf.back().first), 8);
-        inclusive = false;
-      }
-      for (auto& [k, val] : buf) {
-        done++;
-        if (count) *count = done;
-        from = k;
-        inclusive = false;
-        if (!cb(k, val)) return Status::OK();
-      }
-      if (done >= n || next == 0) return Status::OK();
-      if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
-      l = N(next);
-      PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
-      if (!LW(l).lock.ReadBegin(&v)) break;
     }
-    bo.Wait();
+    // Emitting: `from` and *count are set once per leaf (and before an
+    // early return).
+    for (const auto& [kw, vw] : wbuf) {
+      done++;
+      if (!cb(Slice(reinterpret_cast<const char*>(&kw), 8), Slice(reinterpret_cast<const char*>(&vw), 8))) {
+        if (count) *count = done;
+        return Status::OK();
+      }
+    }
+    if (!wbuf.empty()) {
+      if (count) *count = done;
+      from.assign(reinterpret_cast<const char*>(&wbuf.back().first), 8);
+      inclusive = false;
+    }
+    for (auto& [k, val] : buf) {
+      done++;
+      if (count) *count = done;
+      from = k;
+      inclusive = false;
+      if (!cb(k, val)) return Status::OK();
+    }
+    if (done >= n || next == 0) return Status::OK();
+    if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
+    l = N(next);
+    first = false;
   }
   return Status::OK();
 }
