@@ -292,11 +292,15 @@ Status NVTree<kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_t* coun
       EpochManager::Guard g(epoch_);
       if (leaf && epoch_.Epoch() != at) leaf = 0;
       if (!leaf) leaf = RouteKey(inner_.load(std::memory_order_acquire), from).leaf;
-      kit::VersionLock* vl = VL(leaf);
-      uint64_t v;
-      if (!vl->ReadBegin(&v)) {
-        restart = true;
-      } else {
+      // Leaves with nothing to emit are passed in the same guard, so every
+      // round makes progress.
+      for (;;) {
+        kit::VersionLock* vl = VL(leaf);
+        uint64_t v;
+        if (!vl->ReadBegin(&v)) {
+          restart = true;
+          break;
+        }
         // Read before the sibling pointer: an unlink of the leaf it names
         // comes after this read or is visible to that one.
         at = epoch_.Epoch();
@@ -312,11 +316,13 @@ Status NVTree<kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_t* coun
         }
         if (!vl->Validate(v)) {
           restart = true;
-        } else {
-          if (!ok) return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " unreadable");
-          if (next && (next % 64 || next > pool_size() - leaf_bytes_))
-            return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " next word out of range");
+          break;
         }
+        if (!ok) return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " unreadable");
+        if (next && (next % 64 || next > pool_size() - leaf_bytes_))
+          return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " next word out of range");
+        if (!recs.empty() || !next) break;
+        leaf = next;
       }
     }
     if (restart) {

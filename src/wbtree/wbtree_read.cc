@@ -160,17 +160,21 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   kit::Backoff bo;
   const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;  // leaves a chain can hold
   uint64_t steps = 0;
-  // One leaf per round: its records copied and validated inside an epoch
-  // guard, the callback called outside every guard (so it may call Remove,
-  // whose leaf free waits for a grace period). The next leaf is taken from
-  // the sibling pointer if the epoch has not advanced since that pointer
-  // was read (a leaf free advances it before the leaf returns to the
-  // allocator), else by a descent from the last key emitted.
+  // One round per leaf with records to emit: they are copied and validated
+  // inside an epoch guard (leaves with none are passed in the same guard, so
+  // every round makes progress), and the callback is called outside every
+  // guard (so it may call Remove, whose leaf free waits for a grace period).
+  // The next round starts from the sibling pointer if the epoch has not
+  // advanced since that pointer was read (a leaf free advances it before the
+  // leaf returns to the allocator), else by a descent from the last key
+  // emitted. `steps` counts sibling-chain steps: more than the pool can hold
+  // is a cycle.
   Node* l = nullptr;  // the next leaf, readable while the epoch is `at`
   uint64_t at = 0;
   bool first = true;  // l is the leaf `from` routes to; the ones after it hold only keys above it
   while (done < n) {
-    uint64_t next;
+    uint64_t next = 0;
+    bool restart = false;
     {
       EpochManager::Guard g(epoch_);
       uint64_t v = 0;
@@ -183,55 +187,71 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
         PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
         first = true;
       }
-      if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
-      // Read before the sibling pointer: a free of the leaf it names is
-      // visible to that read or advances the epoch after this one.
-      at = epoch_.Epoch();
-      std::atomic_thread_fence(std::memory_order_acquire);
-      // Copy the records >= from (> from once one was emitted) in
-      // slot-array order, then validate. A leaf reached by the sibling
-      // chain is copied whole: its keys lie in ranges above the previous
-      // leaf's, which holds `from`.
-      buf.clear();
-      wbuf.clear();
-      Slots s;
-      LoadSlots(l, &s);
-      uint32_t pos = 0;
-      bool eq = false;
-      bool ok = s.count() <= leaf_cap_ && (!first || LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq));
-      if (ok && eq && !inclusive) pos++;
-      for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
-        const uint32_t x = s.at(i + 1);
-        if (x >= leaf_cap_) {
-          ok = false;
+      for (;;) {
+        // Read before the sibling pointer: a free of the leaf it names is
+        // visible to that read or advances the epoch after this one.
+        at = epoch_.Epoch();
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // Copy the records >= from (> from once one was emitted) in
+        // slot-array order, then validate. A leaf reached by the sibling
+        // chain is copied whole: its keys lie in ranges above the previous
+        // leaf's, which holds `from`.
+        buf.clear();
+        wbuf.clear();
+        Slots s;
+        LoadSlots(l, &s);
+        uint32_t pos = 0;
+        bool eq = false;
+        bool ok = s.count() <= leaf_cap_ && (!first || LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq));
+        if (ok && eq && !inclusive) pos++;
+        for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
+          const uint32_t x = s.at(i + 1);
+          if (x >= leaf_cap_) {
+            ok = false;
+            break;
+          }
+          const Entry* e = &l->ents()[x];
+          wbuf.emplace_back(LdR(&e->k), LdR(&e->v));
+        }
+        for (uint32_t i = pos; !words && ok && i < s.count() && buf.size() < n - done; i++) {
+          const uint32_t x = s.at(i + 1);
+          if (x >= leaf_cap_) {
+            ok = false;
+            break;
+          }
+          const Entry* e = &l->ents()[x];
+          buf.emplace_back();
+          ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
+        }
+        next = LdR(&l->next);
+        if (!LW(l).lock.Validate(v)) {  // re-descend from `from`
+          restart = true;
           break;
         }
-        const Entry* e = &l->ents()[x];
-        wbuf.emplace_back(LdR(&e->k), LdR(&e->v));
-      }
-      for (uint32_t i = pos; !words && ok && i < s.count() && buf.size() < n - done; i++) {
-        const uint32_t x = s.at(i + 1);
-        if (x >= leaf_cap_) {
-          ok = false;
+        if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
+        if (!wbuf.empty() || !buf.empty() || next == 0) break;
+        // Nothing to emit here: the next leaf, in the same guard.
+        if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
+        if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
+        l = N(next);
+        first = false;
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
+        if (!LW(l).lock.ReadBegin(&v)) {
+          restart = true;
           break;
         }
-        const Entry* e = &l->ents()[x];
-        buf.emplace_back();
-        ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
       }
-      next = LdR(&l->next);
-      if (!LW(l).lock.Validate(v)) {  // re-descend from `from`
-        l = nullptr;
-        bo.Wait();
-        continue;
-      }
-      if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
       // The next leaf is read whole unless this one ends the scan: its lines
       // are fetched while the callback runs.
-      if (next && done + wbuf.size() + buf.size() < n && NodeOk(next)) {
+      if (!restart && next && done + wbuf.size() + buf.size() < n && NodeOk(next)) {
         const char* p = base_ + next;
         for (uint64_t o = 0; o < NodeBytes(leaf_cap_); o += 64) __builtin_prefetch(p + o);
       }
+    }
+    if (restart) {
+      l = nullptr;
+      bo.Wait();
+      continue;
     }
     // Emitting: `from` and *count are set once per leaf (and before an
     // early return).
@@ -255,6 +275,7 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
       if (!cb(k, val)) return Status::OK();
     }
     if (done >= n || next == 0) return Status::OK();
+    if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
     if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
     l = N(next);
     first = false;
