@@ -41,17 +41,49 @@ NVTree<kBytes>::NVTree(std::unique_ptr<pm::Pool> pool, const Options& o)
 }
 
 template <bool kBytes>
-bool NVTree<kBytes>::Records(char* l, uint64_t c, bool all, std::vector<Rec>* out) const {
+bool NVTree<kBytes>::Records(char* l, uint64_t c, bool all, std::vector<Rec>* out, const K* from,
+                             bool inclusive) const {
   out->clear();
+  if (c > kMaxLeafCap) return false;
+  if constexpr (!kBytes) {
+    // u64 keys: (key, slot) pairs are sorted, 16 bytes each, and records
+    // are made only for the entries kept.
+    struct KeySlot {
+      uint64_t key, j;
+    };
+    KeySlot ks[kMaxLeafCap];
+    size_t m = 0;
+    for (uint64_t j = 0; j < c; j++) {
+      const uint64_t k = Ld(&E(l, j)->key);
+      if (from && (k < *from || (!inclusive && k == *from))) continue;
+      ks[m++] = KeySlot{k, j};
+    }
+    std::sort(ks, ks + m, [](const KeySlot& a, const KeySlot& b) { return a.key < b.key || (a.key == b.key && a.j > b.j); });
+    out->reserve(m);
+    for (size_t i = 0; i < m; i++) {
+      const bool first = i == 0 || ks[i - 1].key != ks[i].key;
+      const Entry* e = E(l, ks[i].j);
+      const bool live = first && Ld(&e->flag) == kInsert;
+      if (!all && !live) continue;
+      Rec r;
+      r.key = r.kw = ks[i].key;
+      r.vw = Ld(&e->value);
+      r.idx = int(ks[i].j);
+      r.live = live;
+      out->push_back(r);
+    }
+    return true;
+  }
   out->reserve(c);
   for (uint64_t j = 0; j < c; j++) {
     const Entry* e = E(l, j);
     Rec r;
     r.kw = Ld(&e->key);
+    if (!ReadKey(r.kw, &r.key)) return false;
+    if (from && (r.key < *from || (!inclusive && r.key == *from))) continue;
     r.vw = Ld(&e->value);
     r.idx = int(j);
     r.live = Ld(&e->flag) == kInsert;
-    if (!ReadKey(r.kw, &r.key)) return false;
     out->push_back(std::move(r));
   }
   std::sort(out->begin(), out->end(), [](const Rec& a, const Rec& b) { return a.key < b.key || (a.key == b.key && a.idx > b.idx); });
@@ -232,54 +264,83 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
   }
 }
 
+// Scan: one leaf at a time, its records >= from copied (byte values too)
+// and validated inside an epoch guard, then handed to the callback outside
+// every guard, so the callback may call any operation of the index (a
+// Remove or Insert that replaces a leaf waits for a grace period, which a
+// guard held across the callback would block forever). The next leaf is
+// taken from the sibling pointer if no grace period can have ended since it
+// was read (the epoch is unchanged: a replacement that unlinks a leaf
+// advances the epoch before freeing it), else routed to from the last key
+// emitted.
 template <bool kBytes>
 Status NVTree<kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   if (count) *count = 0;
   if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, start));
   K from = MakeKey(start);
-  bool inclusive = true, stop = false;
+  bool inclusive = true;
   size_t done = 0;
   std::vector<Rec> recs;
-  std::string val;
+  std::vector<std::string> vals;  // byte values, copied under the guard
   kit::Backoff b;
-  while (done < n && !stop) {
+  uint64_t leaf = 0, at = 0;  // the next leaf, readable while the epoch is `at`
+  while (done < n) {
+    uint64_t next = 0;
     bool restart = false;
     {
       EpochManager::Guard g(epoch_);
-      uint64_t leaf = RouteKey(inner_.load(std::memory_order_acquire), from).leaf;
-      while (leaf && done < n && !stop) {
+      if (leaf && epoch_.Epoch() != at) leaf = 0;
+      if (!leaf) leaf = RouteKey(inner_.load(std::memory_order_acquire), from).leaf;
+      // Leaves with nothing to emit are passed in the same guard, so every
+      // round makes progress.
+      for (;;) {
         kit::VersionLock* vl = VL(leaf);
         uint64_t v;
         if (!vl->ReadBegin(&v)) {
           restart = true;
           break;
         }
+        // Read before the sibling pointer: an unlink of the leaf it names
+        // comes after this read or is visible to that one.
+        at = epoch_.Epoch();
+        std::atomic_thread_fence(std::memory_order_acquire);
         char* l = L(leaf);
         const uint64_t c = LdAcq(Count(l));
-        const uint64_t next = LdAcq(Next(l));
-        const bool ok = c <= cap_ && Records(l, c, false, &recs);
+        next = LdAcq(Next(l));
+        bool ok = c <= cap_ && Records(l, c, false, &recs, &from, inclusive);
+        if (recs.size() > n - done) recs.resize(n - done);
+        if (ok && vbytes_) {
+          vals.resize(recs.size());
+          for (size_t i = 0; ok && i < recs.size(); i++) ok = ReadValue(recs[i].vw, &vals[i]);
+        }
         if (!vl->Validate(v)) {
           restart = true;
           break;
         }
         if (!ok) return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " unreadable");
-        for (const Rec& r : recs) {
-          if (r.key < from || (!inclusive && r.key == from)) continue;
-          if (!ReadValue(r.vw, &val)) return Status::Corrupt("nvtree: value block out of range");
-          done++;
-          from = r.key;
-          inclusive = false;
-          if (!cb(KeySlice(r.key), val)) stop = true;
-          if (stop || done == n) break;
-        }
         if (next && (next % 64 || next > pool_size() - leaf_bytes_))
           return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " next word out of range");
+        if (!recs.empty() || !next) break;
         leaf = next;
       }
     }
-    if (!restart) break;
-    b.Wait();
+    if (restart) {
+      leaf = 0;
+      b.Wait();
+      continue;
+    }
+    for (size_t i = 0; i < recs.size(); i++) {
+      const Rec& r = recs[i];
+      done++;
+      if (count) *count = done;
+      from = r.key;
+      inclusive = false;
+      const Slice val = vbytes_ ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&r.vw), 8);
+      if (!cb(KeySlice(r.key), val)) return Status::OK();
+    }
+    if (!next) break;
+    leaf = next;
   }
   if (count) *count = done;
   return Status::OK();

@@ -23,7 +23,8 @@
 //
 // Thread safety: Route/RouteLeaf from any thread inside an epoch guard; the
 // PLN pointer swaps and builds by the one structure-change holder (the
-// index's smo mutex).
+// index's smo mutex) or by open; a build may run its own worker threads
+// (joined before the constructor returns).
 #pragma once
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace pmindex::internal::nvtree {
@@ -58,25 +60,38 @@ template <typename K>
 class Inner {
  public:
   // Builds from leaves in key order with their low keys (lows[0] unused);
-  // fill leaves per PLN, PLN capacity cap, upper fanout.
-  Inner(const std::vector<K>& lows, const std::vector<uint64_t>& leaves, uint32_t fill, uint32_t fanout)
+  // fill leaves per PLN, PLN capacity cap, upper fanout. The PLNs are built
+  // by up to `threads` threads (at most one per 64 PLNs), each taking every
+  // threads-th PLN; the upper levels, a fanout-th of the keys, by the caller.
+  Inner(const std::vector<K>& lows, const std::vector<uint64_t>& leaves, uint32_t fill, uint32_t fanout,
+        size_t threads = 1)
       : fanout_(fanout) {
     const size_t n = leaves.size();
     const size_t np = n ? (n + fill - 1) / fill : 1;
     nplns_ = np;
     plns_.reset(new std::atomic<Pln<K>*>[np]);
     std::vector<K> low(np);
-    for (size_t p = 0; p < np; p++) {
-      auto* pl = new Pln<K>;
-      const size_t lo = p * fill, hi = std::min(n, lo + fill);
-      pl->seps.reserve(fill * 2);
-      pl->leaves.reserve(fill * 2);
-      for (size_t i = lo; i < hi; i++) {
-        pl->seps.push_back(i == 0 ? K{} : lows[i]);
-        pl->leaves.push_back(leaves[i]);
+    threads = std::max<size_t>(1, std::min(threads, np / 64));
+    auto build = [&](size_t t) {
+      for (size_t p = t; p < np; p += threads) {
+        auto* pl = new Pln<K>;
+        const size_t lo = p * fill, hi = std::min(n, lo + fill);
+        pl->seps.reserve(fill * 2);
+        pl->leaves.reserve(fill * 2);
+        for (size_t i = lo; i < hi; i++) {
+          pl->seps.push_back(i == 0 ? K{} : lows[i]);
+          pl->leaves.push_back(leaves[i]);
+        }
+        low[p] = pl->seps.empty() ? K{} : pl->seps[0];
+        plns_[p].store(pl, std::memory_order_relaxed);
       }
-      low[p] = pl->seps.empty() ? K{} : pl->seps[0];
-      plns_[p].store(pl, std::memory_order_relaxed);
+    };
+    if (threads == 1) {
+      build(0);
+    } else {
+      std::vector<std::thread> ts;
+      for (size_t t = 0; t < threads; t++) ts.emplace_back(build, t);
+      for (auto& t : ts) t.join();
     }
     levels_.push_back(std::move(low));
     while (levels_.back().size() > fanout_) {

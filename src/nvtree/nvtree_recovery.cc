@@ -22,13 +22,15 @@
 //   4. leaves without a committed entry are unlinked and freed (through the
 //      micro-log, as at run time), except a lone last leaf;
 //   5. the inner nodes are built from the minimum keys (sparse, as after an
-//      overflow). Lock words need no reset: the lock table is new.
+//      overflow), the PLNs by step 3's threads (nvtree_inner.h). Lock words
+//      need no reset: the lock table is new.
 // Corrupt pools: everything recovery dereferences is range-checked first and
 // reported as Status::Corrupt.
 //
 // Thread safety: open is single-threaded apart from step 3's workers, which
-// touch disjoint leaves; Check and ForEachOwnedBlock must not run with
+// touch disjoint leaves, and step 5's, which build disjoint PLNs; Check and ForEachOwnedBlock must not run with
 // writers.
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -218,18 +220,14 @@ Status NVTree<kBytes>::Recover() {
         }
         if (vbytes_ && Ld(&e->value)) pool_->allocator().Free(&e->value);
       }
-      if (!Records(l, c, false, &recs) && c) {
+      // One sort per leaf: the deciding entry of every key, live or not;
+      // the first is the minimum key (a separator), the live ones count.
+      if (!Records(l, c, true, &recs)) {
         errs[t] = Bad("leaf " + Num(leaves[i]) + " holds a key block out of range");
         return;
       }
-      lives[i] = recs.size();
-      if (c) {
-        if (!Records(l, c, true, &recs)) {
-          errs[t] = Bad("leaf " + Num(leaves[i]) + " holds a key block out of range");
-          return;
-        }
-        mins[i] = recs[0].key;
-      }
+      lives[i] = uint64_t(std::count_if(recs.begin(), recs.end(), [](const Rec& r) { return r.live; }));
+      if (c) mins[i] = recs[0].key;
       counts[i] = c;
     }
   };
@@ -266,7 +264,7 @@ Status NVTree<kBytes>::Recover() {
   if (!root_->spare && pool_->allocator().Allocate(&root_->spare, leaf_bytes_).ok()) pm::Fence();  // orders the allocator's log clear
   // 5. the inner nodes
   RetireDram();
-  delete inner_.exchange(new Inner<K>(lows, kept, std::max<uint32_t>(1, pln_cap_ / 2), fanout_));
+  delete inner_.exchange(new Inner<K>(lows, kept, std::max<uint32_t>(1, pln_cap_ / 2), fanout_, threads));
   count_.store(total);
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return Status::OK();

@@ -135,16 +135,29 @@ class NVTree final : public Index {
   }
   uint64_t pool_size() const { return pool_->size(); }
   // The deciding (last) committed entry of k among [0, c), or -1.
+  // u64 keys: four key words compared per step with one branch (a write
+  // of an absent key reads every entry).
   int64_t Latest(char* l, uint64_t c, const K& k) const {
-    for (uint64_t j = c; j-- > 0;)
+    uint64_t j = c;
+    if constexpr (!kBytes) {
+      const Entry* e = E(l, 0);
+      for (; j >= 4; j -= 4) {
+        const bool m3 = Ld(&e[j - 1].key) == k, m2 = Ld(&e[j - 2].key) == k;
+        const bool m1 = Ld(&e[j - 3].key) == k, m0 = Ld(&e[j - 4].key) == k;
+        if (m3 | m2 | m1 | m0) return int64_t(j) - (m3 ? 1 : m2 ? 2 : m1 ? 3 : 4);
+      }
+    }
+    for (; j-- > 0;)
       if (KeyIs(Ld(&E(l, j)->key), k)) return int64_t(j);
     return -1;
   }
   // Entries [0, c) sorted by key, the deciding entry of each key first and
   // marked live if it is an insert; all = false keeps only live records.
   // False if a key block cannot be read (a damaged or, for an optimistic
-  // reader, changing leaf).
-  bool Records(char* l, uint64_t c, bool all, std::vector<Rec>* out) const;
+  // reader, changing leaf). from: only keys >= *from (> *from unless
+  // inclusive).
+  bool Records(char* l, uint64_t c, bool all, std::vector<Rec>* out, const K* from = nullptr,
+               bool inclusive = true) const;
 
   // ---- inner nodes
   Route RouteKey(Inner<K>* in, const K& k) const {

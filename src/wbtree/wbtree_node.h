@@ -44,6 +44,18 @@ inline void LoadSlots(const Node* n, Slots* s) {
   }
 }
 
+// A slot array read in place: byte i is loaded with the word holding it
+// when it is needed. The lock-free searches read a count and a few indices
+// (one per probe), so they do not copy the whole line; the bytes may change
+// under them, which the caller's version validation catches (indices are
+// range checked before use).
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "slot byte i is bits 8 * (i % 8) of word i / 8");
+struct NodeSlots {
+  const Node* n;
+  uint32_t count() const { return at(0); }
+  uint32_t at(uint32_t i) const { return uint32_t(LdR(&n->slotw[i >> 3]) >> (8 * (i & 7))) & 0xff; }
+};
+
 // The entries a slot array lists (indices >= 63 ignored): the valid
 // entries of a slot-only node, whose slot word is its commit word.
 inline uint64_t SlotBits(const Slots& s) {
@@ -147,15 +159,39 @@ inline bool ReadKeyWord(const KeyCtx& c, uint64_t kw, std::string* out) {
   }
 }
 
-// Binary search through the slot array: *pos = the number of entries with
-// key < `key` (lower bound), *eq = the entry at slot *pos + 1 equals key.
-// False if an index or block is out of range.
-template <bool BK>
-inline bool LowerBound(const KeyCtx& c, const Node* n, const Slots& s, uint32_t cap, Slice key, uint32_t* pos, bool* eq) {
+// Binary search through the slot array (a copy, Slots, or the node's own,
+// NodeSlots): *pos = the number of entries with key < `key` (lower bound),
+// *eq = the entry at slot *pos + 1 equals key. False if an index or block
+// is out of range.
+template <bool BK, class S>
+inline bool LowerBound(const KeyCtx& c, const Node* n, const S& s, uint32_t cap, Slice key, uint32_t* pos, bool* eq) {
   uint32_t lo = 0, hi = s.count();
   *pos = 0;
   *eq = false;
   if (hi > cap) return false;
+  if constexpr (!BK) {
+    // u64 keys: the key compared as a word, no three-way result. Validated
+    // keys are 8 bytes: one load (SliceToU64 copies a variable length).
+    uint64_t k;
+    if (key.size() == 8) std::memcpy(&k, key.data(), 8);
+    else k = SliceToU64(key);
+    bool found = false;
+    while (lo < hi) {
+      const uint32_t mid = (lo + hi) / 2;
+      const uint32_t x = s.at(mid + 1);
+      if (x >= cap) return false;
+      const uint64_t kw = LdR(&n->ents()[x].k);
+      if (kw < k) {
+        lo = mid + 1;
+      } else {
+        found |= kw == k;
+        hi = mid;
+      }
+    }
+    *pos = lo;
+    *eq = found;
+    return true;
+  }
   while (lo < hi) {
     const uint32_t mid = (lo + hi) / 2;
     const uint32_t x = s.at(mid + 1);
@@ -175,14 +211,15 @@ inline bool LowerBound(const KeyCtx& c, const Node* n, const Slots& s, uint32_t 
 
 // Inner node: the child that holds key (the entry with the largest k <= key,
 // else leftmost); 0 if the search failed.
-template <bool BK>
-inline uint64_t ChildFor(const KeyCtx& c, const Node* n, const Slots& s, uint32_t cap, Slice key) {
+template <bool BK, class S>
+inline uint64_t ChildFor(const KeyCtx& c, const Node* n, const S& s, uint32_t cap, Slice key) {
   uint32_t pos;
   bool eq;
   if (!LowerBound<BK>(c, n, s, cap, key, &pos, &eq)) return 0;
   const uint32_t upto = pos + (eq ? 1 : 0);  // entries with k <= key
   if (upto == 0) return LdR(&n->leftmost);
-  return LdR(&n->ents()[s.at(upto)].v);
+  const uint32_t x = s.at(upto);
+  return x < cap ? LdR(&n->ents()[x].v) : 0;
 }
 
 // A slot array with x inserted at position pos (0-based) / removed at pos.

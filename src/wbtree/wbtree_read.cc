@@ -15,7 +15,8 @@
 // repair a node under its lock, wbtree_recovery.cc).
 //
 // Thread safety: all of these run concurrently with each other and with
-// writers. A validated read of damage (an index or block out of range)
+// writers; a scan's callback runs outside every epoch guard and may call
+// any operation of the tree. A validated read of damage (an index or block out of range)
 // returns Corrupt; an unvalidated one retries.
 #include "kit/pm_block.h"
 #include "wbtree/wbtree_tree.h"
@@ -40,19 +41,32 @@ Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
     for (;;) {
       const uint32_t level = LdR(&n->level);
       if (level == 0) break;
-      Slots s;
-      LoadSlots(n, &s);
-      const uint64_t child = ChildFor<BK>(c, n, s, inner_cap_, key);
+      const uint64_t child = ChildFor<BK>(c, n, NodeSlots{n}, inner_cap_, key);
+      if (!NodeOk(child) || level >= uint32_t(kMaxLevels)) {
+        if (!LW(n).lock.Validate(ver)) {
+          restart = true;
+          break;
+        }
+        return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
+      }
+      // The child's version is read before the parent is validated: one
+      // validation covers both the child pointer and the version (a stale
+      // pointer inside the pool only reads a lock word of the table).
+      Node* ch = N(child);
+      uint64_t cv;
+      const bool readable = LW(ch).lock.ReadBegin(&cv);
       if (!LW(n).lock.Validate(ver)) {
         restart = true;
         break;
       }
-      if (!NodeOk(child) || level >= uint32_t(kMaxLevels))
-        return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
-      Node* ch = N(child);
-      PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
-      uint64_t cv;
-      if (!LW(ch).lock.ReadBegin(&cv) || !LW(n).lock.Validate(ver)) {
+      if (!__atomic_load_n(&LW(ch).checked, __ATOMIC_ACQUIRE)) {
+        // First touch since open: repair, then descend again (the repair
+        // may have changed the child under the version just read).
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
+        restart = true;
+        break;
+      }
+      if (!readable) {
         restart = true;
         break;
       }
@@ -99,19 +113,31 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
     Node* l;
     uint64_t v;
     PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-    Slots s;
-    LoadSlots(l, &s);
+    const NodeSlots s{l};
     uint32_t pos;
     bool eq;
-    const bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+    bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+    const uint32_t x = ok && eq ? s.at(pos + 1) : 0;
+    ok = ok && x < leaf_cap_;
     Status st = Status::NotFound();
-    if (ok && eq) st = ReadValue(&l->ents()[s.at(pos + 1)], &tmp);
+    uint64_t vw = 0;
+    if (ok && eq) {
+      if (vbytes()) {
+        st = ReadValue(&l->ents()[x], &tmp);
+      } else {
+        vw = LdR(&l->ents()[x].v);  // 8-byte values: a word, copied out after the validation
+        st = Status::OK();
+      }
+    }
     if (!LW(l).lock.Validate(v)) {
       bo.Wait();
       continue;
     }
     if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-    if (st.ok() && value) value->swap(tmp);
+    if (st.ok() && value) {
+      if (vbytes()) value->swap(tmp);
+      else value->assign(reinterpret_cast<const char*>(&vw), 8);
+    }
     return st;
   }
 }
@@ -131,70 +157,128 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   const bool words = !BK && !vbytes();
   std::vector<std::pair<uint64_t, uint64_t>> wbuf;
   if (words) wbuf.reserve(leaf_cap_);
-  EpochManager::Guard g(epoch_);
   kit::Backoff bo;
   const uint64_t bound = pool_->size() / NodeBytes(min_cap_) + 1;  // leaves a chain can hold
   uint64_t steps = 0;
+  // One round per leaf with records to emit: they are copied and validated
+  // inside an epoch guard (leaves with none are passed in the same guard, so
+  // every round makes progress), and the callback is called outside every
+  // guard (so it may call Remove, whose leaf free waits for a grace period).
+  // The next round starts from the sibling pointer if the epoch has not
+  // advanced since that pointer was read (a leaf free advances it before the
+  // leaf returns to the allocator), else by a descent from the last key
+  // emitted. `steps` counts sibling-chain steps: more than the pool can hold
+  // is a cycle.
+  Node* l = nullptr;  // the next leaf, readable while the epoch is `at`
+  uint64_t at = 0;
+  bool first = true;  // l is the leaf `from` routes to; the ones after it hold only keys above it
   while (done < n) {
-    Node* l;
-    uint64_t v;
-    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
-    for (;;) {
-      if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
-      // One leaf: copy its records >= from (> from once one was emitted)
-      // in slot-array order, then validate, then emit.
-      buf.clear();
-      wbuf.clear();
-      Slots s;
-      LoadSlots(l, &s);
-      uint32_t pos;
-      bool eq;
-      bool ok = LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq);
-      if (ok && eq && !inclusive) pos++;
-      for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
-        const uint32_t x = s.at(i + 1);
-        if (x >= leaf_cap_) {
-          ok = false;
+    uint64_t next = 0;
+    bool restart = false;
+    {
+      EpochManager::Guard g(epoch_);
+      uint64_t v = 0;
+      if (l && epoch_.Epoch() != at) l = nullptr;
+      if (l) {
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
+        if (!LW(l).lock.ReadBegin(&v)) l = nullptr;
+      }
+      if (!l) {
+        PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
+        first = true;
+      }
+      for (;;) {
+        // Read before the sibling pointer: a free of the leaf it names is
+        // visible to that read or advances the epoch after this one.
+        at = epoch_.Epoch();
+        std::atomic_thread_fence(std::memory_order_acquire);
+        // Copy the records >= from (> from once one was emitted) in
+        // slot-array order, then validate. A leaf reached by the sibling
+        // chain is copied whole: its keys lie in ranges above the previous
+        // leaf's, which holds `from`.
+        buf.clear();
+        wbuf.clear();
+        Slots s;
+        LoadSlots(l, &s);
+        uint32_t pos = 0;
+        bool eq = false;
+        bool ok = s.count() <= leaf_cap_ && (!first || LowerBound<BK>(c, l, s, leaf_cap_, from, &pos, &eq));
+        if (ok && eq && !inclusive) pos++;
+        for (uint32_t i = pos; words && ok && i < s.count() && wbuf.size() < n - done; i++) {
+          const uint32_t x = s.at(i + 1);
+          if (x >= leaf_cap_) {
+            ok = false;
+            break;
+          }
+          const Entry* e = &l->ents()[x];
+          wbuf.emplace_back(LdR(&e->k), LdR(&e->v));
+        }
+        for (uint32_t i = pos; !words && ok && i < s.count() && buf.size() < n - done; i++) {
+          const uint32_t x = s.at(i + 1);
+          if (x >= leaf_cap_) {
+            ok = false;
+            break;
+          }
+          const Entry* e = &l->ents()[x];
+          buf.emplace_back();
+          ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
+        }
+        next = LdR(&l->next);
+        if (!LW(l).lock.Validate(v)) {  // re-descend from `from`
+          restart = true;
           break;
         }
-        const Entry* e = &l->ents()[x];
-        wbuf.emplace_back(LdR(&e->k), LdR(&e->v));
-      }
-      for (uint32_t i = pos; !words && ok && i < s.count() && buf.size() < n - done; i++) {
-        const uint32_t x = s.at(i + 1);
-        if (x >= leaf_cap_) {
-          ok = false;
+        if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
+        if (!wbuf.empty() || !buf.empty() || next == 0) break;
+        // Nothing to emit here: the next leaf, in the same guard.
+        if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
+        if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
+        l = N(next);
+        first = false;
+        PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
+        if (!LW(l).lock.ReadBegin(&v)) {
+          restart = true;
           break;
         }
-        const Entry* e = &l->ents()[x];
-        buf.emplace_back();
-        ok = ReadKeyWord<BK>(c, LdR(&e->k), &buf.back().first) && ReadValue(e, &buf.back().second).ok();
       }
-      const uint64_t next = LdR(&l->next);
-      if (!LW(l).lock.Validate(v)) break;  // re-descend from `from`
-      if (!ok) return Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or block");
-      for (const auto& [kw, vw] : wbuf) {
-        done++;
-        if (count) *count = done;
-        const Slice k(reinterpret_cast<const char*>(&kw), 8);
-        from.assign(k.data(), 8);
-        inclusive = false;
-        if (!cb(k, Slice(reinterpret_cast<const char*>(&vw), 8))) return Status::OK();
+      // The next leaf is read whole unless this one ends the scan: its lines
+      // are fetched while the callback runs.
+      if (!restart && next && done + wbuf.size() + buf.size() < n && NodeOk(next)) {
+        const char* p = base_ + next;
+        for (uint64_t o = 0; o < NodeBytes(leaf_cap_); o += 64) __builtin_prefetch(p + o);
       }
-      for (auto& [k, val] : buf) {
-        done++;
-        if (count) *count = done;
-        from = k;
-        inclusive = false;
-        if (!cb(k, val)) return Status::OK();
-      }
-      if (done >= n || next == 0) return Status::OK();
-      if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
-      l = N(next);
-      PMINDEX_RETURN_IF_ERROR(EnsureChecked(l));
-      if (!LW(l).lock.ReadBegin(&v)) break;
     }
-    bo.Wait();
+    if (restart) {
+      l = nullptr;
+      bo.Wait();
+      continue;
+    }
+    // Emitting: `from` and *count are set once per leaf (and before an
+    // early return).
+    for (const auto& [kw, vw] : wbuf) {
+      done++;
+      if (!cb(Slice(reinterpret_cast<const char*>(&kw), 8), Slice(reinterpret_cast<const char*>(&vw), 8))) {
+        if (count) *count = done;
+        return Status::OK();
+      }
+    }
+    if (!wbuf.empty()) {
+      if (count) *count = done;
+      from.assign(reinterpret_cast<const char*>(&wbuf.back().first), 8);
+      inclusive = false;
+    }
+    for (auto& [k, val] : buf) {
+      done++;
+      if (count) *count = done;
+      from = k;
+      inclusive = false;
+      if (!cb(k, val)) return Status::OK();
+    }
+    if (done >= n || next == 0) return Status::OK();
+    if (++steps > bound) return Status::Corrupt("wbtree leaf chain longer than the pool can hold (a cycle)");
+    if (!NodeOk(next)) return Status::Corrupt("wbtree leaf sibling pointer out of the pool");
+    l = N(next);
+    first = false;
   }
   return Status::OK();
 }

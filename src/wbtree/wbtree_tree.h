@@ -125,6 +125,11 @@ class PMINDEX_WBTREE_HIDDEN WBTree final : public WBTreeBase {
 
   // wbtree_write.cc
   Status Write(Slice key, Slice value, Mode mode);
+  // Descends to key's leaf and locks it (the upgrade of the version the
+  // descent validated; retried with backoff); *s its slot array, *pos and
+  // *eq key's lower bound in it. On OK the caller holds *leaf's lock; on an
+  // error nothing is locked. Caller inside an epoch guard.
+  Status LockLeafFor(Slice key, Node** leaf, Slots* s, uint32_t* pos, bool* eq);
   void LockNode(Node* n);
   void UnlockNode(Node* n) { LW(n).lock.Unlock(); }
   // Node-local steps; caller holds n's lock, n checked.

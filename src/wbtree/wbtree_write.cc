@@ -146,30 +146,36 @@ Status WBTree<BK>::UpdateValue(Node* n, Entry* e, Slice value) {
 }
 
 template <bool BK>
+Status WBTree<BK>::LockLeafFor(Slice key, Node** leaf, Slots* s, uint32_t* pos, bool* eq) {
+  const KeyCtx c = Ctx();
+  kit::Backoff bo;
+  for (;;) {
+    uint64_t v;
+    PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, leaf, &v));
+    if (LW(*leaf).lock.Upgrade(v)) break;
+    bo.Wait();
+  }
+  LoadSlots(*leaf, s);
+  if (LowerBound<BK>(c, *leaf, *s, leaf_cap_, key, pos, eq)) return Status::OK();
+  UnlockNode(*leaf);
+  return Status::Corrupt("wbtree leaf at " + std::to_string(Off(*leaf)) + " has a bad slot array or key block");
+}
+
+template <bool BK>
 Status WBTree<BK>::Write(Slice key, Slice value, Mode mode) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, max_value_, value));
-  const KeyCtx c = Ctx();
-  kit::Backoff bo;
   for (;;) {
     {
       EpochManager::Guard g(epoch_);
       Node* l;
-      uint64_t v;
-      PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-      if (!LW(l).lock.Upgrade(v)) {
-        bo.Wait();
-        continue;
-      }
       Slots s;
-      LoadSlots(l, &s);
       uint32_t pos;
       bool eq;
+      PMINDEX_RETURN_IF_ERROR(LockLeafFor(key, &l, &s, &pos, &eq));
       Status st;
-      if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq)) {
-        st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-      } else if (eq) {
+      if (eq) {
         st = mode == kInsert ? Status::AlreadyExists() : UpdateValue(l, &l->ents()[s.at(pos + 1)], value);
       } else if (mode == kUpdate) {
         st = Status::NotFound();
@@ -191,34 +197,21 @@ template <bool BK>
 Status WBTree<BK>::Remove(Slice key) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
-  const KeyCtx c = Ctx();
-  kit::Backoff bo;
   Status st = Status::NotFound();
   bool emptied = false;
   {
     EpochManager::Guard g(epoch_);
-    for (;;) {
-      Node* l;
-      uint64_t v;
-      PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
-      if (!LW(l).lock.Upgrade(v)) {
-        bo.Wait();
-        continue;
-      }
-      Slots s;
-      LoadSlots(l, &s);
-      uint32_t pos;
-      bool eq;
-      if (!LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq)) {
-        st = Status::Corrupt("wbtree leaf at " + std::to_string(Off(l)) + " has a bad slot array or key block");
-      } else if (eq) {
-        RemoveEntry(l, s, pos);
-        st = Status::OK();
-        emptied = s.count() == 1;
-      }
-      UnlockNode(l);
-      break;
+    Node* l;
+    Slots s;
+    uint32_t pos;
+    bool eq;
+    PMINDEX_RETURN_IF_ERROR(LockLeafFor(key, &l, &s, &pos, &eq));
+    if (eq) {
+      RemoveEntry(l, s, pos);
+      st = Status::OK();
+      emptied = s.count() == 1;
     }
+    UnlockNode(l);
   }
   if (emptied) {
     Status fs = FreeEmptyLeaf(key);  // the delete itself is durable already
@@ -232,6 +225,7 @@ Status WBTree<BK>::Remove(Slice key) {
   template Status WBTree<BK>::InsertEntry(Node*, const Slots&, uint32_t, Slice, uint64_t, Slice, uint64_t); \
   template void WBTree<BK>::RemoveEntry(Node*, const Slots&, uint32_t);                                  \
   template Status WBTree<BK>::UpdateValue(Node*, Entry*, Slice);                                         \
+  template Status WBTree<BK>::LockLeafFor(Slice, Node**, Slots*, uint32_t*, bool*);                   \
   template Status WBTree<BK>::Write(Slice, Slice, Mode);                                                 \
   template Status WBTree<BK>::Remove(Slice);
 PMINDEX_WBTREE_WRITE(false)
