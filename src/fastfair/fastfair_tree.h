@@ -143,10 +143,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
       : NodeOps((node_size - sizeof(Node)) / sizeof(Entry)), pool_(std::move(pool)), base_(pool_->base()),
         alloc_(&pool_->allocator()), opts_(o), node_size_(node_size),
         merge_below_(std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
-        // Byte keys are read under leaf read locks: the lock-free leaf
-        // search misses keys under concurrent writers with byte keys
-        // (conformance ManyThreadsOnDisjointKeys, docs/fastfair.md "Not done").
-        locked_reads_(BK || rc), max_off_(pool_->max_size()),
+        locked_reads_(rc), max_off_(pool_->max_size()),
         walk_(pool_->size(), node_size), pool_bytes_(pool_->size()) {}
   ~FastFair() override { Close(); }
 
