@@ -80,6 +80,9 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
   if (limit == 0) return Status::OK();
   EpochGuard eg(epoch_);
+  // A write from the callback must not wait for this guard to end
+  // (ClaimBlocks): only trees with blocks to retire.
+  ScanMark mark(this, BK || bv_);
   SK sk = MakeSK(start);
   size_t c = 0;
   if (!locked_reads_) return bv_ ? ScanLF<true>(sk, limit, cb, count) : ScanLF<false>(sk, limit, cb, count);

@@ -134,6 +134,38 @@ struct BlockClaims {
   int slot[2];
 };
 
+// The Scans of trees with byte keys or values this thread is inside (a
+// stack through the scans' frames, innermost first): a write from a Scan
+// callback runs inside its scan's epoch guard, and must not wait for a
+// grace period that guard holds back (ClaimBlocks, fastfair_retire.cc).
+// Pushed and popped by ScanMark; constant-initialised, so no TLS wrapper.
+struct ScanFrame {
+  const void* tree;
+  ScanFrame* up;
+};
+inline constinit thread_local ScanFrame* tl_scans = nullptr;
+class ScanMark {
+ public:
+  ScanMark(const void* tree, bool on) : f_{tree, tl_scans}, on_(on) {
+    if (on) tl_scans = &f_;
+  }
+  ~ScanMark() {
+    if (on_) tl_scans = f_.up;
+  }
+  ScanMark(const ScanMark&) = delete;
+  ScanMark& operator=(const ScanMark&) = delete;
+  // True if this thread is inside a Scan of `tree` (a marked one).
+  static bool Inside(const void* tree) {
+    for (const ScanFrame* f = tl_scans; f; f = f->up)
+      if (f->tree == tree) return true;
+    return false;
+  }
+
+ private:
+  ScanFrame f_;
+  const bool on_;
+};
+
 template <bool BK>
 class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected NodeOps {
   using SK = std::conditional_t<BK, Slice, uint64_t>;
