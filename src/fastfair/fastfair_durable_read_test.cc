@@ -44,10 +44,13 @@ struct Outcome {
   std::string recovered_value;
 };
 
-// Keys (u64 in both trees: byte-key trees read under leaf locks, which a
-// writer held after its commit store would block) and values of the u64
-// tree, or of the byte-value tree.
-std::string Key(bool, uint64_t k) { return U64(k); }
+// Keys and values of the u64 tree, or of the byte tree (same order).
+std::string Key(bool bytes, uint64_t k) {
+  if (!bytes) return U64(k);
+  char b[16];
+  std::snprintf(b, sizeof b, "key%04llu", static_cast<unsigned long long>(k));
+  return b;
+}
 std::string Val(bool bytes, uint64_t v) { return bytes ? "value-" + std::to_string(v) + std::string(30, '.') : U64(v); }
 
 // One leaf holding keys 10, 20, ..., 100 (value key + 1000), all durable;
@@ -55,7 +58,7 @@ std::string Val(bool bytes, uint64_t v) { return bytes ? "value-" + std::to_stri
 // answers; the image is taken, the writer released; the image is opened.
 Outcome RunScenario(Op op, bool durable_reads, bool bytes) {
   fftest::PoolGuard live("durable-live"), image("durable-image");
-  const KeyKind kk = KeyKind::kU64;
+  const KeyKind kk = bytes ? KeyKind::kBytes : KeyKind::kU64;
   const ValueKind vk = bytes ? ValueKind::kBytes : ValueKind::kU64;
   Options o = fftest::MakeOptions(live.path, kk, vk, 512);
   o.pool_size = o.max_pool_size = 8ull << 20;  // no growth: the image covers the pool

@@ -1,9 +1,7 @@
 // fastfair_read.cc: the readers of the FAST & FAIR tree: Find, Scan, Size,
 // lock-free (paper sec. 5, Algorithm 3) and under leaf read locks.
 //
-// Lock-free readers (read_committed=0, u64 keys) take no lock; byte-key
-// trees read under leaf locks (docs/fastfair.md "Not done": the lock-free
-// search lost keys with byte keys under concurrent writers). Byte
+// Lock-free readers (read_committed=0) take no lock. Byte keys and
 // values are read in place: a block an Update or Remove unlinks is freed
 // only after the epoch grace period (fastfair_retire.cc), and a reader
 // reads only blocks named by records it loaded inside its guard. A leaf search scans in the direction given by the node's switch
@@ -82,6 +80,9 @@ Status FastFair<BK>::Scan(Slice start, size_t limit, ScanCallback cb, size_t* co
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), opts_.max_key_size, start));
   if (limit == 0) return Status::OK();
   EpochGuard eg(epoch_);
+  // A write from the callback must not wait for this guard to end
+  // (ClaimBlocks): only trees with blocks to retire.
+  ScanMark mark(this, BK || bv_);
   SK sk = MakeSK(start);
   size_t c = 0;
   if (!locked_reads_) return bv_ ? ScanLF<true>(sk, limit, cb, count) : ScanLF<false>(sk, limit, cb, count);
@@ -396,7 +397,8 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
     };
     if (!(sw & 1)) {
       // Byte keys: a slot equal to the key loaded in the previous step is
-      // skipped (that is only a filter; a match is confirmed with fresh
+      // skipped, unless that key matched and failed ReadValid (see below;
+      // it is only a filter; a match is confirmed with fresh
       // loads, ReadValid; a word that is no block, e.g. a torn view of
       // the prefix's kBytesLk, compares as the empty key, below every
       // key, and bounds-checked). u64 keys (the same
@@ -429,6 +431,17 @@ bool FastFair<BK>::SearchLeafLF(Node* n, const SK& key, uint64_t* out, bool* bad
         }
         const int c = Cmp(k1, key);
         if (c == 0 ? take(uint32_t(j), k1) : c > 0) break;
+        // Byte keys: the key matched but its record was not valid any
+        // more (take failed): a right shift moved it on, k[j] = k[j-1]
+        // after our load of k[j], so slot j+1 now holds the very block we
+        // loaded, and it is the record itself, valid. The filter above
+        // would skip it as a copy of slot j (and a NotFound would follow,
+        // with sw unchanged: the shift is an insert in insert mode). So
+        // the next slot is not filtered: 0 is never a key word (offset 0
+        // is the pool header; lk is kBytesLk).
+        if constexpr (BK) {
+          if (c == 0) prev = 0;
+        }
       }
       // lk is loaded once, before the scan: an insert of a key equal to
       // lk (FixLk raises lk to a free value, with no shift and so no sw

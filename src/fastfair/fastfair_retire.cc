@@ -30,8 +30,9 @@
 //
 // Thread safety: ClaimBlocks and EndBlocks from any thread outside the
 // operation's epoch guard (ClaimBlocks may wait for a grace period while
-// every slot is taken); OwnBlock and BlocksUnlinked under the leaf's
-// write lock; RecoverBlocks at open only.
+// every slot is taken, except inside a Scan callback: Busy, see there);
+// OwnBlock and BlocksUnlinked under the leaf's write lock; RecoverBlocks at
+// open only.
 #include "fastfair/fastfair_tree.h"
 
 namespace pmindex::internal::fastfair {
@@ -42,6 +43,13 @@ void NoExtra(const kit::RetireSlot&) {}
 
 // Claims n slots into c. Waits (reclaiming) while every slot is taken;
 // PoolFull if the slot array cannot be allocated.
+// A write from inside a Scan callback of this tree (ScanMark) runs inside
+// the scan's epoch guard, which holds back the free of every block retired
+// since the scan began, its own writes' blocks included: with more such
+// writes than slots, no slot comes back before the scan ends, and waiting
+// for one would wait for itself. So it does not wait: a claim that still
+// fails after a Reclaim answers Busy (the write did nothing; retry it
+// after the scan). The test for a scan runs only once every slot is taken.
 template <bool BK>
 Status FastFair<BK>::ClaimBlocks(int n, BlockClaims* c) {
   for (int j = 0; j < n; j++) {
@@ -54,6 +62,12 @@ Status FastFair<BK>::ClaimBlocks(int n, BlockClaims* c) {
       if (!blocks_->allocated()) {
         EndBlocks(c);
         return Status::PoolFull("fastfair: no room for the block retire list");
+      }
+      if (__builtin_expect(bo.n > 0, 0) && ScanMark::Inside(this)) {
+        EndBlocks(c);
+        return Status::Busy(
+            "fastfair: every block retire slot waits for a grace period that this thread's own Scan holds "
+            "back (a write from a Scan callback); retry after the scan");
       }
       ReclaimBlocks(false);
     }

@@ -134,6 +134,38 @@ struct BlockClaims {
   int slot[2];
 };
 
+// The Scans of trees with byte keys or values this thread is inside (a
+// stack through the scans' frames, innermost first): a write from a Scan
+// callback runs inside its scan's epoch guard, and must not wait for a
+// grace period that guard holds back (ClaimBlocks, fastfair_retire.cc).
+// Pushed and popped by ScanMark; constant-initialised, so no TLS wrapper.
+struct ScanFrame {
+  const void* tree;
+  ScanFrame* up;
+};
+inline constinit thread_local ScanFrame* tl_scans = nullptr;
+class ScanMark {
+ public:
+  ScanMark(const void* tree, bool on) : f_{tree, tl_scans}, on_(on) {
+    if (on) tl_scans = &f_;
+  }
+  ~ScanMark() {
+    if (on_) tl_scans = f_.up;
+  }
+  ScanMark(const ScanMark&) = delete;
+  ScanMark& operator=(const ScanMark&) = delete;
+  // True if this thread is inside a Scan of `tree` (a marked one).
+  static bool Inside(const void* tree) {
+    for (const ScanFrame* f = tl_scans; f; f = f->up)
+      if (f->tree == tree) return true;
+    return false;
+  }
+
+ private:
+  ScanFrame f_;
+  const bool on_;
+};
+
 template <bool BK>
 class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected NodeOps {
   using SK = std::conditional_t<BK, Slice, uint64_t>;
@@ -143,10 +175,7 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
       : NodeOps((node_size - sizeof(Node)) / sizeof(Entry)), pool_(std::move(pool)), base_(pool_->base()),
         alloc_(&pool_->allocator()), opts_(o), node_size_(node_size),
         merge_below_(std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
-        // Byte keys are read under leaf read locks: the lock-free leaf
-        // search misses keys under concurrent writers with byte keys
-        // (conformance ManyThreadsOnDisjointKeys, docs/fastfair.md "Not done").
-        locked_reads_(BK || rc), max_off_(pool_->max_size()),
+        locked_reads_(rc), max_off_(pool_->max_size()),
         walk_(pool_->size(), node_size), pool_bytes_(pool_->size()) {}
   ~FastFair() override { Close(); }
 
