@@ -24,6 +24,7 @@
 // (a count taken while writers run is approximate).
 #include "fastfair/fastfair_tree.h"
 #include "kit/root_check.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::fastfair {
 
@@ -221,3 +222,13 @@ void RegisterFastFair(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(fastfair,
+                       "fastfair.create.skip_meta_flush",
+                       "fastfair.insert.skip_shift_flush",
+                       "fastfair.merge.free_before_unlink",
+                       "fastfair.remove.skip_flush",
+                       "fastfair.retire.own_after_commit",
+                       "fastfair.retire.unlinked_before_commit",
+                       "fastfair.split.link_before_persist");

@@ -389,3 +389,12 @@ void RegisterNVTree(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(nvtree,
+                       "nvtree.append.count_before_entry",
+                       "nvtree.append.skip_count_flush",
+                       "nvtree.append.skip_entry_flush",
+                       "nvtree.append.unlock_before_count_persist",
+                       "nvtree.replace.free_before_swap",
+                       "nvtree.replace.skip_leaf_flush");

@@ -28,6 +28,7 @@
 #include "pm/allocator_internal.h"
 #include "pm/layout.h"
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -212,3 +213,16 @@ Status NewPoolAllocator(Pool* pool, bool fresh, bool read_only, std::unique_ptr<
 void ShutdownPoolAllocator(Allocator* a) { static_cast<PoolAllocator*>(a)->Shutdown(); }
 
 }  // namespace pmindex::pm
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(pm,
+                       "pm.alloc.large.skip_state_flush",
+                       "pm.alloc.skip_commit_fence",
+                       "pm.alloc.skip_dest_flush",
+                       "pm.alloc.skip_replay",
+                       "pm.free.skip_bit_flush",
+                       "pm.grow.skip_size_persist",
+                       "pm.run.skip_bitmap_persist",
+                       "pmwcas.skip_descriptor_persist",
+                       "pmwcas.skip_dirty_flush",
+                       "pmwcas.skip_status_persist");

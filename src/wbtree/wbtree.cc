@@ -15,6 +15,7 @@
 
 #include "kit/root_check.h"
 #include "wbtree/wbtree_tree.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::wbtree {
 
@@ -164,3 +165,12 @@ void RegisterWBTree(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(wbtree,
+                       "wbtree.free.skip_unlink_flush",
+                       "wbtree.insert.skip_entry_flush",
+                       "wbtree.insert.skip_slots_flush",
+                       "wbtree.remove.skip_flush",
+                       "wbtree.split.link_before_persist",
+                       "wbtree.update.skip_flush");
