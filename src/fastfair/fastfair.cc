@@ -159,8 +159,8 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     // in between leaves a crashed creation again).
     PMINDEX_RETURN_IF_ERROR(CheckCrashedCreation(pool.get()));
     if (o.read_only) return Status::Unsupported("fastfair pool holds an interrupted creation: open it read-write to create the index");
-    if (m && m->root) pool->allocator().Free(&m->root);
-    if (m) pool->allocator().Free(pool->root_slot());
+    if (m && m->root) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(&m->root));
+    if (m) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(pool->root_slot()));
     return Create(std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("fastfair metadata has a bad magic");

@@ -57,7 +57,7 @@ Status FPTree<kConc, kBytes>::InsertInto(char* l, int s, const SKey& k, Slice va
   if (vbytes_) {
     Status st = WriteBlock(vw, value);
     if (!st.ok()) {
-      if (kBytes) pool_->allocator().Free(kw);
+      if (kBytes) pool_->allocator().FreeOrAbort(kw);
       return st;
     }
   } else {

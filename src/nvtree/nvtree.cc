@@ -124,8 +124,8 @@ Status NVTree<kBytes>::Append(char* l, uint64_t c, const Entry* ents, int n, Sli
     if (!st.ok()) {  // pool full: undo the blocks of this append
       for (int x = 0; x <= i; x++) {
         Entry* f = E(l, c + uint64_t(x));
-        if (kBytes && x == new_key_at && Ld(&f->key)) alloc.Free(&f->key);
-        if (vbytes_ && ents[x].flag == kInsert && Ld(&f->value)) alloc.Free(&f->value);
+        if (kBytes && x == new_key_at && Ld(&f->key)) alloc.FreeOrAbort(&f->key);
+        if (vbytes_ && ents[x].flag == kInsert && Ld(&f->value)) alloc.FreeOrAbort(&f->value);
       }
       return st;
     }
