@@ -33,9 +33,10 @@
 // Thread-safety: Allocate, AllocateZeroed, Free, UsableSize, IsAllocated and
 // the counters may be called from any number of threads; ForEachAllocated
 // and Check not concurrently with Allocate/Free. Locks: the registry mutex
-// (RegistryMu) is outermost (ReleaseCache runs under it and takes the
-// others); caches_mu_, a class mutex and heap_mu_ are each taken alone
-// below it, never two of them at once.
+// (RegistryMu) is outermost (ReleaseCache, and Reclaim and StealBlock at
+// pool full, run under it and take the others; holding it keeps every
+// thread cache alive); caches_mu_, a class mutex and heap_mu_ are each
+// taken alone below it, never two of them at once.
 #pragma once
 
 #include <atomic>
