@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 flavour=${1:-release}
-common=(-G Ninja -DPMINDEX_WERROR=ON)
+common=(-G Ninja -DPMINDEX_WERROR=ON -DPMINDEX_FAULT_INJECTION=ON)  # fault switches: tests and pmcheck need them
 case "$flavour" in
   release) dir=build; args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ -DCMAKE_C_COMPILER=gcc) ;;
   asan) dir=build-asan; args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14 "-DPMINDEX_SANITIZE=address,undefined") ;;

@@ -10,6 +10,11 @@
 //   jemalloc  volatile DRAM allocation (mallocx/dallocx), the upper bound
 // Reported: allocation and free throughput (millions of ops/s, timed per
 // phase from a barrier to the last thread) and the ratio to libpmemobj.
+// Workload options: --mixed draws each slot's size log-uniformly from
+// [--min-size, --max-size] (default 64 B to 64 KiB; the same sizes for
+// every allocator), and --cross-thread makes thread t free the blocks that
+// thread t+1 allocated (frees from another thread; needs 2+ threads):
+//     pmbench-alloc --mixed --cross-thread --threads 2
 // No assertion on speed here; the numbers go in docs/allocator.md.
 #include <unistd.h>
 
@@ -17,6 +22,7 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -53,6 +59,10 @@ struct Config {
   int reps = 5;
   std::vector<int> threads{1, 2};
   std::string dir = "/dev/shm";
+  bool mixed = false, cross_thread = false;
+  size_t min_size = 64, max_size = 64 * 1024;
+  std::vector<size_t> sizes;  // per slot (thread t, block i at t * blocks + i)
+  size_t SizeOf(int t, int i) const { return sizes[size_t(t) * blocks + i]; }
 };
 
 // An allocator under test: per-thread alloc/free of slot i of thread t.
@@ -99,7 +109,8 @@ Result RunSubject(const Subject& s, const Config& cfg, int nthreads) {
       sync.arrive_and_wait();
       auto t2 = Clock::now();
       double c2 = ThreadCpuSeconds();
-      for (int i = 0; i < cfg.blocks; i++) s.free(t, i);
+      const int owner = cfg.cross_thread ? (t + 1) % nthreads : t;  // whose blocks this thread frees
+      for (int i = 0; i < cfg.blocks; i++) s.free(owner, i);
       auto t3 = Clock::now();
       double c3 = ThreadCpuSeconds();
       if (r > 0) {
@@ -160,16 +171,38 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--threads", cfg.threads, "thread counts")->delimiter(',')->check(CLI::Range(1, 64));
   app.add_option("--dir", cfg.dir, "directory for the pools");
+  app.add_flag("--mixed", cfg.mixed, "mixed sizes: log-uniform in [--min-size, --max-size] per slot");
+  app.add_option("--min-size", cfg.min_size, "smallest size with --mixed")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-size", cfg.max_size, "largest size with --mixed")->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--cross-thread", cfg.cross_thread, "each thread frees the blocks of the next thread");
   CLI11_PARSE(app, argc, argv);
+  if (cfg.mixed && cfg.min_size > cfg.max_size) {
+    std::fprintf(stderr, "pmbench-alloc: --min-size is larger than --max-size\n");
+    return 2;
+  }
 
   int max_threads = 1;
   for (int t : cfg.threads) max_threads = std::max(max_threads, t);
   const size_t nslots = size_t(max_threads) * cfg.blocks;
-  const uint64_t pool_size = std::max<uint64_t>(64ull << 20, nslots * (cfg.size + 64) * 2 + (16 << 20));
+  cfg.sizes.assign(nslots, cfg.size);
+  uint64_t total = 0;
+  for (size_t k = 0; k < nslots; k++) {
+    if (cfg.mixed) {
+      uint64_t h = (k + 1) * 0x9E3779B97F4A7C15ull;  // deterministic: the same sizes for every allocator
+      h ^= h >> 31;
+      const double u = double(h % 1000003) / 1000003.0;
+      cfg.sizes[k] = size_t(double(cfg.min_size) * std::pow(double(cfg.max_size) / double(cfg.min_size), u));
+    }
+    total += cfg.sizes[k] + 64;
+  }
+  const uint64_t pool_size = std::max<uint64_t>(64ull << 20, total * 2 + (16 << 20));
   const std::string tag = std::to_string(getpid());
 
-  std::printf("pmbench-alloc: %d blocks x %zu B per thread, %d rounds (+1 warm-up) x %d reps, flush=%s, pools in %s\n", cfg.blocks,
-              cfg.size, cfg.rounds, cfg.reps, pmindex::pm::FlushInstrName(pmindex::pm::GetFlushInstr()), cfg.dir.c_str());
+  std::string what = std::to_string(cfg.size) + " B";
+  if (cfg.mixed) what = std::to_string(cfg.min_size) + "-" + std::to_string(cfg.max_size) + " B (log-uniform)";
+  std::printf("pmbench-alloc: %d blocks x %s per thread, %s, %d rounds (+1 warm-up) x %d reps, flush=%s, pools in %s\n",
+              cfg.blocks, what.c_str(), cfg.cross_thread ? "freed by the next thread" : "freed by their thread",
+              cfg.rounds, cfg.reps, pmindex::pm::FlushInstrName(pmindex::pm::GetFlushInstr()), cfg.dir.c_str());
 
   // --- ours
   std::unique_ptr<pmindex::pm::Pool> pool;
@@ -188,8 +221,8 @@ int main(int argc, char** argv) {
   uint64_t* our_slots = pool->root<uint64_t>();
   std::vector<Subject> subjects;
   subjects.push_back({"pmindex",
-                      [&](int t, int i) { return pool->allocator().Allocate(&our_slots[size_t(t) * cfg.blocks + i], cfg.size).ok(); },
-                      [&](int t, int i) { pool->allocator().Free(&our_slots[size_t(t) * cfg.blocks + i]); }});
+                      [&](int t, int i) { return pool->allocator().Allocate(&our_slots[size_t(t) * cfg.blocks + i], cfg.SizeOf(t, i)).ok(); },
+                      [&](int t, int i) { pool->allocator().FreeOrAbort(&our_slots[size_t(t) * cfg.blocks + i]); }});
 
 #ifdef PMBENCH_HAVE_PMEMOBJ
   const std::string obj_path = cfg.dir + "/pmbench-alloc-pmemobj-" + tag + ".pool";
@@ -202,7 +235,7 @@ int main(int argc, char** argv) {
     obj_slots = static_cast<PMEMoid*>(pmemobj_direct(root));
     subjects.push_back({"pmemobj",
                         [&](int t, int i) {
-                          return pmemobj_alloc(pop, &obj_slots[size_t(t) * cfg.blocks + i], cfg.size, 0, nullptr, nullptr) == 0;
+                          return pmemobj_alloc(pop, &obj_slots[size_t(t) * cfg.blocks + i], cfg.SizeOf(t, i), 0, nullptr, nullptr) == 0;
                         },
                         [&](int t, int i) { pmemobj_free(&obj_slots[size_t(t) * cfg.blocks + i]); }});
   }
@@ -210,7 +243,7 @@ int main(int argc, char** argv) {
 #ifdef PMBENCH_HAVE_JEMALLOC
   std::vector<void*> je_slots(nslots, nullptr);
   subjects.push_back({"jemalloc",
-                      [&](int t, int i) { return (je_slots[size_t(t) * cfg.blocks + i] = mallocx(cfg.size, 0)) != nullptr; },
+                      [&](int t, int i) { return (je_slots[size_t(t) * cfg.blocks + i] = mallocx(cfg.SizeOf(t, i), 0)) != nullptr; },
                       [&](int t, int i) { dallocx(je_slots[size_t(t) * cfg.blocks + i], 0); }});
 #endif
 

@@ -24,6 +24,7 @@
 // (a count taken while writers run is approximate).
 #include "fastfair/fastfair_tree.h"
 #include "kit/root_check.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::fastfair {
 
@@ -158,8 +159,8 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     // in between leaves a crashed creation again).
     PMINDEX_RETURN_IF_ERROR(CheckCrashedCreation(pool.get()));
     if (o.read_only) return Status::Unsupported("fastfair pool holds an interrupted creation: open it read-write to create the index");
-    if (m && m->root) pool->allocator().Free(&m->root);
-    if (m) pool->allocator().Free(pool->root_slot());
+    if (m && m->root) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(&m->root));
+    if (m) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(pool->root_slot()));
     return Create(std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("fastfair metadata has a bad magic");
@@ -221,3 +222,13 @@ void RegisterFastFair(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(fastfair,
+                       "fastfair.create.skip_meta_flush",
+                       "fastfair.insert.skip_shift_flush",
+                       "fastfair.merge.free_before_unlink",
+                       "fastfair.remove.skip_flush",
+                       "fastfair.retire.own_after_commit",
+                       "fastfair.retire.unlinked_before_commit",
+                       "fastfair.split.link_before_persist");

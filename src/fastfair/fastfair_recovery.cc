@@ -101,7 +101,7 @@ Status FastFair<BK>::Recover(Meta* m) {
       St(&m->spare_root, uint64_t(0));
       pm::Persist(&m->spare_root, 8);
     } else {
-      alloc_->Free(&m->spare_root);
+      PMINDEX_RETURN_IF_ERROR(alloc_->Free(&m->spare_root));
       open_blocks_freed_++;
     }
   }
@@ -143,7 +143,7 @@ uint64_t FastFair<BK>::LimboKeyBlock(const kit::RetireSlot& s) const {
 
 template <bool BK>
 void FastFair<BK>::FreeLimboExtra(const kit::RetireSlot& s) {
-  if (LimboKeyBlock(s)) alloc_->Free(&At(s.block)->low);
+  if (LimboKeyBlock(s)) alloc_->FreeOrAbort(&At(s.block)->low);
 }
 
 // True if the slot's node is still in the tree (its unlink not durable).
@@ -219,7 +219,7 @@ void FastFair<BK>::Repair(Node* n, Pending* pend) {
       pend->Add(n->level, n->sibling);
     } else {
       // Never linked: the half-built sibling is garbage.
-      alloc_->Free(&n->spare_node);
+      alloc_->FreeOrAbort(&n->spare_node);
       if (!n->sibling && n->high) {
         St(&n->high, uint64_t(0));
         pm::Persist(&n->high, 8);
@@ -242,7 +242,7 @@ void FastFair<BK>::Repair(Node* n, Pending* pend) {
       St(sp, uint64_t(0));
       pm::Persist(sp, 8);
     } else {
-      alloc_->Free(sp);
+      alloc_->FreeOrAbort(sp);
     }
   }
   // Durable so that the line is clean when the op returns (losing it

@@ -69,7 +69,7 @@ Status FastFair<BK>::SplitAt(Node* n, uint32_t m, uint64_t* out_k, Node** out_s,
   }
   Status st = alloc_->Allocate(&n->spare_node, node_size_);
   if (!st.ok()) {
-    if (BK && leaf) alloc_->Free(&n->spare_a);
+    if (BK && leaf) alloc_->FreeOrAbort(&n->spare_a);
     return st;
   }
   const uint64_t soff = Ld(&n->spare_node);

@@ -152,7 +152,7 @@ Status FastFair<BK>::InsertLeafEntry(Node* t, uint32_t pos, const SK& key, Slice
   if (bv_) {
     Status st = AllocBlock(&t->spare_b, value);
     if (!st.ok()) {
-      if (BK) alloc_->Free(&t->spare_a);
+      if (BK) alloc_->FreeOrAbort(&t->spare_a);
       return st;
     }
     vw = Ld(&t->spare_b);

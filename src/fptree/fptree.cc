@@ -57,7 +57,7 @@ Status FPTree<kConc, kBytes>::InsertInto(char* l, int s, const SKey& k, Slice va
   if (vbytes_) {
     Status st = WriteBlock(vw, value);
     if (!st.ok()) {
-      if (kBytes) pool_->allocator().Free(kw);
+      if (kBytes) pool_->allocator().FreeOrAbort(kw);
       return st;
     }
   } else {
@@ -454,3 +454,16 @@ void RegisterFPTree(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(fptree,
+                       "fptree.delete.force_deferred",
+                       "fptree.delete.keep_log_prev",
+                       "fptree.delete.skip_flush",
+                       "fptree.insert.bitmap_before_kv",
+                       "fptree.insert.skip_kv_flush",
+                       "fptree.merge.skip_copy_flush",
+                       "fptree.move.skip_copy_flush",
+                       "fptree.retire.clear_word_first",
+                       "fptree.retire.skip_word_persist",
+                       "fptree.split.skip_log");

@@ -100,7 +100,7 @@ void FPTree<kConc, kBytes>::RedoMerge() {
     pm::Store(&r->merge_right, uint64_t(0));
     pm::Persist(&r->merge_right, 8);
   } else {
-    pool_->allocator().Free(&r->merge_right);
+    pool_->allocator().FreeOrAbort(&r->merge_right);
   }
   pm::Store(&r->merge_left, uint64_t(0));
   pm::Store(&r->merge_left_bm, uint64_t(0));

@@ -116,7 +116,7 @@ void FPTree<kConc, kBytes>::FinishFreeGroup() {
       if (*pn == g) pm::StorePersist(pn, gnext);
     }
     if (r->groups_tail == g) pm::StorePersist(&r->groups_tail, prev);
-    pool_->allocator().Free(&lg->cur);
+    pool_->allocator().FreeOrAbort(&lg->cur);
   }
   pm::Store(&lg->prev, uint64_t(0));
   pm::Persist(lg, 16);

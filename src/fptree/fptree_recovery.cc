@@ -337,7 +337,7 @@ Status FPTree<kConc, kBytes>::Recover() {
     if (groups_ && lg->cur) {
       pm::Store(&lg->cur, uint64_t(0));
     } else if (lg->cur) {
-      pool_->allocator().Free(&lg->cur);
+      PMINDEX_RETURN_IF_ERROR(pool_->allocator().Free(&lg->cur));
     }
     pm::Store(&lg->prev, uint64_t(0));
     pm::Persist(lg, 16);
@@ -427,7 +427,7 @@ Status FPTree<kConc, kBytes>::Recover() {
   if (!bad.empty()) return Bad(bad);
   for (auto& fl : fixes)
     for (auto& [w, fr] : fl) {
-      if (fr) pool_->allocator().Free(w);
+      if (fr) PMINDEX_RETURN_IF_ERROR(pool_->allocator().Free(w));
       else pm::StorePersist(w, uint64_t(0));
     }
   if (pointers_) pm::Fence();

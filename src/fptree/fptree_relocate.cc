@@ -67,7 +67,7 @@ void FPTree<kConc, kBytes>::RecoverMoveLog() {
   if (!r->move_prev && !r->move_from && !r->move_to) return;
   if (r->move_from && r->move_to) {
     const uint64_t w = r->move_prev ? Ld(Next(L(r->move_prev))) : r->head;
-    pool_->allocator().Free(w == r->move_to ? &r->move_from : &r->move_to);
+    pool_->allocator().FreeOrAbort(w == r->move_to ? &r->move_from : &r->move_to);
   }
   ClearMoveLog();
 }
@@ -93,7 +93,7 @@ void FPTree<kConc, kBytes>::RelocateLeaves(std::vector<uint64_t>* leaves) {
     if (!PMINDEX_FAULT("fptree.move.skip_copy_flush")) pm::Flush(d, lay_.bytes);
     pm::Fence();
     pm::StorePersist(p ? Next(L(p)) : &r->head, y);
-    pool_->allocator().Free(&r->move_from);
+    pool_->allocator().FreeOrAbort(&r->move_from);
     ClearMoveLog();
     (*leaves)[j] = y;
   }

@@ -67,7 +67,7 @@ Status FPTree<kConc, kBytes>::ClaimRetire(int n, Claims* c) {
 template <bool kConc, bool kBytes>
 void FPTree<kConc, kBytes>::DropBlockWord(uint64_t* w, Claims* c) {
   if (!kConc || !retire_ || c->used >= c->n) {
-    pool_->allocator().Free(w);
+    pool_->allocator().FreeOrAbort(w);
     return;
   }
   const uint64_t block = Ld(w);

@@ -610,7 +610,7 @@ void FPTree<kConc, kBytes>::FinishDeleteLog(DeleteLog* lg) {
       pm::Persist(&lg->cur, 8);
       FreeLeaf(leaf);
     } else {
-      pool_->allocator().Free(&lg->cur);
+      pool_->allocator().FreeOrAbort(&lg->cur);
     }
   }
   pm::Store(&lg->prev, uint64_t(0));

@@ -56,7 +56,7 @@ TEST_F(PmBlockTest, RoundTripsEveryTailLength) {
       t.back() ^= 1;
       EXPECT_FALSE(BlockEquals(base(), size(), *w, t));  // the tail word's bytes count
     }
-    pool_->allocator().Free(w);
+    ASSERT_TRUE(pool_->allocator().Free(w).ok());
   }
 }
 

@@ -138,7 +138,7 @@ class PmRetireList {
   template <typename Extra>
   void FreeSlot(RetireSlot* s, Extra& extra) {
     extra(static_cast<const RetireSlot&>(*s));
-    alloc_->Free(&s->block);
+    alloc_->FreeOrAbort(&s->block);
   }
 
   char* const base_;

@@ -17,6 +17,7 @@
 
 #include "core/index_util.h"
 #include "nvc_hashmap/nvc_map.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex {
 namespace nvc_hashmap_testing {
@@ -127,3 +128,13 @@ void RegisterNvcHashmap(std::vector<IndexFactory>* r) {
 
 }  // namespace internal
 }  // namespace pmindex
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(nvc_hashmap,
+                       "nvc.create.skip_dummy_persist",
+                       "nvc.create.skip_max_threads_persist",
+                       "nvc.erratum.no_fix",
+                       "nvc.insert.skip_link_persist",
+                       "nvc.insert.skip_node_persist",
+                       "nvc.open.skip_empty_slab_unlink",
+                       "nvc.remove.skip_mark_persist");

@@ -322,8 +322,8 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
   }
   const bool fresh_block = fresh && !IsSlabNode(fresh);
   if (fresh && !fresh_block) SlabFree(c.st, Off(fresh), SlabClassOf(fresh));  // never linked: free as is
-  if (fresh_block) pool_->allocator().Free(&c.ps->pending);
-  if (fresh_val) pool_->allocator().Free(&c.ps->pending_val);
+  if (fresh_block) pool_->allocator().FreeOrAbort(&c.ps->pending);
+  if (fresh_val) pool_->allocator().FreeOrAbort(&c.ps->pending_val);
   if (fresh_block || fresh_val) pm::Fence();  // Free leaves its lane clear to our next fence
   return result;
 }

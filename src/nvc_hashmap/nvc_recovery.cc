@@ -338,7 +338,7 @@ Status NvcHashmap::Recover() {
     auto it = std::lower_bound(unowned.begin(), unowned.end(), *w);
     if (it != unowned.end() && *it == *w && !freed[it - unowned.begin()]) {
       freed[it - unowned.begin()] = true;
-      a.Free(w);
+      a.FreeOrAbort(w);
     } else {
       pm::StoreAtomic(w, uint64_t(0));
       pm::Persist(w, 8);
@@ -355,7 +355,7 @@ Status NvcHashmap::Recover() {
   for (size_t i = 0; i < unowned.size(); i++) {
     if (freed[i]) continue;
     pm::StoreAtomic(&root_->scratch, unowned[i]);
-    a.Free(&root_->scratch);
+    PMINDEX_RETURN_IF_ERROR(a.Free(&root_->scratch));
   }
   pm::Fence();
   FreeEmptySlabs([&](uint64_t off, const SlabHdr*) { return live_slab.Empty(off); });

@@ -66,7 +66,7 @@ bool NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
     const uint64_t v = LoadW(&n->value);
     if (HasRecord(n, v)) {
       pm::StoreAtomic(&ps->scratch, v);
-      a.Free(&ps->scratch);
+      a.FreeOrAbort(&ps->scratch);
       freed = true;
     }
     if (IsSlabNode(n)) {
@@ -77,7 +77,7 @@ bool NvcHashmap::FreeRetired(SlotState* st, PSlot* ps, const Retired& r) {
     }
   }
   pm::StoreAtomic(&ps->scratch, r.off);
-  a.Free(&ps->scratch);
+  a.FreeOrAbort(&ps->scratch);
   return true;
 }
 
@@ -174,7 +174,7 @@ void NvcHashmap::FreeEmptySlabs(const std::function<bool(uint64_t, const SlabHdr
     }
     slab_cls_.erase(off);
     pm::StoreAtomic(&root_->scratch, off);
-    pool_->allocator().Free(&root_->scratch);
+    pool_->allocator().FreeOrAbort(&root_->scratch);
     off = next;
   }
   pm::Fence();

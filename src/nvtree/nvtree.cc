@@ -156,8 +156,8 @@ Status NVTree<kBytes>::Append(char* l, uint64_t c, const Entry* ents, int n, Sli
     if (!st.ok()) {  // pool full: undo the blocks of this append
       for (int x = 0; x <= i; x++) {
         Entry* f = E(l, c + uint64_t(x));
-        if (kBytes && x == new_key_at && Ld(&f->key)) alloc.Free(&f->key);
-        if (vbytes_ && ents[x].flag == kInsert && Ld(&f->value)) alloc.Free(&f->value);
+        if (kBytes && x == new_key_at && Ld(&f->key)) alloc.FreeOrAbort(&f->key);
+        if (vbytes_ && ents[x].flag == kInsert && Ld(&f->value)) alloc.FreeOrAbort(&f->value);
       }
       return st;
     }
@@ -450,3 +450,12 @@ void RegisterNVTree(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(nvtree,
+                       "nvtree.append.count_before_entry",
+                       "nvtree.append.skip_count_flush",
+                       "nvtree.append.skip_entry_flush",
+                       "nvtree.append.unlock_before_count_persist",
+                       "nvtree.replace.free_before_swap",
+                       "nvtree.replace.skip_leaf_flush");

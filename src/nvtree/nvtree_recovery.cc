@@ -143,8 +143,8 @@ Status NVTree<kBytes>::RecoverLog() {
     if (lg->link != root_off + offsetof(Root, head)) PMINDEX_RETURN_IF_ERROR(LeafRange(lg->link - 8, "log.link's leaf"));
     const uint64_t* link = reinterpret_cast<const uint64_t*>(base_ + lg->link);
     if (Ld(link) == lg->old) {  // not committed: roll back
-      if (lg->a) alloc.Free(&lg->a);
-      if (lg->b) alloc.Free(&lg->b);
+      if (lg->a) PMINDEX_RETURN_IF_ERROR(alloc.Free(&lg->a));
+      if (lg->b) PMINDEX_RETURN_IF_ERROR(alloc.Free(&lg->b));
       pm::StoreAtomic(&lg->old, uint64_t(0), __ATOMIC_RELAXED);
       pm::StoreAtomic(&lg->link, uint64_t(0), __ATOMIC_RELAXED);
       pm::Persist(lg, sizeof(ReplaceLog));
@@ -162,7 +162,7 @@ Status NVTree<kBytes>::RecoverLog() {
       std::sort(keep.begin(), keep.end());
       FreeDeadBlocks(L(lg->old), keep);
     }
-    alloc.Free(&lg->old);
+    PMINDEX_RETURN_IF_ERROR(alloc.Free(&lg->old));
   }
   pm::StoreAtomic(&lg->a, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->b, uint64_t(0), __ATOMIC_RELAXED);
@@ -216,9 +216,17 @@ Status NVTree<kBytes>::Recover() {
           bool shared = false;
           for (uint64_t x = 0; x < c && !shared; x++) shared = Ld(&E(l, x)->key) == Ld(&e->key);
           if (shared) pm::StorePersist(&e->key, uint64_t(0));
-          else pool_->allocator().Free(&e->key);
+          else if (Status fs = pool_->allocator().Free(&e->key); !fs.ok()) {
+            errs[t] = fs;
+            return;
+          }
         }
-        if (vbytes_ && Ld(&e->value)) pool_->allocator().Free(&e->value);
+        if (vbytes_ && Ld(&e->value)) {
+          if (Status fs = pool_->allocator().Free(&e->value); !fs.ok()) {
+            errs[t] = fs;
+            return;
+          }
+        }
       }
       // One sort per leaf: the deciding entry of every key, live or not;
       // the first is the minimum key (a separator), the live ones count.
@@ -252,7 +260,7 @@ Status NVTree<kBytes>::Recover() {
       pm::StoreAtomic(&lg->old, leaves[i], __ATOMIC_RELAXED);
       pm::Persist(lg, 16);
       pm::StorePersist(link, Ld(Next(L(leaves[i]))));
-      pool_->allocator().Free(&lg->old);
+      PMINDEX_RETURN_IF_ERROR(pool_->allocator().Free(&lg->old));
       pm::StorePersist(&lg->link, uint64_t(0));
       continue;
     }

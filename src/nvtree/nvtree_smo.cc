@@ -92,7 +92,7 @@ void NVTree<kBytes>::FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep) 
       pm::StoreAtomic(words[x], uint64_t(0));
       pm::Persist(words[x], 8);
     } else {
-      pool_->allocator().Free(words[x]);
+      pool_->allocator().FreeOrAbort(words[x]);
     }
   }
 }
@@ -183,8 +183,8 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   pm::StoreAtomic(&lg->old, leaf, __ATOMIC_RELAXED);
   pm::Persist(lg, 16);
   auto abort = [&](const Status& st) {
-    if (lg->a) alloc.Free(&lg->a);
-    if (lg->b) alloc.Free(&lg->b);
+    if (lg->a) alloc.FreeOrAbort(&lg->a);
+    if (lg->b) alloc.FreeOrAbort(&lg->b);
     pm::StoreAtomic(&lg->old, uint64_t(0));
     pm::StoreAtomic(&lg->link, uint64_t(0));
     pm::Persist(lg, 16);
@@ -201,7 +201,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
       if (st.ok()) st = AllocLeaf(&lg->b, false);
       if (!st.ok()) {
         if (!st.IsPoolFull() || nl + need > cap_) return abort(st);
-        if (lg->a) alloc.Free(&lg->a);
+        if (lg->a) alloc.FreeOrAbort(&lg->a);
         split = false;
       }
     }
@@ -270,7 +270,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   epoch_.Synchronize();
   RetireDram();
   if (pointers_) FreeDeadBlocks(l, keep);
-  alloc.Free(&lg->old);
+  alloc.FreeOrAbort(&lg->old);
   pm::StoreAtomic(&lg->a, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->b, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->link, uint64_t(0), __ATOMIC_RELAXED);

@@ -20,6 +20,7 @@
 // Thread-safety: Init and Shutdown are called by Pool (open, close);
 // ForEachAllocated and Check not concurrently with Allocate/Free.
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "pm/allocator_internal.h"
 #include "pm/layout.h"
 #include "pmindex/pm/allocator.h"
+#include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 
@@ -37,6 +39,9 @@ namespace alloc_internal {
 PoolAllocator::PoolAllocator(Pool* pool, bool read_only)
     : pool_(pool), base_(pool->base()), ro_(read_only), id_(pool->instance_id()) {
   max_chunks_ = (pool->max_size() - layout::kHeapOffset) / C;
+  const bool medium = pool->Info().version >= kMediumClassesVersion;
+  num_classes_ = medium ? kNumClasses : kNumSmallClasses;
+  max_run_block_ = medium ? Allocator::kMaxMediumBlock : Allocator::kMaxRunBlock;
   nsegs_ = (max_chunks_ + kSegChunks - 1) / kSegChunks;
   segs_.reset(new std::unique_ptr<ChunkSlot[]>[nsegs_]);
   lane_used_.assign(layout::kLaneCount, false);
@@ -88,6 +93,9 @@ Status PoolAllocator::ValidateChunks(uint64_t* bytes, uint64_t* blocks,
       continue;
     }
     if (IsRunState(s)) {
+      if (!ClassOk(StateArg(s)))
+        return Status::Corrupt("chunk " + std::to_string(i) + " is a run of size class " + std::to_string(StateArg(s)) +
+                               ", which this pool's format version does not have");
       const ClassGeom& g = Classes().geom[StateArg(s)];
       const uint64_t* bm = reinterpret_cast<const uint64_t*>(base_ + ChunkOff(i) + 64);
       for (uint32_t w = 0; w < g.nwords; w++) {
@@ -202,6 +210,13 @@ Status PoolAllocator::Scan() {
 
 using alloc_internal::PoolAllocator;
 
+void Allocator::FreeOrAbort(uint64_t* dest) {
+  if (Status s = Free(dest); !s.ok()) {
+    std::fprintf(stderr, "pmindex: a Free that cannot report its error failed: %s\n", s.ToString().c_str());
+    std::abort();
+  }
+}
+
 Status NewPoolAllocator(Pool* pool, bool fresh, bool read_only, std::unique_ptr<Allocator>* out) {
   auto a = std::make_unique<PoolAllocator>(pool, read_only);
   PMINDEX_RETURN_IF_ERROR(a->Init(fresh));
@@ -212,3 +227,16 @@ Status NewPoolAllocator(Pool* pool, bool fresh, bool read_only, std::unique_ptr<
 void ShutdownPoolAllocator(Allocator* a) { static_cast<PoolAllocator*>(a)->Shutdown(); }
 
 }  // namespace pmindex::pm
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(pm,
+                       "pm.alloc.large.skip_state_flush",
+                       "pm.alloc.skip_commit_fence",
+                       "pm.alloc.skip_dest_flush",
+                       "pm.alloc.skip_replay",
+                       "pm.free.skip_bit_flush",
+                       "pm.grow.skip_size_persist",
+                       "pm.run.skip_bitmap_persist",
+                       "pmwcas.skip_descriptor_persist",
+                       "pmwcas.skip_dirty_flush",
+                       "pmwcas.skip_status_persist");

@@ -31,7 +31,10 @@
 //
 // The format is fixed: the size-class table, the state tags and the lane op
 // words are part of every existing pool. Changing any of them needs a new
-// pool format version (pm/layout.h).
+// pool format version (pm/layout.h). Format 3 appended the medium classes
+// (indices kNumSmallClasses..kNumClasses-1); a pool of an older format uses
+// only the small classes, so the builds that read it can still open it, and
+// a RUN state of a medium class in such a pool is Corrupt.
 //
 // Thread-safety: constants and the immutable class table only; Classes() is
 // initialised once (a function-local static) and read-only afterwards.
@@ -51,11 +54,21 @@ namespace alloc_internal __attribute__((visibility("hidden"))) {
 constexpr uint64_t C = Allocator::kChunkSize;
 
 // ---- size classes --------------------------------------------------------
-constexpr uint32_t kClassSizes[] = {16,   32,   48,   64,   128,  192,   256,   320,   384,   448,   512,   640,
-                                    768,  896,  1024, 1280, 1536, 1792,  2048,  2560,  3072,  3584,  4096,  5120,
-                                    6144, 7168, 8192, 10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768};
+// The small classes (every format version): steps of at most 1.25x up to
+// 32 KiB. The medium classes (format 3): the largest multiple of 64 bytes
+// of which n = 7, 6, 5, 4, 3, 2 blocks fill a chunk after its two header
+// lines, so a medium run wastes under 400 bytes of its chunk.
+constexpr uint32_t kClassSizes[] = {16,    32,    48,    64,    128,   192,   256,   320,   384,   448,   512,
+                                    640,   768,   896,   1024,  1280,  1536,  1792,  2048,  2560,  3072,  3584,
+                                    4096,  5120,  6144,  7168,  8192,  10240, 12288, 14336, 16384, 20480, 24576,
+                                    28672, 32768, 37376, 43648, 52352, 65472, 87296, 130944};
 constexpr int kNumClasses = int(sizeof(kClassSizes) / sizeof(kClassSizes[0]));
-static_assert(kClassSizes[kNumClasses - 1] == Allocator::kMaxRunBlock);
+// Classes usable in a pool of format version < kMediumClassesVersion.
+constexpr int kNumSmallClasses = 35;
+constexpr uint32_t kMediumClassesVersion = 3;
+static_assert(kClassSizes[kNumSmallClasses - 1] == Allocator::kMaxRunBlock);
+static_assert(kClassSizes[kNumClasses - 1] == Allocator::kMaxMediumBlock);
+static_assert(2 * uint64_t(Allocator::kMaxMediumBlock) + 128 <= Allocator::kChunkSize);
 
 // Where a run of one class keeps its blocks: as many blocks as fit after the
 // header line and the line-rounded bitmap.
@@ -65,7 +78,7 @@ struct ClassGeom {
 
 struct ClassTable {
   ClassGeom geom[kNumClasses];
-  uint8_t by16[Allocator::kMaxRunBlock / 16 + 1];  // (size+15)/16 -> class
+  uint8_t by16[Allocator::kMaxMediumBlock / 16 + 1];  // (size+15)/16 -> class
   ClassTable() {
     for (int c = 0; c < kNumClasses; c++) {
       ClassGeom& g = geom[c];
@@ -83,7 +96,7 @@ struct ClassTable {
       }
     }
     int c = 0;
-    for (uint32_t i = 0; i <= Allocator::kMaxRunBlock / 16; i++) {
+    for (uint32_t i = 0; i <= Allocator::kMaxMediumBlock / 16; i++) {
       while (kClassSizes[c] < i * 16) c++;
       by16[i] = uint8_t(c);
     }

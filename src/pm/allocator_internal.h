@@ -20,16 +20,23 @@
 //
 // Invariants:
 //   * vbits ⊇ PM bitmap: a freed block is republished to vbits only after the
-//     freeing thread's next fence (see Free in allocator_lanes.cc);
-//   * only a run's owner sets bits in its vbits; other threads only clear;
+//     freeing thread's lane clear is durable (see Free in allocator_lanes.cc);
+//   * only a run's owner takes blocks from it with TakeBlock (and moves its
+//     hint); at pool full another thread may take a block with
+//     TakeBlockShared, or drain an entirely free run, under the class mutex
+//     (allocator_runs.cc, Reclaim); anyone may clear bits;
+//   * tc->cur[c] changes from a run to null only under the class mutex, and
+//     a run whose owner is not null is never deleted: under the class mutex,
+//     a run read from another thread's cur[c] stays alive;
 //   * a run is in its class's partial list iff in_list (class mutex).
 //
 // Thread-safety: Allocate, AllocateZeroed, Free, UsableSize, IsAllocated and
 // the counters may be called from any number of threads; ForEachAllocated
 // and Check not concurrently with Allocate/Free. Locks: the registry mutex
-// (RegistryMu) is outermost (ReleaseCache runs under it and takes the
-// others); caches_mu_, a class mutex and heap_mu_ are each taken alone
-// below it, never two of them at once.
+// (RegistryMu) is outermost (ReleaseCache, and Reclaim and StealBlock at
+// pool full, run under it and take the others; holding it keeps every
+// thread cache alive); caches_mu_, a class mutex and heap_mu_ are each
+// taken alone below it, never two of them at once.
 #pragma once
 
 #include <atomic>
@@ -76,12 +83,14 @@ constexpr uint64_t kSegChunks = 4096;
 class PoolAllocator;
 
 // One per (thread, pool): the thread's lane and its current run per class.
+// cur and pending are atomics because a thread that finds the pool full
+// reads (and may clear) other threads' entries (Reclaim).
 struct ThreadCache {
   PoolAllocator* alloc = nullptr;
   uint32_t lane_idx = 0;
   Lane* lane = nullptr;
-  Run* cur[kNumClasses] = {};
-  uint64_t pending = 0;  // a freed block to republish after the next fence
+  std::atomic<Run*> cur[kNumClasses] = {};
+  std::atomic<uint64_t> pending{0};  // a freed block to republish once the lane clear is durable
 };
 
 // Process-wide registry of live allocators, keyed by pool instance id, so a
@@ -101,7 +110,7 @@ class PoolAllocator final : public Allocator {
 
   Status Allocate(uint64_t* dest, size_t size) override { return AllocateImpl(dest, size, false); }
   Status AllocateZeroed(uint64_t* dest, size_t size) override { return AllocateImpl(dest, size, true); }
-  void Free(uint64_t* dest) override;
+  Status Free(uint64_t* dest) override;
   size_t UsableSize(uint64_t off) const override;
   bool IsAllocated(uint64_t off) const override;
   uint64_t BytesInUse() const override { return bytes_.load(std::memory_order_relaxed); }
@@ -139,19 +148,28 @@ class PoolAllocator final : public Allocator {
     PublishPending(tc);
   }
   bool TakeBlock(Run* r, uint32_t* idx);
-  Status Refill(ThreadCache* tc, int cls, Run** out);
+  static bool TakeBlockShared(Run* r, uint32_t* idx);
+  // Makes a run of class cls tc's current run and takes a block of it (or,
+  // at pool full, a block of another thread's current run).
+  Status Refill(ThreadCache* tc, int cls, Run** out, uint32_t* idx);
   bool TakePartialRun(ThreadCache* tc, int cls, Run** out);
   void ReleaseRun(ThreadCache* tc, Run* r);
-  void Reclaim(ThreadCache* tc);  // no locks held
+  // At pool full: publishes every thread's pending freed block and returns
+  // entirely free runs (unowned ones, tc's own and other threads' current
+  // runs) to the heap. No locks held.
+  void Reclaim(ThreadCache* tc);
+  // Takes all blocks of another thread's entirely free run (class mutex held).
+  static bool DrainFreeRun(Run* r);
+  // At pool full: takes a free block from another thread's current run.
+  bool StealBlock(ThreadCache* tc, int cls, Run** out, uint32_t* idx);
+  std::vector<ThreadCache*> OtherCaches(ThreadCache* tc);  // registry mutex held
   Status NewChunks(uint64_t span, uint64_t* first);  // heap_mu_ held
   void SyncChunkCount();                             // heap_mu_ held
   Run* MakeRun(uint64_t chunk, int cls, bool from_pm);
   void Publish(ThreadCache* tc, uint64_t off);
   void PublishPending(ThreadCache* tc) {
-    if (tc->pending) {
-      uint64_t off = tc->pending;
-      tc->pending = 0;
-      Publish(tc, off);
+    if (tc->pending.load(std::memory_order_relaxed)) {
+      if (uint64_t off = tc->pending.exchange(0, std::memory_order_acq_rel)) Publish(tc, off);
     }
   }
   Status Recover();
@@ -176,6 +194,7 @@ class PoolAllocator final : public Allocator {
   Lane* LaneAt(uint32_t i) const { return reinterpret_cast<Lane*>(base_ + layout::kLanesOffset + i * layout::kLaneSize); }
   ChunkSlot& Slot(uint64_t chunk) const { return segs_[chunk / kSegChunks][chunk % kSegChunks]; }
   uint64_t NumChunks() const { return nchunks_.load(std::memory_order_acquire); }
+  bool ClassOk(uint64_t cls) const { return cls < uint64_t(num_classes_); }
   bool DestOk(const uint64_t* dest) const {
     auto p = reinterpret_cast<const char*>(dest);
     if (p < base_ || (reinterpret_cast<uintptr_t>(p) & 7) != 0) return false;
@@ -189,6 +208,10 @@ class PoolAllocator final : public Allocator {
   bool ro_;
   uint64_t id_;
   uint64_t max_chunks_;
+  // Size classes this pool's format allows (kNumSmallClasses before format
+  // 3) and the largest request they serve.
+  int num_classes_;
+  size_t max_run_block_;
   std::atomic<uint64_t> nchunks_{0};
   std::unique_ptr<std::unique_ptr<ChunkSlot[]>[]> segs_;
   uint64_t nsegs_ = 0;
@@ -196,6 +219,10 @@ class PoolAllocator final : public Allocator {
   std::mutex heap_mu_;
   std::vector<uint8_t> chunk_free_;  // heap_mu_
   uint64_t free_hint_ = 0;           // heap_mu_
+  // Runs drained from other threads' caches (Reclaim): their chunks went
+  // back to the heap, but the owner may still read the Run until it
+  // notices, so they are deleted only with the allocator.
+  std::vector<std::unique_ptr<Run>> retired_;  // heap_mu_
 
   struct ClassState {
     std::mutex mu;
@@ -227,6 +254,25 @@ inline bool PoolAllocator::TakeBlock(Run* r, uint32_t* idx) {
         r->free_count.fetch_sub(1, std::memory_order_relaxed);
         r->hint = w;
         *idx = w * 64 + uint32_t(b);
+        return true;
+      }
+      v = old | m;
+    }
+  }
+  return false;
+}
+
+// TakeBlock for a thread that does not own r: leaves the hint alone.
+inline bool PoolAllocator::TakeBlockShared(Run* r, uint32_t* idx) {
+  if (r->free_count.load(std::memory_order_relaxed) <= 0) return false;
+  for (uint32_t w = 0; w < r->nwords; w++) {
+    uint64_t v = r->vbits[w].load(std::memory_order_relaxed);
+    while (v != ~0ull) {
+      const uint64_t m = 1ull << __builtin_ctzll(~v);
+      const uint64_t old = r->vbits[w].fetch_or(m, std::memory_order_acq_rel);
+      if (!(old & m)) {
+        r->free_count.fetch_sub(1, std::memory_order_relaxed);
+        *idx = w * 64 + uint32_t(__builtin_ctzll(m));
         return true;
       }
       v = old | m;

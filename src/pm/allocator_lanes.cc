@@ -15,11 +15,14 @@
 //   Free: lane{FREE}, Persist | *dest = 0, bit &= ~m, Flush both, Fence |
 //     lane.op = 0 (not flushed); the block becomes reusable only once the
 //     lane was overwritten durably (the next Allocate/Free of this thread) or
-//     flushed and fenced (thread exit, Reclaim, Close).
+//     flushed and fenced (thread exit, Close, or Reclaim, which does that for
+//     every thread's lane when the pool is full).
 //   Recovery: ALLOC lane: *dest == block ? set bit : clear bit. FREE lane:
 //     *dest == block ? *dest = 0 : -; clear bit. Then lane.op = 0; Persist.
 //   (Large blocks follow the same order with the chunk header state in place
-//   of the bit: allocator_large.cc.)
+//   of the bit: allocator_large.cc. Rolling back a large allocation, like
+//   freeing one, writes FREE into every chunk header of its span, later
+//   chunks first.)
 //
 // Invariants: a lane is owned by at most one thread cache at a time
 // (lane_used_, caches_mu_); a thread's cache for a pool is found through its
@@ -142,10 +145,8 @@ void PoolAllocator::ReleaseCache(ThreadCache* tc) {
     Fence();  // this thread's last lane clear is durable: republishing is safe
     PublishPending(tc);
   }
-  for (int c = 0; c < kNumClasses; c++) {
-    if (tc->cur[c]) ReleaseRun(tc, tc->cur[c]);
-    tc->cur[c] = nullptr;
-  }
+  for (int c = 0; c < kNumClasses; c++)
+    if (Run* r = tc->cur[c].load(std::memory_order_relaxed)) ReleaseRun(tc, r);
   std::lock_guard<std::mutex> g(caches_mu_);
   lane_used_[tc->lane_idx] = false;
   for (auto& p : caches_) {
@@ -170,17 +171,12 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
   bool orphan;
   PMINDEX_RETURN_IF_ERROR(GetCache(&tc, &orphan));
   OrphanGuard og{this, orphan ? tc : nullptr};
-  if (size > kMaxRunBlock) return AllocLarge(tc, dest, size, zero);
+  if (size > max_run_block_) return AllocLarge(tc, dest, size, zero);
 
   const int cls = ClassOf(size);
-  Run* r = tc->cur[cls];
+  Run* r = tc->cur[cls].load(std::memory_order_relaxed);
   uint32_t idx;
-  if (!r || !TakeBlock(r, &idx)) {
-    for (;;) {
-      PMINDEX_RETURN_IF_ERROR(Refill(tc, cls, &r));
-      if (TakeBlock(r, &idx)) break;
-    }
-  }
+  if (!r || !TakeBlock(r, &idx)) PMINDEX_RETURN_IF_ERROR(Refill(tc, cls, &r, &idx));
   const uint64_t off = r->blocks_off + uint64_t(idx) * r->bsize;
   if (zero) {
     Set(base_ + off, 0, r->bsize);
@@ -201,28 +197,19 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
   return Status::OK();
 }
 
-void PoolAllocator::Free(uint64_t* dest) {
-  if (ro_) {
-    std::fprintf(stderr, "pmindex: Allocator::Free on read-only pool %s ignored\n", pool_->path().c_str());
-    return;
-  }
-  if (!DestOk(dest)) {
-    std::fprintf(stderr, "pmindex: Allocator::Free with a destination outside pool %s ignored\n", pool_->path().c_str());
-    return;
-  }
+Status PoolAllocator::Free(uint64_t* dest) {
+  if (ro_) return Status::Unsupported("Allocator::Free on pool " + pool_->path() + ", which is open read-only");
+  if (!DestOk(dest))
+    return Status::InvalidArgument("Allocator::Free: the destination is not an aligned word inside pool " +
+                                   pool_->path());
   const uint64_t off = __atomic_load_n(dest, __ATOMIC_ACQUIRE);
-  if (off == 0) return;
-  if (!IsAllocated(off)) {
-    std::fprintf(stderr, "pmindex: Allocator::Free of %llu, which is not an allocated block of pool %s, ignored\n",
-                 (unsigned long long)off, pool_->path().c_str());
-    return;
-  }
+  if (off == 0) return Status::OK();
+  if (!IsAllocated(off))
+    return Status::InvalidArgument("Allocator::Free of " + std::to_string(off) +
+                                   ", which is not an allocated block of pool " + pool_->path());
   ThreadCache* tc;
   bool orphan;
-  if (Status s = GetCache(&tc, &orphan); !s.ok()) {
-    std::fprintf(stderr, "pmindex: Allocator::Free: %s\n", s.ToString().c_str());
-    return;
-  }
+  PMINDEX_RETURN_IF_ERROR(GetCache(&tc, &orphan));
   OrphanGuard og{this, orphan ? tc : nullptr};
   const uint64_t chunk = (off - layout::kHeapOffset) / C;
   const uint64_t state = __atomic_load_n(State(chunk), __ATOMIC_ACQUIRE);
@@ -253,10 +240,11 @@ void PoolAllocator::Free(uint64_t* dest) {
   // the deferred publication guarantees. Hence a volatile store: the lint
   // must not report it as a missing flush.
   StoreVolatile(&L->op, kOpIdle);
-  tc->pending = off;
+  tc->pending.store(off, std::memory_order_release);
   bytes_.fetch_sub(usable, std::memory_order_relaxed);
   blocks_.fetch_sub(1, std::memory_order_relaxed);
   ThreadCounters().frees++;
+  return Status::OK();
 }
 
 // ---- recovery --------------------------------------------------------------
@@ -284,9 +272,14 @@ Status PoolAllocator::ReplayLane(uint32_t i, bool alloc_pass) {
     const uint64_t span = arg & ~kArgLarge;
     if (span == 0 || chunk + span > NumChunks() || block != ChunkOff(chunk) + 64)
       return Status::Corrupt("allocator lane " + std::to_string(i) + " has an invalid large block");
-    if (op == kOpAlloc) {
-      StoreAtomic(State(chunk), holds ? LargeState(span) : kStateFree);
+    if (op == kOpAlloc && holds) {
+      StoreAtomic(State(chunk), LargeState(span));
       Flush(State(chunk), 8);
+    } else if (op == kOpAlloc) {
+      // Roll back the whole span: the later chunks' header words may hold
+      // bytes written into the block, which would be read as chunk states
+      // once the head is FREE.
+      StoreSpanFree(chunk, span);
     } else {
       if (holds) {
         StoreAtomic(dest, uint64_t(0));
@@ -295,7 +288,7 @@ Status PoolAllocator::ReplayLane(uint32_t i, bool alloc_pass) {
       StoreSpanFree(chunk, span);
     }
   } else {
-    if (arg >= uint64_t(kNumClasses) || __atomic_load_n(State(chunk), __ATOMIC_ACQUIRE) != RunState(int(arg)))
+    if (!ClassOk(arg) || __atomic_load_n(State(chunk), __ATOMIC_ACQUIRE) != RunState(int(arg)))
       return Status::Corrupt("allocator lane " + std::to_string(i) + " refers to a block outside a run of its class");
     const ClassGeom& g = Classes().geom[arg];
     const uint64_t in = block - ChunkOff(chunk);

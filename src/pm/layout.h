@@ -24,7 +24,10 @@ class Pool;
 namespace layout {
 // Format 2 adds the PMwCAS descriptor region and its header line; a format 1
 // pool opens with the same code and has no PMwCAS (Pool::pmwcas() null).
-inline constexpr uint32_t kFormatVersion = 2;
+// Format 3 adds the allocator's medium size classes (allocator_format.h);
+// the allocator of a format 1 or 2 pool keeps to the small classes, so
+// older builds still open it, and refuse a format 3 pool by its version.
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr uint64_t kLanesOffset = 4096;
 inline constexpr uint64_t kLaneCount = 1024;

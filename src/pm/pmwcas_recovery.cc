@@ -59,13 +59,13 @@ void PMwCAS::State::Recycle(uint32_t d) {
     Entry* e = &es[i];
     const uint64_t pol = e->policy & kPolicyMask;
     if (st == kSucceeded) {
-      if ((pol & kPolicyFreeOld) && e->old_value) alloc.Free(&e->old_value);
+      if ((pol & kPolicyFreeOld) && e->old_value) alloc.FreeOrAbort(&e->old_value);
       if ((pol & kPolicyFreshNew) && e->new_value) {
         Store(&e->new_value, uint64_t(0));  // the target word owns it now
         Flush(&e->new_value, 8);
       }
     } else if (st != kFree) {
-      if ((pol & kPolicyFreshNew) && e->new_value) alloc.Free(&e->new_value);
+      if ((pol & kPolicyFreshNew) && e->new_value) alloc.FreeOrAbort(&e->new_value);
     } else if ((pol & kPolicyFreshNew) && e->new_value) {
       Store(&e->new_value, uint64_t(0));  // H1: a free descriptor owns nothing
       Flush(&e->new_value, 8);

@@ -381,7 +381,7 @@ TEST(Pmwcas, FormatOnePoolOpensWithoutPmwcas) {
   EXPECT_TRUE(p->allocator().IsAllocated(root_block));
   uint64_t* dest = p->root<uint64_t>();
   ASSERT_TRUE(p->allocator().Allocate(dest, 64).ok());
-  p->allocator().Free(dest);
+  ASSERT_TRUE(p->allocator().Free(dest).ok());
   EXPECT_TRUE(p->allocator().Check().ok());
   p.reset();
   ASSERT_TRUE(Pool::ReadInfo(path, &info).ok());

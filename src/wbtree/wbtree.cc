@@ -15,6 +15,7 @@
 
 #include "kit/root_check.h"
 #include "wbtree/wbtree_tree.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::wbtree {
 
@@ -110,8 +111,8 @@ Status OpenVariant(const Variant& var, std::unique_ptr<pm::Pool> pool, const Opt
     // A creation that crashed acknowledged nothing: create it again.
     PMINDEX_RETURN_IF_ERROR(kit::CheckCreationBlocks(pool.get(), spec, 2, "metadata has no magic"));
     if (o.read_only) return Status::Unsupported("wbtree pool holds an interrupted creation: open it read-write");
-    if (m && m->root) pool->allocator().Free(&m->root);
-    if (m) pool->allocator().Free(pool->root_slot());
+    if (m && m->root) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(&m->root));
+    if (m) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(pool->root_slot()));
     return CreateVariant(var, std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("wbtree metadata has a bad magic");
@@ -164,3 +165,12 @@ void RegisterWBTree(std::vector<IndexFactory>* r) {
 }
 
 }  // namespace pmindex::internal
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(wbtree,
+                       "wbtree.free.skip_unlink_flush",
+                       "wbtree.insert.skip_entry_flush",
+                       "wbtree.insert.skip_slots_flush",
+                       "wbtree.remove.skip_flush",
+                       "wbtree.split.link_before_persist",
+                       "wbtree.update.skip_flush");

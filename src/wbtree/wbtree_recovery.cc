@@ -59,8 +59,8 @@ Status WBTree<BK>::Recover() {
     } else {
       if (!NodeOk(meta_->spare_root) || !alloc_->IsAllocated(meta_->spare_root))
         return Status::Corrupt("wbtree spare root out of the pool");
-      if (BK && N(meta_->spare_root)->ents()[0].k) alloc_->Free(&N(meta_->spare_root)->ents()[0].k);
-      alloc_->Free(&meta_->spare_root);
+      if (BK && N(meta_->spare_root)->ents()[0].k) PMINDEX_RETURN_IF_ERROR(alloc_->Free(&N(meta_->spare_root)->ents()[0].k));
+      PMINDEX_RETURN_IF_ERROR(alloc_->Free(&meta_->spare_root));
     }
   }
   for (int l = kMaxLevels - 1; l >= 0; l--) PMINDEX_RETURN_IF_ERROR(RecoverLog(l));
@@ -79,7 +79,7 @@ Status WBTree<BK>::RecoverLog(int level) {
   Node* l = N(log->old_node);
   Node* r = N(log->new_node);
   if (LdR(&l->next) != log->new_node) {
-    alloc_->Free(&log->new_node);  // never linked; its entries' blocks are l's
+    PMINDEX_RETURN_IF_ERROR(alloc_->Free(&log->new_node));  // never linked; its entries' blocks are l's
     ClearLog(log);
     return Status::OK();
   }
@@ -129,7 +129,7 @@ Status WBTree<BK>::RecoverLog(int level) {
   }
   for (Node* n : locked) UnlockNode(n);
   PMINDEX_RETURN_IF_ERROR(st);
-  if (BK && level > 0) alloc_->Free(&log->mid);
+  if (BK && level > 0) PMINDEX_RETURN_IF_ERROR(alloc_->Free(&log->mid));
   ClearLog(log);
   return Status::OK();
 }
@@ -175,7 +175,7 @@ Status WBTree<BK>::Repair(Node* n) {
         pm::Persist(sp, 8);
       } else {
         if (!alloc_->IsAllocated(*sp)) return Status::Corrupt(at + " has a spare word that owns no block");
-        alloc_->Free(sp);
+        PMINDEX_RETURN_IF_ERROR(alloc_->Free(sp));
       }
     }
   }

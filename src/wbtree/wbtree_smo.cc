@@ -183,11 +183,11 @@ Status WBTree<BK>::SplitNode(std::vector<Node*>& path, size_t depth, Node* n, No
       StoreSlots(n, s, ls, true);
       pm::Fence();
     }
-    alloc_->Free(&log->new_node);
+    alloc_->FreeOrAbort(&log->new_node);
     ClearLog(log);
     return st;
   }
-  if (BK && inner) alloc_->Free(&log->mid);
+  if (BK && inner) alloc_->FreeOrAbort(&log->mid);
   ClearLog(log);
   splits_.fetch_add(1, std::memory_order_relaxed);
   *right = r;
@@ -232,7 +232,7 @@ Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node
   pm::Persist(r, 64);
   if constexpr (BK) {
     if (Status st = kit::WriteBlock(*alloc_, base_, &r->ents()[0].k, sep); !st.ok()) {
-      alloc_->Free(&meta_->spare_root);
+      alloc_->FreeOrAbort(&meta_->spare_root);
       return st;
     }
   } else {
@@ -316,7 +316,7 @@ Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
   UnlockNode(p);
   // Readers that reached l before the unlink may still read it.
   epoch_.Synchronize();
-  alloc_->Free(&meta_->free_leaf);
+  alloc_->FreeOrAbort(&meta_->free_leaf);
   St(&meta_->free_prev, uint64_t(0));
   St(&meta_->free_parent, uint64_t(0));
   pm::Persist(&meta_->free_prev, 16);
@@ -390,7 +390,7 @@ Status WBTree<BK>::RecoverFreeLeaf() {
       UnlockNode(p);
       break;
     }
-    alloc_->Free(&meta_->free_leaf);
+    PMINDEX_RETURN_IF_ERROR(alloc_->Free(&meta_->free_leaf));
   }
   if (meta_->free_prev || meta_->free_parent) {
     St(&meta_->free_prev, uint64_t(0));

@@ -67,7 +67,7 @@ Status WBTree<BK>::InsertEntry(Node* n, const Slots& s, uint32_t pos, Slice key,
   if (leaf && vbytes()) {
     Status st = kit::WriteBlock(*alloc_, base_, &n->spare_b, value);
     if (!st.ok()) {
-      if (BK) alloc_->Free(&n->spare_a);
+      if (BK) alloc_->FreeOrAbort(&n->spare_a);
       return st;
     }
     vw = n->spare_b;
@@ -114,16 +114,16 @@ void WBTree<BK>::RemoveEntry(Node* n, const Slots& s, uint32_t pos) {
     if (BK || own_v) pm::Persist(n, 64);
     StoreSlots(n, WithRemoved(s, pos), s, !PMINDEX_FAULT("wbtree.remove.skip_flush"));
     pm::Fence();
-    if (BK) alloc_->Free(&n->spare_a);
-    if (own_v) alloc_->Free(&n->spare_b);
+    if (BK) alloc_->FreeOrAbort(&n->spare_a);
+    if (own_v) alloc_->FreeOrAbort(&n->spare_b);
     return;
   }
   StoreSlots(n, WithRemoved(s, pos), s, /*flush=*/false, /*vol=*/true);
   St(&n->bitmap, uint64_t(LdR(&n->bitmap) & ~(1ull << x)));
   if (!PMINDEX_FAULT("wbtree.remove.skip_flush")) pm::Flush(n, 64);
   pm::Fence();
-  if (BK) alloc_->Free(&n->spare_a);
-  if (own_v) alloc_->Free(&n->spare_b);
+  if (BK) alloc_->FreeOrAbort(&n->spare_a);
+  if (own_v) alloc_->FreeOrAbort(&n->spare_b);
 }
 
 template <bool BK>
@@ -141,7 +141,7 @@ Status WBTree<BK>::UpdateValue(Node* n, Entry* e, Slice value) {
   if (!PMINDEX_FAULT("wbtree.update.skip_flush")) pm::Flush(&e->v, 8);
   pm::Fence();
   St(&n->spare_a, uint64_t(0));
-  alloc_->Free(&n->spare_b);  // persists spare_b = 0, and spare_a = 0 before it (same line)
+  alloc_->FreeOrAbort(&n->spare_b);  // persists spare_b = 0, and spare_a = 0 before it (same line)
   return Status::OK();
 }
 

@@ -38,7 +38,7 @@ TEST(AllocatorMT, TwoThreadsAllocFree) {
     for (int i = 0; i < 20000; i++) {
       uint64_t* s = &slots[t * kPerThread + int(rng() % kPerThread)];
       if (*s) {
-        a.Free(s);
+        if (!a.Free(s).ok()) failures++;
       } else if (!a.Allocate(s, 1 + rng() % (rng() % 100 == 0 ? 100000 : 1500)).ok()) {
         failures++;
       }
@@ -93,7 +93,7 @@ TEST(AllocatorMT, CrossThreadFrees) {
     for (int r = 0; r < kRounds; r++)
       for (int i = 0; i < kSlots; i++) {
         while (ready[i].load(std::memory_order_acquire) != 1) std::this_thread::yield();
-        a.Free(&slots[i]);
+        EXPECT_TRUE(a.Free(&slots[i]).ok());
         ready[i].store(0, std::memory_order_release);
       }
   });
@@ -118,7 +118,9 @@ TEST(AllocatorMT, ThreadExitAndCloseOrder) {
     for (int t = 0; t < 40; t++)
       ts.emplace_back([&, t] {
         uint64_t* s = &slots[t];
-        if (*s) p->allocator().Free(s);
+        if (*s) {
+          EXPECT_TRUE(p->allocator().Free(s).ok());
+        }
         EXPECT_TRUE(p->allocator().Allocate(s, 64).ok());
       });
     for (auto& t : ts) t.join();
@@ -165,7 +167,7 @@ TEST(AllocatorMT, AllocateAndFreeFromThreadExitDestructors) {
       static thread_local AtExit at_exit;  // constructed before the allocator's cache table
       at_exit.fn = [&, t] {
         if (!a.Allocate(&slots[2 * t + 1], 100).ok()) failures++;
-        a.Free(&slots[2 * t]);
+        if (!a.Free(&slots[2 * t]).ok()) failures++;
       };
       if (!a.Allocate(&slots[2 * t], 64).ok()) failures++;
     }).join();
@@ -183,6 +185,77 @@ TEST(AllocatorMT, AllocateAndFreeFromThreadExitDestructors) {
   EXPECT_TRUE(a.Check().ok());
   // The same from a thread of this process still works (no lane left taken).
   EXPECT_TRUE(a.Allocate(&slots[0], 64).ok());
+}
+
+// At pool full nothing free stays stranded in another thread's caches. A
+// helper thread takes a few 1 KiB blocks (its current run keeps the rest of
+// that chunk's blocks) and stays alive; the main thread fills the pool, the
+// helper frees every other block, the main thread fills the pool again,
+// then everything is freed and the pool must hold as many whole-chunk
+// blocks as it has chunks. Every count is exact: the pool (7 heap chunks at
+// its max size, one of them the slot array's run) holds 6 x 255 blocks of
+// 1 KiB.
+TEST(AllocatorMT, PoolFullReclaimsOtherThreadsFreeBlocks) {
+  PoolFile f("strand");
+  std::unique_ptr<Pool> p;
+  ASSERT_TRUE(Pool::Create(f.path, "t", Opts(1 << 20, 2 << 20), &p).ok());
+  constexpr int kSlots = 4096, kHelper = 10, kCapacity = 6 * 255;
+  Allocator& a = p->allocator();
+  ASSERT_TRUE(a.AllocateZeroed(p->root_slot(), kSlots * 8).ok());
+  uint64_t* slots = p->root<uint64_t>();
+  std::atomic<int> phase{0}, helper_failures{0};
+  int n1 = 0;
+  auto wait_for = [&](int ph) {
+    while (phase.load(std::memory_order_acquire) != ph) std::this_thread::yield();
+  };
+  std::thread helper([&] {
+    for (int i = 0; i < kHelper; i++)
+      if (!a.Allocate(&slots[kSlots - 1 - i], 1024).ok()) helper_failures++;
+    phase.store(1, std::memory_order_release);
+    wait_for(2);
+    for (int i = 0; i < n1; i += 2)
+      if (!a.Free(&slots[i]).ok()) helper_failures++;
+    phase.store(3, std::memory_order_release);
+    wait_for(4);
+    for (int i = 0; i < kHelper; i++)
+      if (!a.Free(&slots[kSlots - 1 - i]).ok()) helper_failures++;
+    phase.store(5, std::memory_order_release);
+    wait_for(6);  // stays alive, idle, with its lane and current runs
+  });
+  wait_for(1);
+  Status s;
+  for (; n1 < kSlots - kHelper; n1++)
+    if (!(s = a.Allocate(&slots[n1], 1024)).ok()) break;
+  EXPECT_TRUE(s.IsPoolFull()) << s.ToString();
+  EXPECT_EQ(n1 + kHelper, kCapacity) << "PoolFull while the helper's current run had free blocks";
+  phase.store(2, std::memory_order_release);
+  wait_for(3);
+  const int freed = (n1 + 1) / 2;
+  int n2 = 0;
+  for (int i = 0; i < n1; i += 2) {
+    if (!(s = a.Allocate(&slots[i], 1024)).ok()) break;
+    n2++;
+  }
+  EXPECT_EQ(n2, freed) << "PoolFull early after another thread's frees: " << s.ToString();
+  EXPECT_TRUE(a.Check().ok());
+  for (int i = 0; i < n1; i++) {
+    if (slots[i]) {
+      EXPECT_TRUE(a.Free(&slots[i]).ok());
+    }
+  }
+  phase.store(4, std::memory_order_release);
+  wait_for(5);
+  // Everything but the slot array is free: every other chunk serves a
+  // whole-chunk block, the helper's entirely free current run included.
+  int large = 0;
+  while (large < 16 && a.Allocate(&slots[large], Allocator::kChunkSize - 64).ok()) large++;
+  EXPECT_EQ(large, 6) << "chunks stranded in another thread's current run";
+  EXPECT_TRUE(a.Check().ok());
+  phase.store(6, std::memory_order_release);
+  helper.join();
+  EXPECT_EQ(helper_failures.load(), 0);
+  for (int i = 0; i < large; i++) EXPECT_TRUE(a.Free(&slots[i]).ok());
+  EXPECT_TRUE(a.Check().ok());
 }
 
 }  // namespace

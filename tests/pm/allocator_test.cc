@@ -62,7 +62,7 @@ TEST(Allocator, RandomAgainstModel) {
       int s = int(rng() % kSlots);
       if (slots[s]) {
         ASSERT_TRUE(model.count(s));
-        a.Free(&slots[s]);
+        ASSERT_TRUE(a.Free(&slots[s]).ok());
         EXPECT_EQ(slots[s], 0u);
         model.erase(s);
       } else {
@@ -128,17 +128,20 @@ TEST(Allocator, BadArguments) {
   Status s = q->allocator().Allocate(q->root<uint64_t>(), 8 << 20);
   EXPECT_TRUE(s.IsPoolFull()) << s.ToString();
   EXPECT_EQ(q->root<uint64_t>()[0], 0u);
-  // Frees of things that are not blocks are ignored (with a message).
+  // Frees of things that are not blocks are refused, *dest left alone.
   ASSERT_TRUE(a.Allocate(&slots[1], 100).ok());
   slots[2] = slots[1] + 8;
-  a.Free(&slots[2]);
+  EXPECT_TRUE(a.Free(&slots[2]).IsInvalidArgument());
   EXPECT_EQ(slots[2], slots[1] + 8);
   slots[2] = 0;
-  a.Free(&slots[2]);  // null: no-op
+  EXPECT_TRUE(a.Free(&slots[2]).ok());  // null: no-op
   uint64_t copy = slots[1];
-  a.Free(&slots[1]);
+  ASSERT_TRUE(a.Free(&slots[1]).ok());
   slots[3] = copy;
-  a.Free(&slots[3]);  // double free: ignored
+  EXPECT_TRUE(a.Free(&slots[3]).IsInvalidArgument());  // double free
+  EXPECT_EQ(slots[3], copy);
+  EXPECT_TRUE(a.Free(reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(&slots[3]) + 1)).IsInvalidArgument());
+  slots[3] = 0;
   EXPECT_EQ(a.BlocksInUse(), 1u);
   EXPECT_TRUE(a.Check().ok());
   EXPECT_EQ(a.UsableSize(0), 0u);
@@ -156,7 +159,7 @@ TEST(Allocator, PersistCostPerOperation) {
   auto* slots = p->root<uint64_t>();
   for (size_t sz : {size_t(16), size_t(1024), size_t(100000)}) {
     ASSERT_TRUE(a.Allocate(&slots[0], sz).ok());  // warm: the run and the lane exist
-    a.Free(&slots[0]);
+    ASSERT_TRUE(a.Free(&slots[0]).ok());
     Counters before = ThreadCounters();
     ASSERT_TRUE(a.Allocate(&slots[1], sz).ok());
     Counters d = ThreadCounters() - before;
@@ -166,7 +169,7 @@ TEST(Allocator, PersistCostPerOperation) {
       EXPECT_EQ(d.fences, 2u) << sz;
     }
     before = ThreadCounters();
-    a.Free(&slots[1]);
+    ASSERT_TRUE(a.Free(&slots[1]).ok());
     d = ThreadCounters() - before;
     EXPECT_EQ(d.frees, 1u);
     if (sz <= 1024) {
@@ -199,14 +202,14 @@ TEST(Allocator, PoolFullThenRoomAgain) {
   EXPECT_EQ(a.BlocksInUse(), uint64_t(n) + 1);
   EXPECT_TRUE(a.Allocate(&slots[n], 100000).IsPoolFull());
   // Free everything: a large block fits again, and small ones.
-  for (int i = 0; i < n; i++) a.Free(&slots[i]);
+  for (int i = 0; i < n; i++) ASSERT_TRUE(a.Free(&slots[i]).ok());
   EXPECT_EQ(a.BlocksInUse(), 1u);
   Status big = a.Allocate(&slots[0], 600000);
   EXPECT_TRUE(big.ok()) << big.ToString();
   for (int i = 1; i < 100; i++) ASSERT_TRUE(a.Allocate(&slots[i], 500).ok());
   EXPECT_TRUE(a.Check().ok());
   // After a reopen, all free runs are back in the heap.
-  for (int i = 0; i < 100; i++) a.Free(&slots[i]);
+  for (int i = 0; i < 100; i++) ASSERT_TRUE(a.Free(&slots[i]).ok());
   p.reset();
   ASSERT_TRUE(Pool::Open(f.path, "t", PoolOptions{}, &p).ok());
   slots = p->root<uint64_t>();
@@ -230,7 +233,7 @@ void ChildLoop(const std::string& path, uint64_t seed, std::atomic<uint64_t>* pr
     progress->fetch_add(1, std::memory_order_relaxed);
     int s = int(rng() % n);
     if (slots[s]) {
-      a.Free(&slots[s]);
+      if (!a.Free(&slots[s]).ok()) _exit(5);
     } else {
       size_t sz = rng() % 64 == 0 ? 40000 + rng() % 300000 : 1 + rng() % 3000;
       Status st = a.Allocate(&slots[s], sz);

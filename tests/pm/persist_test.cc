@@ -126,13 +126,16 @@ TEST(Persist, AtomicLineWrite) {
   EXPECT_EQ(AtomicLineWriteAvailable(), CpuHasMovdir64b());
 }
 
+PMINDEX_FAULT_SWITCHES(persist_test, "x.y", "x.z");
+
 TEST(Fault, Switches) {
+  if (!kFaultInjection) GTEST_SKIP() << "built without PMINDEX_FAULT_INJECTION";
   DisableAllFaults();
   EXPECT_FALSE(PMINDEX_FAULT("x.y"));
-  EnableFault("x.y");
+  ASSERT_TRUE(EnableFault("x.y").ok());
   EXPECT_TRUE(PMINDEX_FAULT("x.y"));
   EXPECT_FALSE(PMINDEX_FAULT("x.z"));
-  EnableFault("x.z");
+  ASSERT_TRUE(EnableFault("x.z").ok());
   EXPECT_EQ(EnabledFaults(), (std::vector<std::string>{"x.y", "x.z"}));
   DisableFault("x.y");
   EXPECT_FALSE(PMINDEX_FAULT("x.y"));
@@ -140,6 +143,46 @@ TEST(Fault, Switches) {
   DisableAllFaults();
   EXPECT_FALSE(PMINDEX_FAULT("x.z"));
   EXPECT_TRUE(EnabledFaults().empty());
+}
+
+// Every folder's declarations reach the registry (the library's own at load,
+// this test's at its static initialisation); an undeclared name is refused
+// by EnableFault and by a PMINDEX_FAULTS list, and enables nothing.
+TEST(Fault, UnknownNamesAreErrors) {
+  EXPECT_TRUE(FaultKnown("x.y"));
+  EXPECT_TRUE(FaultKnown("pm.alloc.skip_replay"));
+  EXPECT_TRUE(FaultKnown("fptree.insert.skip_kv_flush"));
+  EXPECT_TRUE(FaultKnown("nvc.erratum.no_fix"));
+  EXPECT_FALSE(FaultKnown("pm.alloc.no_such_switch"));
+  EXPECT_FALSE(FaultKnown(""));
+  DisableAllFaults();
+  Status s = EnableFault("pm.alloc.no_such_switch");
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(kFaultInjection ? s.IsInvalidArgument() : s.IsUnsupported()) << s.ToString();
+  s = detail::EnableFaultList("x.y,x.nope");
+  EXPECT_FALSE(s.ok()) << "an unknown name in PMINDEX_FAULTS must be an error";
+  EXPECT_TRUE(EnabledFaults().empty());
+  if (!kFaultInjection) {
+    EXPECT_TRUE(EnableFault("x.y").IsUnsupported());
+    EXPECT_FALSE(PMINDEX_FAULT("x.y"));
+    return;
+  }
+  EXPECT_TRUE(detail::EnableFaultList("x.y,,x.z").ok());
+  EXPECT_EQ(EnabledFaults(), (std::vector<std::string>{"x.y", "x.z"}));
+  DisableAllFaults();
+}
+
+// A switch queried in code but declared nowhere stops the process once any
+// fault is on (a misspelt name in an index would otherwise never fire).
+TEST(FaultDeathTest, UndeclaredQueryAborts) {
+  if (!kFaultInjection) GTEST_SKIP() << "built without PMINDEX_FAULT_INJECTION";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        (void)EnableFault("x.y");
+        (void)PMINDEX_FAULT("x.undeclared");
+      },
+      "no PMINDEX_FAULT_SWITCHES declares");
 }
 
 // The crash simulators' image writer: whatever the file held before (an

@@ -1,7 +1,8 @@
 // pmcheck target "allocator": the crash-safe allocator (src/pm/, docs/
 // allocator.md) driven directly, so that crash images hold allocations and
-// frees of every kind: small and 32 KiB run blocks, large blocks of one to
-// three chunks, pool growth (Pool::Grow), Reclaim of free runs when the pool
+// frees of every kind: small and 32 KiB run blocks, 100 KiB blocks (a
+// medium-class run: two blocks per chunk), large blocks of two and three
+// chunks, pool growth (Pool::Grow), Reclaim of free runs when the pool
 // reaches its maximum size, and frees of blocks another thread allocated.
 // Index paths reach only small size classes; this target reaches the rest.
 //
@@ -103,7 +104,8 @@ uint64_t Mix(uint64_t k) {
 uint64_t CheckWord(const Header& h) { return Mix(h.key ^ Mix(h.value) ^ (h.size << 1)); }
 
 // Block sizes: three run classes of small blocks, the largest run class
-// (32 KiB), and large blocks of one, two and three chunks.
+// (32 KiB), a medium class (100 KiB: 130944-byte blocks) and large blocks
+// of two and three chunks.
 size_t SizeFor(uint64_t h) {
   switch (h % 16) {
     case 0: case 1: case 2: case 3: case 4: return kMinRecord;
@@ -278,7 +280,7 @@ class AllocMap final : public pmindex::Index {
   }
   // Steps 5 and 6: free the old block, clear the log.
   void Release(Log* L) {
-    if (L->old) pool_->allocator().Free(&L->old);
+    if (L->old) pool_->allocator().FreeOrAbort(&L->old);
     if (L->staging) {
       pm::Store(&L->staging, uint64_t(0));
       pm::Persist(&L->staging, 8);
@@ -359,7 +361,7 @@ class AllocMap final : public pmindex::Index {
     std::lock_guard<std::mutex> g(spare_mu_[sp % kSpareLocks]);
     uint64_t* w = &root()->spares[sp];
     if (*w) {
-      pool_->allocator().Free(w);
+      pool_->allocator().FreeOrAbort(w);
     } else {
       // A full pool leaves the spare empty. The fence orders the lane
       // clear, which Allocate leaves to its caller.
@@ -370,7 +372,7 @@ class AllocMap final : public pmindex::Index {
   bool DropSpare(uint64_t sp) {
     std::lock_guard<std::mutex> g(spare_mu_[sp % kSpareLocks]);
     if (!root()->spares[sp]) return false;
-    pool_->allocator().Free(&root()->spares[sp]);
+    pool_->allocator().FreeOrAbort(&root()->spares[sp]);
     return true;
   }
 
@@ -389,13 +391,13 @@ class AllocMap final : public pmindex::Index {
     const uint64_t idx = L->slot1 - 1;
     if (idx >= kSlots) return Status::Corrupt("allocator map: log " + std::to_string(t) + " names no slot");
     if (root()->slots[idx] != L->expect) {
-      if (L->old) a.Free(&L->old);
+      if (L->old) PMINDEX_RETURN_IF_ERROR(a.Free(&L->old));
       if (L->staging) {
         pm::Store(&L->staging, uint64_t(0));
         pm::Persist(&L->staging, 8);
       }
     } else {
-      if (L->staging) a.Free(&L->staging);
+      if (L->staging) PMINDEX_RETURN_IF_ERROR(a.Free(&L->staging));
       if (L->old) {
         pm::Store(&L->old, uint64_t(0));
         pm::Persist(&L->old, 8);

@@ -367,3 +367,18 @@ Status ToyOpen(char* base, uint64_t size, std::unique_ptr<pmindex::Index>* out) 
 Status ToyCheckLeaks(pmindex::Index* index) { return static_cast<Toy*>(index)->LeakCheck(); }
 
 }  // namespace pmcheck
+
+// The fault switches of this folder (pmindex/pm/fault.h; docs/CONTRIBUTING.md).
+PMINDEX_FAULT_SWITCHES(pmcheck_toy,
+                       "pmcheck_toy.alloc.skip_log",
+                       "pmcheck_toy.create.skip_meta_flush",
+                       "pmcheck_toy.insert.bitmap_before_kv",
+                       "pmcheck_toy.insert.skip_kv_fence",
+                       "pmcheck_toy.insert.skip_kv_flush",
+                       "pmcheck_toy.insert.unlogged_store",
+                       "pmcheck_toy.recover.clear_log_first",
+                       "pmcheck_toy.recover.lose_data",
+                       "pmcheck_toy.remove.redundant_flush",
+                       "pmcheck_toy.scan.skip_first",
+                       "pmcheck_toy.update.skip_flush",
+                       "pmcheck_toy.update.unlock_before_persist");
