@@ -26,6 +26,10 @@ void EnableFault(const std::string& name);
 void DisableFault(const std::string& name);
 void DisableAllFaults();
 std::vector<std::string> EnabledFaults();
+// True if some PMINDEX_FAULT call site in this build checks `name`; the
+// known names, sorted (src/pm/fault_names.cc).
+bool FaultKnown(const std::string& name);
+std::vector<std::string> KnownFaults();
 
 inline bool FaultEnabled(const char* name) {
   return __builtin_expect(detail::g_any_fault.load(std::memory_order_relaxed), 0) && detail::FaultEnabledSlow(name);
