@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <sstream>
 
 #include "checker_internal.h"
@@ -66,8 +67,16 @@ void Report::Add(const Config& c, Failure f) {
   if (n++ < c.max_reported) failures.push_back(std::move(f));
 }
 
+// The names carry 64 random bits drawn once per process (forked children
+// share them), so another user of the directory cannot predict and plant them.
 std::string PoolPath(const Config& c, const char* what) {
-  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
+  static const std::string token = [] {
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", unsigned(rd()), unsigned(rd()));
+    return std::string(buf);
+  }();
+  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + token + "-" + what + ".pool";
 }
 
 

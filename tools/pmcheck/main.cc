@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
+#include "checker_internal.h"
 #include "pmcheck.h"
 #include "target.h"
 #include "pmindex/index.h"
@@ -23,9 +24,7 @@ void OnSignal(int sig) {
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
-std::string PathFor(const pmcheck::Config& c, const char* what) {
-  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
-}
+std::string PathFor(const pmcheck::Config& c, const char* what) { return pmcheck::PoolPath(c, what); }
 }  // namespace
 
 int main(int argc, char** argv) {
