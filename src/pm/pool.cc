@@ -15,9 +15,13 @@
 //    at `path` either is a complete pool or was never created by us.
 // Persist ordering:
 //  * Create: zero + fill header (pm::Set/pm::Copy), Persist; magic, Persist;
-//    msync; link into place.
-//  * Grow: extend the file, map the new range, then StoreAtomic+Persist of
-//    header.size (a crash in between leaves a larger file; fine).
+//    msync; fdatasync; link into place.
+//  * Create: after the link into place (and after removing a dead process's
+//    temporary file), fsync the directory so the name is durable.
+//  * Grow: extend the file, fdatasync it (the new length is durable), map
+//    the new range, then StoreAtomic+Persist of header.size (a crash in
+//    between leaves a larger file; fine; the reverse order could leave a
+//    header size beyond the file's durable length: "file is truncated").
 //  * Open: StoreAtomic+Persist clean=0 before any other write; then the
 //    allocator recovers, then the PMwCAS descriptors (format 2), both before
 //    Open returns (so before any index opens).
@@ -25,6 +29,11 @@
 //    down, then StoreAtomic+Persist clean=1.
 // Format 1 pools (no PMwCAS region, docs/pool-format.md) open read-write
 // with pmwcas() == nullptr; their header is never rewritten.
+// Untrusted files: every header field is validated from a pread copy before
+// anything is mapped; max_size <= kMaxPoolSizeLimit bounds every size sum
+// (max_size + 2 MiB, offsets < size <= max_size) far below 2^64, so the
+// MAP_FIXED mappings only ever replace pages of the pool's own reservation.
+// Thread safety: see pool.h (Grow serialises on grow_mu_).
 #include "pmindex/pm/pool.h"
 
 #include <dirent.h>
@@ -75,7 +84,75 @@ uint64_t Fnv1a(const void* p, size_t n) {
 
 std::string Errno(const std::string& what, int e) { return what + ": " + std::strerror(e); }
 
+// Callers bound v by kMaxPoolSizeLimit first, so v + a - 1 cannot wrap.
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+constexpr uint64_t kHugePage = uint64_t(2) << 20;
+static_assert(kMaxPoolSizeLimit % Allocator::kChunkSize == 0);
+static_assert(kMaxPoolSizeLimit < (uint64_t(1) << 62), "reservation sums must not wrap");
+
+// Opens an existing pool file without following a symbolic link and without
+// blocking (a FIFO would block an O_RDONLY open until a writer appears);
+// anything but a regular file is InvalidArgument.
+Status OpenExisting(const std::string& path, int flags, int* fd) {
+  *fd = open(path.c_str(), flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (*fd < 0) {
+    const int e = errno;
+    if (e == ENOENT) return Status::NotFound("no pool at " + path);
+    if (e == ELOOP) return Status::InvalidArgument(path + ": is a symbolic link (pools are opened without following links)");
+    return Status::IOError(Errno("open " + path, e));
+  }
+  struct stat st;
+  Status s;
+  if (fstat(*fd, &st) != 0) s = Status::IOError(Errno("fstat " + path, errno));
+  else if (!S_ISREG(st.st_mode)) s = Status::InvalidArgument(path + ": not a regular file");
+  if (!s.ok()) {
+    close(*fd);
+    *fd = -1;
+  }
+  return s;
+}
+
+std::string DirOf(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Makes the directory's entries (a link, an unlink) durable.
+Status SyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::IOError(Errno("open directory " + dir, errno));
+  const int rc = fsync(fd);
+  const int e = errno;
+  close(fd);
+  // tmpfs and some others answer EINVAL for directories: nothing to sync.
+  if (rc != 0 && e != EINVAL) return Status::IOError(Errno("fsync directory " + dir, e));
+  return Status::OK();
+}
+
+// A sparse copy of a pool (cp, rsync) has holes that the file system fills
+// at the first store, raising SIGBUS if it is full then. A file whose
+// allocated blocks cover its length has none (one fstat: st_blocks counts
+// preallocated blocks too, where SEEK_HOLE on tmpfs also reports allocated
+// but never written pages as holes); otherwise posix_fallocate allocates
+// what is missing in [0, size), so a full file system is an error at open.
+Status AllocateHoles(int fd, const std::string& path, uint64_t size) {
+  struct stat st;
+  if (fstat(fd, &st) != 0) return Status::IOError(Errno("fstat " + path, errno));
+  if (uint64_t(st.st_blocks) * 512 >= uint64_t(st.st_size)) return Status::OK();  // dense
+  if (int e = posix_fallocate(fd, 0, off_t(size)); e != 0) {
+    if (e == ENOSPC) {
+      const off_t hole = lseek(fd, 0, SEEK_HOLE);
+      return Status::IOError(path + ": the pool file is sparse (" + std::to_string(uint64_t(st.st_blocks) * 512) + " of " +
+                             std::to_string(uint64_t(st.st_size)) + " bytes allocated, first hole at byte " +
+                             std::to_string(int64_t(hole)) + ") and the file system has no space to allocate the holes; "
+                             "free space or copy the pool without holes");
+    }
+    return Status::IOError(Errno("posix_fallocate (holes) " + path, e));
+  }
+  return Status::OK();
+}
 }  // namespace
 
 struct HeaderLayout {
@@ -139,6 +216,9 @@ Status ValidateHeader(const std::string& path, const HeaderLayout& h, uint64_t f
   const uint64_t size = __atomic_load_n(&h.size, __ATOMIC_ACQUIRE);
   if (h.max_size % Allocator::kChunkSize != 0 || h.max_size < layout::kMinPoolSize)
     return Status::Corrupt(path + ": invalid max size " + std::to_string(h.max_size));
+  if (h.max_size > kMaxPoolSizeLimit)
+    return Status::Corrupt(path + ": max size " + std::to_string(h.max_size) + " exceeds the limit of " +
+                           std::to_string(kMaxPoolSizeLimit) + " bytes (kMaxPoolSizeLimit)");
   if (size % Allocator::kChunkSize != 0 || size < layout::kMinPoolSize || size > h.max_size)
     return Status::Corrupt(path + ": invalid pool size " + std::to_string(size) + " (max " + std::to_string(h.max_size) + ")");
   if (size > file_size)
@@ -177,16 +257,15 @@ Status ReadHeader(int fd, const std::string& path, HeaderLayout* h, uint64_t* fi
   return ValidateHeader(path, *h, *file_size);
 }
 
-// Removes "<path>.creating.<pid>" files left by dead processes.
-void RemoveStaleTemporaries(const std::string& path) {
-  std::string dir = ".", base = path;
-  if (auto slash = path.rfind('/'); slash != std::string::npos) {
-    dir = slash == 0 ? "/" : path.substr(0, slash);
-    base = path.substr(slash + 1);
-  }
+// Removes "<path>.creating.<pid>" files left by dead processes; true if it
+// removed one (the caller then syncs the directory).
+bool RemoveStaleTemporaries(const std::string& path) {
+  const std::string dir = DirOf(path);
+  const std::string base = path.rfind('/') == std::string::npos ? path : path.substr(path.rfind('/') + 1);
+  bool removed = false;
   const std::string prefix = base + ".creating.";
   DIR* d = opendir(dir.c_str());
-  if (!d) return;
+  if (!d) return false;
   while (struct dirent* e = readdir(d)) {
     std::string name = e->d_name;
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
@@ -194,9 +273,10 @@ void RemoveStaleTemporaries(const std::string& path) {
     if (pid_s.empty() || pid_s.find_first_not_of("0123456789") != std::string::npos) continue;
     long pid = std::strtol(pid_s.c_str(), nullptr, 10);
     if (pid <= 0 || pid == long(getpid())) continue;
-    if (kill(pid_t(pid), 0) != 0 && errno == ESRCH) unlink((dir + "/" + name).c_str());
+    if (kill(pid_t(pid), 0) != 0 && errno == ESRCH && unlink((dir + "/" + name).c_str()) == 0) removed = true;
   }
   closedir(d);
+  return removed;
 }
 
 }  // namespace
@@ -211,7 +291,12 @@ uint64_t* Pool::root_slot() { return &header()->root; }
 
 bool Pool::Exists(const std::string& path) {
   struct stat st;
-  return stat(path.c_str(), &st) == 0;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+const char* Pool::mapping_name() const {
+  if (cow_) return "private copy-on-write (MAP_PRIVATE)";
+  return dax_ ? "DAX (MAP_SYNC)" : "shared (MAP_SHARED, not DAX)";
 }
 
 Status Pool::Remove(const std::string& path) {
@@ -234,7 +319,12 @@ Status Pool::Remove(const std::string& path) {
 // (it is ignored where huge pages are off, and failures are harmless).
 Status Pool::MapAndValidate(bool creating) {
   (void)creating;
-  constexpr uint64_t kHuge = uint64_t(2) << 20;
+  constexpr uint64_t kHuge = kHugePage;
+  // Validated by the header check or Create's arguments; checked again here
+  // because the MAP_FIXED below must stay inside the reservation.
+  if (max_size_ > kMaxPoolSizeLimit || mapped_size_ > max_size_ || mapped_size_ == 0)
+    return Status::Corrupt(path_ + ": pool size " + std::to_string(mapped_size_) + " / max size " + std::to_string(max_size_) +
+                           " out of range");
   void* r = mmap(nullptr, max_size_ + kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) return Status::IOError(Errno("reserving " + std::to_string(max_size_) + " bytes of address space", errno));
   {
@@ -247,13 +337,24 @@ Status Pool::MapAndValidate(bool creating) {
   }
   const int prot = read_only_ ? PROT_READ : (PROT_READ | PROT_WRITE);
   void* m = MAP_FAILED;
-  if (!read_only_) {
-    m = mmap(base_, mapped_size_, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd_, 0);
-    if (m != MAP_FAILED) dax_ = true;
-  }
-  if (m == MAP_FAILED) {
-    m = mmap(base_, mapped_size_, prot, MAP_SHARED | MAP_FIXED, fd_, 0);
-    dax_ = false;
+  if (cow_) {
+    m = mmap(base_, mapped_size_, prot, MAP_PRIVATE | MAP_FIXED, fd_, 0);
+  } else {
+    if (!read_only_) {
+      m = mmap(base_, mapped_size_, prot, MAP_SHARED_VALIDATE | MAP_SYNC | MAP_FIXED, fd_, 0);
+      if (m != MAP_FAILED) dax_ = true;
+    }
+    if (m == MAP_FAILED && require_dax_ && !read_only_) {
+      const int e = errno;
+      munmap(base_, max_size_);
+      base_ = nullptr;
+      return Status::Unsupported(path_ + ": a synchronous DAX mapping (MAP_SYNC) was required but is not available (" +
+                                 std::strerror(e) + "); the file system is not DAX-capable");
+    }
+    if (m == MAP_FAILED) {
+      m = mmap(base_, mapped_size_, prot, MAP_SHARED | MAP_FIXED, fd_, 0);
+      dax_ = false;
+    }
   }
   if (m == MAP_FAILED) {
     int e = errno;
@@ -281,22 +382,27 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   if (opts.pmwcas_max_words < 1 || opts.pmwcas_max_words > PMwCAS::kMaxMaxWords)
     return Status::InvalidArgument("pmwcas_max_words must be 1.." + std::to_string(PMwCAS::kMaxMaxWords) + ", got " +
                                    std::to_string(opts.pmwcas_max_words));
+  if (opts.size > kMaxPoolSizeLimit || opts.max_size > kMaxPoolSizeLimit)
+    return Status::InvalidArgument("pool size " + std::to_string(opts.size) + " / max_size " + std::to_string(opts.max_size) +
+                                   " exceeds the limit of " + std::to_string(kMaxPoolSizeLimit) + " bytes (kMaxPoolSizeLimit)");
   uint64_t size = std::max<uint64_t>(RoundUp(opts.size, Allocator::kChunkSize), layout::kMinPoolSize);
   uint64_t max_size = opts.max_size ? RoundUp(opts.max_size, Allocator::kChunkSize) : std::max(size, kDefaultMaxPoolSize);
   if (opts.max_size && max_size < size)
     return Status::InvalidArgument("max_size " + std::to_string(opts.max_size) + " is smaller than the initial size " +
                                    std::to_string(size));
   if (Exists(path)) return Status::AlreadyExists("pool " + path + " already exists");
-  RemoveStaleTemporaries(path);
+  if (RemoveStaleTemporaries(path)) PMINDEX_RETURN_IF_ERROR(SyncDir(DirOf(path)));
 
   std::unique_ptr<Pool> p(new Pool());
   p->path_ = path;
   p->type_ = std::string(type);
   p->max_size_ = max_size;
   p->mapped_size_ = size;
+  p->require_dax_ = opts.require_dax;
   const std::string tmp = path + ".creating." + std::to_string(getpid());
   unlink(tmp.c_str());
-  p->fd_ = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  // 0600: index data is nobody else's business (the umask may only narrow it).
+  p->fd_ = open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (p->fd_ < 0) return Status::IOError(Errno("create " + tmp, errno));
   auto fail = [&](Status s) {
     p->AbandonOpen();
@@ -353,6 +459,8 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
   Copy(h->magic, kMagic, 8);
   Persist(h->magic, 8);
   if (!p->dax_ && msync(p->base_, size, MS_SYNC) != 0) return fail(Status::IOError(Errno("msync " + tmp, errno)));
+  // The length from posix_fallocate is file metadata: durable before the link.
+  if (fdatasync(p->fd_) != 0) return fail(Status::IOError(Errno("fdatasync " + tmp, errno)));
   // link() fails with EEXIST instead of replacing a pool created meanwhile.
   if (link(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
@@ -360,6 +468,10 @@ Status Pool::Create(const std::string& path, std::string_view type, const PoolOp
     return fail(Status::IOError(Errno("link " + tmp + " -> " + path, e)));
   }
   unlink(tmp.c_str());
+  if (Status s = SyncDir(DirOf(path)); !s.ok()) {
+    unlink(path.c_str());
+    return fail(s);
+  }
   p->allocator_ = std::move(alloc);
   p->pmwcas_ = std::move(pmwcas);
   p->was_clean_ = true;
@@ -372,19 +484,22 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
   if (path.empty()) return Status::InvalidArgument("empty pool path");
   std::unique_ptr<Pool> p(new Pool());
   p->path_ = path;
+  if (opts.read_only && opts.copy_on_write) return Status::InvalidArgument("read_only and copy_on_write exclude each other");
+  if (opts.copy_on_write && opts.require_dax)
+    return Status::InvalidArgument("a copy-on-write open is private memory, never a DAX mapping (require_dax)");
   p->read_only_ = opts.read_only;
-  p->fd_ = open(path.c_str(), (opts.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
-  if (p->fd_ < 0) {
-    int e = errno;
+  p->cow_ = opts.copy_on_write;
+  p->require_dax_ = opts.require_dax;
+  const bool writes_file = !opts.read_only && !opts.copy_on_write;
+  if (Status s = OpenExisting(path, writes_file ? O_RDWR : O_RDONLY, &p->fd_); !s.ok()) {
     p->closed_ = true;
-    if (e == ENOENT) return Status::NotFound("no pool at " + path);
-    return Status::IOError(Errno("open " + path, e));
+    return s;
   }
   auto fail = [&](Status s) {
     p->AbandonOpen();
     return s;
   };
-  if (flock(p->fd_, (opts.read_only ? LOCK_SH : LOCK_EX) | LOCK_NB) != 0) {
+  if (flock(p->fd_, (writes_file ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0) {
     int e = errno;
     if (e == EWOULDBLOCK) return fail(Status::Busy("pool " + path + " is already open by another process"));
     return fail(Status::IOError(Errno("flock " + path, e)));
@@ -401,6 +516,9 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
                                         std::string(expected_type) + "'"));
   p->max_size_ = h.max_size;
   p->mapped_size_ = h.size;
+  if (writes_file) {
+    if (Status s = AllocateHoles(p->fd_, path, h.size); !s.ok()) return fail(s);
+  }
   PMINDEX_RETURN_IF_ERROR([&] {
     Status s = p->MapAndValidate(false);
     return s.ok() ? s : fail(s);
@@ -431,12 +549,8 @@ Status Pool::Open(const std::string& path, std::string_view expected_type, const
 }
 
 Status Pool::ReadInfo(const std::string& path, PoolInfo* info) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) return Status::NotFound("no pool at " + path);
-    return Status::IOError(Errno("open " + path, e));
-  }
+  int fd = -1;
+  PMINDEX_RETURN_IF_ERROR(OpenExisting(path, O_RDONLY, &fd));
   HeaderLayout h;
   uint64_t file_size = 0;
   Status s = ReadHeader(fd, path, &h, &file_size);
@@ -482,6 +596,7 @@ PoolInfo Pool::Info() const {
   }
   info.clean_shutdown = was_clean_;
   info.dax = dax_;
+  info.mapping = mapping_name();
   if (header()->version >= 2) {
     info.pmwcas_max_words = header()->pmwcas_max_words;
     info.pmwcas_descriptors = uint32_t(header()->pmwcas_count);
@@ -492,6 +607,10 @@ PoolInfo Pool::Info() const {
 Status Pool::Grow(uint64_t new_size) {
   if (closed_ || !base_) return Status::InvalidArgument("pool is closed");
   if (read_only_) return Status::Unsupported("pool " + path_ + " is open read-only");
+  if (cow_) return Status::Unsupported("pool " + path_ + " is open copy-on-write (private)");
+  if (new_size > max_size_)  // also keeps the rounding below from wrapping
+    return Status::PoolFull("pool " + path_ + " cannot grow to " + std::to_string(new_size) + " bytes: max size is " +
+                            std::to_string(max_size_));
   std::lock_guard<std::mutex> g(grow_mu_);
   const uint64_t target = RoundUp(new_size, Allocator::kChunkSize);
   const uint64_t cur = size();
@@ -503,6 +622,9 @@ Status Pool::Grow(uint64_t new_size) {
     if (e == ENOSPC) return Status::IOError("cannot grow pool " + path_ + ": the file system is full");
     return Status::IOError(Errno("posix_fallocate " + path_, e));
   }
+  // The new length must be durable before the header says it: otherwise a
+  // power failure could leave a header size past the end of the file.
+  if (fdatasync(fd_) != 0) return Status::IOError(Errno("fdatasync (grow) " + path_, errno));
   if (target > mapped_size_) {
     const int prot = PROT_READ | PROT_WRITE;
     const int flags = (dax_ ? (MAP_SHARED_VALIDATE | MAP_SYNC) : MAP_SHARED) | MAP_FIXED;
@@ -528,7 +650,7 @@ Status Pool::Close() {
     allocator_.reset();
   }
   if (base_) {
-    if (!read_only_) {
+    if (!read_only_ && !cow_) {
       StorePersist(&header()->clean, uint64_t(1));
       if (!dax_ && msync(base_, mapped_size_, MS_SYNC) != 0) result = Status::IOError(Errno("msync " + path_, errno));
     }

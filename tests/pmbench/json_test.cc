@@ -154,6 +154,20 @@ TEST(PmbenchJson, TimeModeAndRecovery) {
   EXPECT_EQ(j.at("results").at(0).at("recovery").at("note"), "transient index: nothing to recover");
 }
 
+// The pool mapping a persistent index ran on (here /dev/shm: not DAX) is in
+// the JSON and on stderr; transient indexes have none.
+TEST(PmbenchJson, PoolMappingIsReported) {
+  const std::string path = TmpJson("mapping");
+  PmRun r = Pmbench("--index dram_btree,fptree -n 2000 -p 1000 --phases read --json " + path, true);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  json j = LoadJsonAndRemove(path);
+  ASSERT_EQ(j.at("results").size(), 2u);
+  EXPECT_TRUE(j.at("results").at(0).at("mapping").is_null());
+  EXPECT_EQ(j.at("results").at(1).at("mapping"), "shared (MAP_SHARED, not DAX)");
+  EXPECT_NE(r.out.find("fptree: pool"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mapped shared (MAP_SHARED, not DAX)"), std::string::npos) << r.out;
+}
+
 TEST(PmbenchJson, BadOptionsExitWithAMessage) {
   PmRun r = Pmbench("--index dram_btree -r 0.5 -i 0.2", true);
   EXPECT_EQ(r.rc, 2);

@@ -65,7 +65,8 @@ Status BenchOptions::Validate() const {
   if (time_mode && !(seconds > 0)) return Status::InvalidArgument("--seconds must be positive in time mode");
   if (sampling_ms < 1) return Status::InvalidArgument("--sampling_ms must be at least 1");
   if (!(latency_sampling >= 0 && latency_sampling <= 1)) return Status::InvalidArgument("--latency_sampling must be in [0, 1]");
-  if (records > (uint64_t(1) << 40)) return Status::InvalidArgument("-n is limited to 2^40 records");
+  if (records > (uint64_t(1) << 40))
+    return Status::InvalidArgument("-n " + std::to_string(records) + " is more than the limit of 2^40 records");
   if (rounds < 0 || rounds > kMaxRounds)
     return Status::InvalidArgument("--rounds must be in [1, " + std::to_string(kMaxRounds) + "]");
   if (sequential && rounds > 1)
@@ -196,6 +197,11 @@ struct TargetRun {
     Status s = target->Open(topt);
     if (!s.ok()) return Fail("open: " + s.ToString());
     open = true;
+    if (Index* idx = target->index())
+      if (pmindex::pm::Pool* pool = idx->pool()) {
+        r->mapping = pool->mapping_name();
+        std::fprintf(stderr, "pmbench: %s: pool %s mapped %s\n", spec.name.c_str(), r->pool_path.c_str(), r->mapping.c_str());
+      }
     if (o->skip_load) {
       // The streams assume the pool holds exactly the ids [0, n) as loaded.
       if (Index* idx = target->index()) {

@@ -157,6 +157,7 @@ struct TargetResult {
   bool persistent = false, ordered = true, concurrent = true;
   int threads = 1;
   std::string pool_path;
+  std::string mapping;  // pm::Pool::mapping_name() of a built-in persistent index's pool; empty otherwise
   std::string error;  // non-empty: the target failed (the rest still ran)
   bool loaded = false;
   PhaseResult load;

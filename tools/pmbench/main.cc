@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bench.h"
+#include "common/cli.h"
 
 using namespace pmbench;
 
@@ -52,31 +53,51 @@ int main(int argc, char** argv) {
 
   app.add_option("--index", index_list, "built-in indexes to run, comma-separated, in turn (\"all\": dram_btree then every other)");
   app.add_option("--input", input_list, "PiBench plugin libraries (.so) to run, comma-separated (after --index ones)");
-  app.add_option("-n,--records", o.records, "records inserted in the load phase")->capture_default_str();
-  app.add_option("-p,--operations", o.operations, "operations per run phase (operation mode)")->capture_default_str();
-  app.add_option("-t,--threads", o.threads, "worker threads")->capture_default_str();
-  app.add_option("-k,--key_size", o.key_size, "key size in bytes (8: u64 keys, else byte keys)")->capture_default_str();
-  app.add_option("-v,--value_size", o.value_size, "value size in bytes (8: u64 values)")->capture_default_str();
+  app.add_option("-n,--records", o.records, "records inserted in the load phase")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
+  app.add_option("-p,--operations", o.operations, "operations per run phase (operation mode)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
+  app.add_option("-t,--threads", o.threads, "worker threads")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
+  app.add_option("-k,--key_size", o.key_size, "key size in bytes (8: u64 keys, else byte keys)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
+  app.add_option("-v,--value_size", o.value_size, "value size in bytes (8: u64 values)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_option("-f,--key_prefix", o.key_prefix, "prefix prepended to every key (byte keys only)");
   auto* r_opt = app.add_option("-r,--read_ratio", ratios[0], "ratio of reads (default: whatever the other ratios leave)");
   app.add_option("-i,--insert_ratio", ratios[1], "ratio of inserts")->capture_default_str();
   app.add_option("-u,--update_ratio", ratios[2], "ratio of updates")->capture_default_str();
   app.add_option("-d,--remove_ratio", ratios[3], "ratio of removes")->capture_default_str();
   app.add_option("-s,--scan_ratio", ratios[4], "ratio of scans")->capture_default_str();
-  app.add_option("--scan_size", o.scan_size, "records per scan")->capture_default_str();
+  app.add_option("--scan_size", o.scan_size, "records per scan")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_option("--distribution", distribution, "key distribution: UNIFORM, SELFSIMILAR or ZIPFIAN")->capture_default_str();
   auto* skew_opt = app.add_option("--skew", o.skew, "skew: SELFSIMILAR h in (0,0.5] (default 0.2), ZIPFIAN theta in (0,1) (default 0.99)");
-  app.add_option("--seed", o.seed, "random seed (same seed, same operations)")->capture_default_str();
+  app.add_option("--seed", o.seed, "random seed (same seed, same operations)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_option("--mode", mode, "operation (-p ops per phase) or time (--seconds per phase)")->capture_default_str();
   app.add_option("--seconds", o.seconds, "seconds per run phase in time mode")->capture_default_str();
-  app.add_option("--sampling_ms", o.sampling_ms, "throughput sampling window, ms")->capture_default_str();
+  app.add_option("--sampling_ms", o.sampling_ms, "throughput sampling window, ms")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_option("--latency_sampling", o.latency_sampling, "fraction of operations whose latency is measured")->capture_default_str();
   app.add_option("--pool_path", o.pool_path, "pool file (default: a fresh pool in /dev/shm, removed at exit); kept if given");
-  app.add_option("--pool_size", o.pool_size, "initial pool size in bytes (0: from -n, -k, -v; pools grow)")->capture_default_str();
+  app.add_option("--pool_size", o.pool_size, "initial pool size in bytes (0: from -n, -k, -v; pools grow)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_flag("--skip_load", o.skip_load, "skip the load phase: run on the records already in --pool_path");
   app.add_flag("--recovery", o.recovery, "after loading, close and reopen the pool and time the recovery");
   app.add_option("--persist_mode", persist_mode, "flush (clwb/clflushopt/clflush) or none (eADR: no flushes)")->capture_default_str();
-  app.add_option("--write_latency_ns", o.write_latency_ns, "extra latency spun per flushed line (emulated PM)")->capture_default_str();
+  app.add_option("--write_latency_ns", o.write_latency_ns, "extra latency spun per flushed line (emulated PM)")
+      ->capture_default_str()
+      ->check(pmindex::tools::NonNegative());
   app.add_option("--phases", phases, "run phases, comma-separated: read,insert,update,delete,scan,mixed,custom (custom: the -r..-s ratios)");
   app.add_option("--param", params, "index parameter NAME=VALUE for built-in indexes (repeatable)");
   app.add_option("--json", json_path, "write every option and figure to this JSON file");
@@ -88,7 +109,7 @@ int main(int argc, char** argv) {
                                     "indexes changing each round (a balanced Latin square; default: the smallest multiple of its "
                                     "period >= 10 with several indexes, else 1; 1: one index's whole phase after the other's)");
   app.add_flag("--list", list, "list built-in indexes and plugins, then exit");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> rc = pmindex::tools::ParseArgs(app, argc, argv, pmindex::tools::kExitUsage)) return *rc;
 
   if (list) {
     ListTargets();
@@ -96,7 +117,7 @@ int main(int argc, char** argv) {
   }
   auto fail = [](const std::string& m) {
     std::fprintf(stderr, "pmbench: %s\n", m.c_str());
-    return 2;
+    return pmindex::tools::kExitUsage;
   };
   if (!ParseDistribution(distribution, &o.distribution)) return fail("unknown --distribution '" + distribution + "' (UNIFORM, SELFSIMILAR, ZIPFIAN)");
   if (o.distribution == Distribution::kZipfian && skew_opt->count() == 0) o.skew = 0.99;
@@ -154,18 +175,24 @@ int main(int argc, char** argv) {
   std::vector<TargetResult> results;
   RemoveTemporaryPoolsOnSignals();
   s = RunBenchmark(o, targets, &results);
-  if (!s.ok()) return fail(std::string(s.message()));
+  if (!s.ok()) {
+    std::fprintf(stderr, "pmbench: %s\n", std::string(s.message()).c_str());
+    return s.IsInvalidArgument() ? pmindex::tools::kExitUsage : pmindex::tools::kExitCannotRun;
+  }
   std::cout << FormatSummary(o, results) << FormatComparison(o, results) << std::flush;
   if (json_out.is_open()) {
     json_out << ToJson(o, env, results);
     json_out.close();
-    if (!json_out) return fail("writing " + json_path + " failed");
+    if (!json_out) {
+      std::fprintf(stderr, "pmbench: writing %s failed\n", json_path.c_str());
+      return pmindex::tools::kExitCannotRun;
+    }
   }
   int rc = 0;
   for (const auto& r : results)
     if (!r.error.empty()) {
       std::fprintf(stderr, "pmbench: %s: %s\n", r.spec.name.c_str(), r.error.c_str());
-      rc = 1;
+      rc = pmindex::tools::kExitFound;
     }
   return rc;
 }

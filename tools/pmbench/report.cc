@@ -354,6 +354,7 @@ std::string ToJson(const BenchOptions& o, const Environment& env, const std::vec
     t["concurrent"] = r.concurrent;
     t["threads"] = r.threads;
     t["pool_path"] = r.pool_path;
+    t["mapping"] = r.mapping.empty() ? json(nullptr) : json(r.mapping);
     t["error"] = r.error;
     t["load"] = r.loaded ? PhaseJson(r.load, o.sampling_ms) : json(nullptr);
     if (r.has_recovery)

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <random>
 #include <sstream>
 
 #include "checker_internal.h"
@@ -66,8 +67,16 @@ void Report::Add(const Config& c, Failure f) {
   if (n++ < c.max_reported) failures.push_back(std::move(f));
 }
 
+// The names carry 64 random bits drawn once per process (forked children
+// share them), so another user of the directory cannot predict and plant them.
 std::string PoolPath(const Config& c, const char* what) {
-  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
+  static const std::string token = [] {
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", unsigned(rd()), unsigned(rd()));
+    return std::string(buf);
+  }();
+  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + token + "-" + what + ".pool";
 }
 
 
@@ -79,7 +88,7 @@ Status Run(const Config& c, Report* report) {
   PMINDEX_RETURN_IF_ERROR(MakeTarget(c, &target));
   if (c.threads > 1 && !target->concurrent())
     return Status::InvalidArgument(c.index + " is not concurrent (single-threaded index): use --threads 1");
-  for (const auto& f : c.faults) pm::EnableFault(f);
+  for (const auto& f : c.faults) PMINDEX_RETURN_IF_ERROR(pm::EnableFault(f));
 
   if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.lint || c.kills == 0)) {
     Workload wl(c, c.threads, c.ops, c.seed);

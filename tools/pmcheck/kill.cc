@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "checker_internal.h"
+#include "pm/image_file.h"
 
 namespace pmcheck {
 
@@ -35,7 +36,7 @@ namespace {
 Status CopyFile(const std::string& from, const std::string& to) {
   int in = ::open(from.c_str(), O_RDONLY);
   if (in < 0) return Status::IOError("open " + from);
-  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int out = pmindex::pm::CreateFileExclusive(to);
   if (out < 0) {
     ::close(in);
     return Status::IOError("open " + to);

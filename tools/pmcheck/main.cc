@@ -1,7 +1,8 @@
 // pmcheck: the command-line front end of the power-failure simulator and
 // durability checker (issue 5). See docs/pmcheck.md and pmcheck.h; this file
-// only parses options and prints the report. Exit status: 0 no failure,
-// 1 failures found, 2 the check could not run (bad arguments, unknown index).
+// only parses options and prints the report. Exit status (tools/common/cli.h):
+// 0 no failure, 1 failures found, 2 usage (bad or missing option, unknown
+// index or fault name), 3 the check could not run (I/O error, ...).
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,9 +10,12 @@
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
+#include "common/cli.h"
+#include "checker_internal.h"
 #include "pmcheck.h"
 #include "target.h"
 #include "pmindex/index.h"
+#include "pmindex/pm/fault.h"
 
 namespace {
 // Pool files this run may leave in the pool directory; removed if pmcheck is
@@ -23,9 +27,7 @@ void OnSignal(int sig) {
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
-std::string PathFor(const pmcheck::Config& c, const char* what) {
-  return c.dir + "/pmcheck-" + c.index + "-" + std::to_string(::getpid()) + "-" + what + ".pool";
-}
+std::string PathFor(const pmcheck::Config& c, const char* what) { return pmcheck::PoolPath(c, what); }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> params;
   uint64_t pool_mb = c.pool_size >> 20;
   bool long_mode = false, list = false;
-  app.add_option("--index", c.index, "index type (registered persistent index, or pmcheck_toy)");
+  app.add_option("--index", c.index, "index type (registered persistent index, or pmcheck_toy); required");
   app.add_option("--ops", c.ops, "ops per thread in the recorded workload")->check(CLI::Range(uint64_t(0), uint64_t(1) << 24));
   app.add_option("--keys", c.keys, "distinct keys per thread (0: ops/2, at least 8)");
   app.add_option("--key-kind", key_kind, "u64 | bytes")->check(CLI::IsMember({"u64", "bytes"}));
@@ -74,7 +76,7 @@ int main(int argc, char** argv) {
   app.add_flag("--verbose", c.verbose, "one line per crash image / kill round");
   app.add_option("--trace-line", c.trace_line, "print a backtrace of every store to / flush of the line holding this pool offset");
   app.add_flag("--list", list, "list the indexes (and pmcheck's own targets: the toy index, the PMwCAS primitive, the allocator) pmcheck can check");
-  CLI11_PARSE(app, argc, argv);
+  if (std::optional<int> rc = pmindex::tools::ParseArgs(app, argc, argv, pmindex::tools::kExitUsage)) return *rc;
 
   if (list) {
     for (const auto& i : pmindex::ListIndexes())
@@ -82,6 +84,15 @@ int main(int argc, char** argv) {
     std::printf("%s\n%s\n%s\n", pmcheck::kToyName, pmcheck::kPmwcasTargetName, pmcheck::kAllocatorTargetName);
     return 0;
   }
+  auto usage = [](const std::string& m) {
+    std::fprintf(stderr, "pmcheck: %s\n", m.c_str());
+    return pmindex::tools::kExitUsage;
+  };
+  if (app.count("--index") == 0)
+    return usage("--index is required (see --list; the built-in toy index is --index " + std::string(pmcheck::kToyName) + ")");
+  for (const auto& f : c.faults)
+    if (!pmindex::pm::FaultKnown(f))
+      return usage("--fault " + f + ": no fault switch has this name (the names are in docs/<index>.md and docs/pmcheck.md)");
   c.unfenced_image = !no_unfenced;
   c.read_rule = !no_read_rule;
   c.key_kind = key_kind == "u64" ? pmindex::KeyKind::kU64 : pmindex::KeyKind::kBytes;
@@ -90,8 +101,7 @@ int main(int argc, char** argv) {
   for (const auto& p : params) {
     auto eq = p.find('=');
     if (eq == std::string::npos || eq == 0) {
-      std::fprintf(stderr, "pmcheck: --param expects name=value, got '%s'\n", p.c_str());
-      return 2;
+      return usage("--param expects name=value, got '" + p + "'");
     }
     c.params[p.substr(0, eq)] = p.substr(eq + 1);
   }
@@ -107,8 +117,7 @@ int main(int argc, char** argv) {
     char* end = nullptr;
     long long k = std::strtoll(points.c_str(), &end, 10);
     if (points.empty() || *end || k < 0) {
-      std::fprintf(stderr, "pmcheck: --points expects all, none or a number, got '%s'\n", points.c_str());
-      return 2;
+      return usage("--points expects all, none or a number, got '" + points + "'");
     }
     c.points = k;
   }
@@ -120,7 +129,7 @@ int main(int argc, char** argv) {
   pmindex::Status s = pmcheck::Run(c, &r);
   if (!s.ok()) {
     std::fprintf(stderr, "pmcheck: %s\n", s.ToString().c_str());
-    return 2;
+    return s.IsInvalidArgument() ? pmindex::tools::kExitUsage : pmindex::tools::kExitCannotRun;
   }
   std::fputs(pmcheck::FormatReport(c, r).c_str(), stdout);
   return r.total_failures() ? 1 : 0;

@@ -52,6 +52,7 @@
 
 #include "checker_internal.h"
 #include "core/index_util.h"
+#include "pm/image_file.h"
 #include "pmindex/pm/persist.h"
 #include "recorder.h"
 
@@ -600,7 +601,7 @@ class Replayer {
   // (every other page of img is zero). Scanning the whole image for zero
   // pages instead cost 14% of a fault run's time under ASan.
   static Status WriteImage(const std::string& path, const std::vector<char>& img, const std::vector<uint8_t>& touched) {
-    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int fd = pmindex::pm::CreateFileExclusive(path);
     if (fd < 0) return Status::IOError("open " + path + ": " + std::strerror(errno));
     Status s;
     if (::ftruncate(fd, off_t(img.size())) != 0) s = Status::IOError("ftruncate");

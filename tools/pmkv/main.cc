@@ -12,7 +12,8 @@
 // --key-kind/--value-kind bytes|u64 (new pools), --size BYTES, --param k=v.
 // Byte keys and values are written with C escapes (\t \n \\ \xNN) in TSV and
 // JSON lines so any bytes round-trip; u64 keys and values are decimal.
-// Exit codes: 0 ok, 1 not found or operation error, 2 usage.
+// Exit codes (tools/common/cli.h): 0 ok, 1 not found or operation error,
+// 2 usage, 3 the pool cannot be opened (missing, busy, I/O error).
 //
 // Single-threaded; one pmkv process holds the pool at a time (a second one
 // gets Busy).
@@ -35,7 +36,7 @@ using namespace pmindex;
 
 namespace {
 
-constexpr int kOk = 0, kFail = 1, kUsage = 2;
+constexpr int kOk = tools::kExitOk, kFail = tools::kExitFound, kUsage = tools::kExitUsage, kCannotRun = tools::kExitCannotRun;
 
 struct Common {
   std::string engine;
@@ -139,10 +140,15 @@ int OpenStore(const Common& c, const std::string& path, bool may_create, std::un
   }
   std::string engine = c.engine;
   bool exists = access(path.c_str(), F_OK) == 0;
-  if (!exists && !may_create) return Fail(Status::NotFound("no pool at " + path), "open");
+  if (!exists && !may_create) {
+    Fail(Status::NotFound("no pool at " + path), "open");
+    return kCannotRun;
+  }
   if (!exists && engine.empty()) engine = "fptree";
   Status s = KV::Open(engine, cfg, kv);
-  return s.ok() ? kOk : Fail(s, "open " + path);
+  if (s.ok()) return kOk;
+  Fail(s, "open " + path);
+  return s.IsNotFound() || s.IsBusy() || s.IsIOError() ? kCannotRun : kFail;
 }
 
 // A progress bar on stderr, redrawn at most every 100 ms.

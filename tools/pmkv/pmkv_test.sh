@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pmkv_test.sh: pmkv end to end: put/get/remove/count/scan/info on byte and
 # u64 stores, load and dump round trips in TSV and JSON lines (with bytes that
-# need escaping), reopen, and the exit codes (0 ok, 1 not found / error, 2 usage).
+# need escaping), reopen, and the exit codes (0 ok, 1 not found / error, 2 usage,
+# 3 the pool cannot be opened).
 #   pmkv_test.sh PATH/TO/pmkv
 set -uo pipefail
 pmkv=$1
@@ -21,7 +22,7 @@ p=$dir/a.pool
 expect 2 "$pmkv"
 expect 2 "$pmkv" frobnicate "$p"
 expect 2 "$pmkv" get "$p"
-expect 1 "$pmkv" get "$p" k            # no pool yet
+expect 3 "$pmkv" get "$p" k            # no pool yet
 expect 0 "$pmkv" put "$p" apple red
 expect 0 "$pmkv" put "$p" banana yellow
 expect 0 "$pmkv" put "$p" cherry dark

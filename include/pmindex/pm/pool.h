@@ -19,11 +19,26 @@
 // the file and maps the new part in place, so addresses never move.
 //
 // Locking: an exclusive flock on the file; a second opener (this process or
-// another) gets Status::Busy. Read-only opens take a shared lock.
+// another) gets Status::Busy. Read-only and copy-on-write opens take a shared
+// lock. The lock is advisory: a process that ignores it (truncate, cp over
+// the file) can still shrink the file under an open pool, and the next access
+// past the new end is a SIGBUS (docs/pool-format.md).
 //
 // DAX: the file is mapped MAP_SHARED_VALIDATE|MAP_SYNC when the filesystem
 // supports it (then flush+fence is durable); otherwise MAP_SHARED, and Close
-// msyncs. is_dax() reports which.
+// msyncs. is_dax() and mapping_name() report which; require_dax turns the
+// fallback into an error.
+//
+// Untrusted files: the path is opened O_NOFOLLOW|O_NONBLOCK and must be a
+// regular file; every header field is validated with pread before anything is
+// mapped, and max_size is capped at kMaxPoolSizeLimit so that no size
+// computation can wrap. Holes (a sparse copy) are allocated at a read-write
+// open, so a full file system is an error at open rather than a SIGBUS at the
+// first store.
+//
+// Thread safety: Create/Open/ReadInfo/Remove may be called from any thread;
+// an open Pool's accessors and Grow are thread-safe; Close must not run
+// concurrently with any other use of the pool.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +58,10 @@ class PMwCAS;
 
 inline constexpr uint64_t kPoolHeaderSize = 4096;
 inline constexpr uint64_t kDefaultMaxPoolSize = 64ull << 30;
+// The largest max_size a pool may have (16 TiB): Create refuses more, and Open
+// reports a header asking for more as Corrupt. Far below the 128 TiB of user
+// address space of x86-64, and far from 2^64, so reservation sizes never wrap.
+inline constexpr uint64_t kMaxPoolSizeLimit = 16ull << 40;
 inline constexpr size_t kPoolTypeNameMax = 31;
 
 struct PoolInfo {
@@ -57,6 +76,7 @@ struct PoolInfo {
   uint64_t blocks_in_use = 0;
   bool clean_shutdown = false;  // the previous user closed it cleanly
   bool dax = false;             // mapped with MAP_SYNC
+  std::string mapping;          // Pool::mapping_name() of the open that read it; empty from ReadInfo
   uint32_t pmwcas_max_words = 0;    // 0: format 1, no PMwCAS region
   uint32_t pmwcas_descriptors = 0;
 };
@@ -67,6 +87,15 @@ struct PoolOptions {
   uint64_t size = 64ull << 20;  // initial size (rounded up to whole chunks)
   uint64_t max_size = 0;        // 0: max(size, kDefaultMaxPoolSize)
   bool read_only = false;       // Open only
+  // Open only: map the file MAP_PRIVATE and writable. Recovery (allocator
+  // lanes, PMwCAS, an index's own) runs on private copy-on-write pages and
+  // nothing reaches the file; takes a shared lock like read_only. For
+  // checkers (pmindex-pool check). Grow is Unsupported.
+  bool copy_on_write = false;
+  // Create/Open: fail (Unsupported) unless the file can be mapped with
+  // MAP_SYNC (a DAX file system), instead of falling back to MAP_SHARED,
+  // which survives a process crash but not a power failure.
+  bool require_dax = false;
   // Create only: the most target words of one PMwCAS operation (1..64); the
   // descriptor region then holds 188 KiB / (32 + 32 * words, in lines)
   // descriptors (334 at the default 16).
@@ -107,6 +136,10 @@ class Pool {
   const std::string& type() const { return type_; }
   bool is_dax() const { return dax_; }
   bool read_only() const { return read_only_; }
+  bool copy_on_write() const { return cow_; }
+  // "DAX (MAP_SYNC)", "shared (MAP_SHARED, not DAX)" or "private
+  // copy-on-write (MAP_PRIVATE)": what the tools print.
+  const char* mapping_name() const;
   // True if the previous user did not close the pool (crash or kill).
   bool recovered_from_crash() const { return !was_clean_; }
   // A process-unique id of this open instance (for thread-local caches).
@@ -154,7 +187,7 @@ class Pool {
   char* base_ = nullptr;
   uint64_t max_size_ = 0;
   uint64_t mapped_size_ = 0;
-  bool dax_ = false, read_only_ = false, was_clean_ = true, closed_ = false, remove_on_close_ = false;
+  bool dax_ = false, read_only_ = false, cow_ = false, require_dax_ = false, was_clean_ = true, closed_ = false, remove_on_close_ = false;
   uint64_t instance_id_ = 0;
   std::mutex grow_mu_;
   std::unique_ptr<Allocator> allocator_;
