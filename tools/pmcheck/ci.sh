@@ -297,6 +297,19 @@ run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 -
 # 1-2 format a run, 3 persists the lane).
 run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
 run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
+# Scheduled interleavings (--pct, tools/pmcheck/scheduler.h): for every
+# concurrent index and pmcheck's pmwcas and allocator targets, 20 PCT
+# schedules (4 priority change points each) of one two-thread workload,
+# sharing 400 crash images; flushed lines are compared with the shadow at
+# every flush (unlogged stores in multi-threaded runs).
+for idx in $(printf '%s\nallocator' "$indexes"); do
+  "$bin" --index "$idx" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent" && continue
+  p=$(params "$idx")
+  [ "$idx" = allocator ] && p="--keys 24"
+  # shellcheck disable=SC2086
+  run "$idx pct schedules" 0 --index "$idx" --threads 2 --ops $((100 * scale)) --pct 4 --schedules $((20 * scale)) \
+    --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
+done
 wait
 
 failed=()

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "pmcheck.h"
+#include "scheduler.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/status.h"
 #include "workload.h"
@@ -75,11 +76,21 @@ class Recorder final : public pmindex::pm::Observer {
   // persist windows (the erratum lint needs such interleavings).
   void PerturbSchedule(uint64_t seed) { perturb_seed_ = seed | 1; }
 
+  // Multi-threaded recording under a PCT schedule (scheduler.h): every
+  // store, flush, fence, acting load and op boundary of a workload thread is
+  // a scheduling point (after it is logged); PerturbSchedule is then unused.
+  void SetScheduler(PctScheduler* s) { sched_ = s; }
+
   // Ignore every fence issued from the k-th fence call site (1-based, in
   // first-recorded order): the fence is neither logged nor seen by the lint.
   void DropFenceSite(uint64_t k) { drop_site_ = k; }
   uint64_t fence_sites() const { return fence_sites_.size(); }
   uint64_t fences_dropped = 0;
+  // Persist-site coverage: how often each flush and fence call site ran
+  // (by return address), and "object+0xoffset" for one (symbolise it with
+  // addr2line -f -C -e OBJECT OFFSET; scripts/pmcheck-coverage.sh does).
+  std::map<uintptr_t, uint64_t> flush_site_counts, fence_site_counts;
+  static std::string SiteName(uintptr_t site);
   std::string dropped_site;  // "object+0xoffset" of the dropped site
 
   // The thread id the calling thread's events are attributed to.
@@ -88,7 +99,7 @@ class Recorder final : public pmindex::pm::Observer {
   void OnStore(const void* addr, size_t size) override { Store(addr, size, false); }
   void OnVolatileStore(const void* addr, size_t size) override { Store(addr, size, true); }
   void OnNonTemporalStore(const void* addr, size_t size) override;
-  void OnFlush(const void* line) override;
+  __attribute__((noinline)) void OnFlush(const void* line) override;
   void OnFence() override;
   void OnLoad(const void* addr, size_t size) override;
 
@@ -151,6 +162,13 @@ class Recorder final : public pmindex::pm::Observer {
   uint64_t drop_site_ = 0;
   std::vector<uintptr_t> fence_sites_;  // call sites of fences, first-recorded order
   void MaybeYield(bool shared_line);
+  PctScheduler* sched_ = nullptr;
+  void SchedulePoint(bool load);
+  void FenceLocked(uintptr_t site);
+  void NonTemporalLocked(const void* addr, size_t size);
+  void LoadLocked(const void* addr, size_t size);
+  size_t BeginOpLocked(const Op& op);
+  void EndOpLocked(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads);
   void Trace(const char* what, uint64_t off, size_t size);
 };
 

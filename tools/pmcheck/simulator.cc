@@ -63,12 +63,26 @@ namespace pm = pmindex::pm;
 
 // ---------------------------------------------------------------------------
 // Recording.
+
+// Scheduling points per op, about (stores, flushes, fences, acting loads
+// and the two op boundaries): the range PCT's change points are drawn from.
+constexpr uint64_t kPointsPerOp = 32;
+
+uint64_t ScheduleSeed(const Config& c) {
+  if (c.threads < 2 || c.pct < 0) return 0;
+  return c.schedule_seed ? c.schedule_seed : c.seed;
+}
 Status Record(const Config& c, Target* target, const Workload& wl, Report* report, Recording* out) {
   const std::string path = PoolPath(c, "rec");
   target->Remove(path);
   PMINDEX_RETURN_IF_ERROR(target->Prepare(path));
-  out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); }, c.threads == 1);
-  if (c.threads > 1) out->rec->PerturbSchedule(c.seed);
+  // Under a PCT schedule one thread runs at a time and gives the CPU away
+  // only after its last store was logged, so flushed lines can be compared
+  // with the shadow in multi-threaded runs too.
+  const bool scheduled = c.threads > 1 && c.pct >= 0;
+  out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); },
+                                        c.threads == 1 || scheduled);
+  if (c.threads > 1 && !scheduled) out->rec->PerturbSchedule(c.seed);
   Recorder& rec = *out->rec;
   rec.TraceLine(c.trace_line);
   rec.DropFenceSite(c.drop_fence);
@@ -89,11 +103,20 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   std::mutex mu;
   std::vector<Failure> wrong;
   std::atomic<int> ready{0};
+  std::unique_ptr<PctScheduler> sched;
+  if (scheduled) {
+    out->schedule_seed = ScheduleSeed(c);
+    // Change points are drawn over about the run's scheduling points.
+    sched = std::make_unique<PctScheduler>(c.threads, c.pct, out->schedule_seed, c.ops * uint64_t(c.threads) * kPointsPerOp);
+    rec.SetScheduler(sched.get());
+  }
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);
-    // Start together, so that the threads' ops really overlap.
+    if (sched) sched->Start(t);
+    // Start together, so that the threads' ops really overlap (a schedule
+    // needs no barrier: the scheduler decides who runs).
     ready.fetch_add(1);
-    while (c.threads > 1 && ready.load() < c.threads) std::this_thread::yield();
+    while (c.threads > 1 && !sched && ready.load() < c.threads) std::this_thread::yield();
     std::string got;
     for (const Op& op : wl.ops()[size_t(t)]) {
       got.clear();
@@ -112,6 +135,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
       }
       if (own) state[op.kid] = Workload::After(op, s.code(), state[op.kid]);
     }
+    if (sched) sched->Finish(t);
   };
   if (c.threads == 1) {
     worker(0);
@@ -120,14 +144,36 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     for (int t = 0; t < c.threads; ++t) th.emplace_back(worker, t);
     for (auto& t : th) t.join();
   }
+  rec.SetScheduler(nullptr);
+  if (sched) {
+    report->schedules_run++;
+    report->schedule_switches += sched->switches();
+    report->schedule_stalls += sched->stalls();
+    report->schedule_spins += sched->spins();
+    report->schedule_steps += sched->steps();
+    report->schedule_hash = sched->hash();
+  }
   Recorder::SetThreadId(0);
   rec.FinalCheck();
+  if (!c.site_counts.empty()) {
+    if (FILE* f = std::fopen(c.site_counts.c_str(), "a")) {
+      for (const auto& [site, n] : rec.flush_site_counts)
+        std::fprintf(f, "flush %s %llu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n));
+      for (const auto& [site, n] : rec.fence_site_counts)
+        std::fprintf(f, "fence %s %llu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n));
+      std::fclose(f);
+    }
+  }
   pm::SetObserver(nullptr);
   idx->Close();
   idx.reset();
   target->Remove(path);
-  for (auto& f : wrong) report->Add(c, std::move(f));
+  for (auto& f : wrong) {
+    f.schedule_seed = out->schedule_seed;
+    report->Add(c, std::move(f));
+  }
   for (auto& f : rec.findings) {
+    f.schedule_seed = out->schedule_seed;
     if (f.kind == FailKind::kMissingFlush || f.kind == FailKind::kMissingFence || f.kind == FailKind::kErratum) {
       if (!c.lint) continue;  // counted in the lint section only
     }
