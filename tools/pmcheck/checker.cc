@@ -135,6 +135,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
   for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
   for (const auto& fl : c.faults) s += " --fault " + fl;
   if (c.drop_fence) s += " --drop-fence " + std::to_string(c.drop_fence);
+  if (!c.drop_site.empty()) s += " --drop-site " + c.drop_site;
   if (f.schedule_seed) s += " --pct " + std::to_string(c.pct) + " --schedule-seed " + std::to_string(f.schedule_seed);
   if (c.shared_keys) s += " --shared-keys";
   if (c.drain) s += " --drain";
@@ -164,6 +165,7 @@ std::string FormatReport(const Config& c, const Report& r) {
   o << "pmcheck " << c.index << ": " << c.threads << " thread(s) x " << c.ops << " ops, seed " << c.seed;
   for (const auto& f : c.faults) o << ", fault " << f;
   if (c.drop_fence) o << ", fence site " << c.drop_fence << " dropped";
+  if (!c.drop_site.empty()) o << ", site " << c.drop_site << " dropped (" << r.named_drops << " flushes/fences)";
   o << "\n";
   std::snprintf(buf, sizeof buf,
                 "  recorded %llu ops, %llu events (%llu crash points) in %.2f s\n"

@@ -310,6 +310,28 @@ for idx in $(printf '%s\nallocator' "$indexes"); do
   run "$idx pct schedules" 0 --index "$idx" --threads 2 --ops $((100 * scale)) --pct 4 --schedules $((20 * scale)) \
     --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
 done
+# A dropped fence on a persist path of every index (--drop-fence K, the
+# K-th fence call site in first-recorded order of the clean line's
+# workload): each must be reported by crash images (no lint). Site numbers
+# move with the code: when a line fails here, list the sites with
+# --site-counts and re-pin K to the named function's commit fence.
+drop_fences="
+fptree 7 FPTree::InsertInto
+fptree_single 12 FPTree::InsertInto
+ptree 7 FPTree::InsertInto
+fastfair 8 FastFair::Put
+nvc_hashmap 12 NvcHashmap::AllocNode
+nvtree 8 NVTree::Append
+wbtree 8 WBTree::InsertEntry
+wbtree_slot 8 WBTree::InsertEntry
+"
+while read -r idx k fn; do
+  [ -z "$idx" ] && continue
+  echo "$indexes" | grep -qx "$idx" || continue
+  # shellcheck disable=SC2046
+  run "$idx drop-fence $k ($fn)" 1 --index "$idx" --ops 300 --images 1500 --images-per-point 3 --stop-after 1 --timeout 10 \
+    $(params "$idx") --drop-fence "$k"
+done <<< "$drop_fences"
 wait
 
 failed=()

@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
   app.add_option("--schedule-seed", c.schedule_seed, "the PCT schedule to record (default: --seed)");
   app.add_option("--schedules", c.schedules, "record and replay N PCT schedules (seeds S, S+1, ...) sharing the image budget")
       ->check(CLI::Range(uint64_t(1), uint64_t(100000)));
+  app.add_option("--drop-site", c.drop_site,
+                 "record as if the flush or fence call at this site (object+0xoffset, see --site-counts) were deleted");
   app.add_option("--site-counts", c.site_counts,
                  "append how often each flush and fence call site ran in the recording to this file (coverage)");
   app.add_option("--timeout", c.timeout_s, "seconds allowed per recovery + verification")->check(CLI::PositiveNumber);

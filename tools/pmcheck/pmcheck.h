@@ -87,6 +87,10 @@ struct Config {
   // if that pm::Fence were deleted from the source: the lint and the crash
   // images see the flushes it ordered as unfenced. --drop-fence K.
   uint64_t drop_fence = 0;
+  // Non-empty: the recording ignores every flush and fence issued from the
+  // call site of this name ("object+0xoffset", as --site-counts writes it),
+  // as if that pm::Flush / pm::Fence were deleted. --drop-site NAME.
+  std::string drop_site;
   // Scheduled interleavings (multi-threaded runs): pct >= 0 records under
   // the PCT scheduler (scheduler.h) with that many priority change points;
   // schedule_seed names the schedule (0: taken from seed), and schedules > 1
@@ -148,6 +152,7 @@ struct Report {
   uint64_t fence_sites = 0;      // distinct call sites of recorded fences
   uint64_t fences_dropped = 0;   // --drop-fence: fences of that site ignored
   std::string dropped_site;      // --drop-fence: "object+0xoffset" of the site
+  uint64_t named_drops = 0;      // --drop-site: flushes and fences ignored
   // PCT scheduling (summed over schedules): schedules recorded, token
   // switches, stalls (a thread blocked outside the primitives), spins, and
   // the last schedule's hash (equal hashes: the same interleaving).

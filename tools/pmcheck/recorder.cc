@@ -215,10 +215,21 @@ std::string Recorder::SiteName(uintptr_t site) {
   return buf;
 }
 
+bool Recorder::DroppedByName(uintptr_t site) {
+  if (drop_name_.empty()) return false;
+  auto it = drop_named_.find(site);
+  if (it == drop_named_.end()) it = drop_named_.emplace(site, SiteName(site) == drop_name_).first;
+  return it->second;
+}
+
 __attribute__((noinline)) void Recorder::OnFlush(const void* line) {
   const uintptr_t site = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (DroppedByName(site)) {
+      ++named_drops;
+      return;
+    }
     flush_site_counts[site]++;
   }
   FlushLocked(line);
@@ -267,6 +278,10 @@ void Recorder::FenceLocked(uintptr_t site) {
   if (it == fence_sites_.end()) it = fence_sites_.insert(fence_sites_.end(), site);
   if (uint64_t(it - fence_sites_.begin()) + 1 == drop_site_) {
     if (fences_dropped++ == 0) dropped_site = SiteName(site);
+    return;
+  }
+  if (DroppedByName(site)) {
+    ++named_drops;
     return;
   }
   fence_site_counts[site]++;

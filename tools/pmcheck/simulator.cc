@@ -86,6 +86,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   Recorder& rec = *out->rec;
   rec.TraceLine(c.trace_line);
   rec.DropFenceSite(c.drop_fence);
+  rec.DropSiteNamed(c.drop_site);
   Recorder::SetThreadId(0);
   pm::SetObserver(&rec);
   std::unique_ptr<pmindex::Index> idx;
@@ -159,8 +160,11 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     if (FILE* f = std::fopen(c.site_counts.c_str(), "a")) {
       for (const auto& [site, n] : rec.flush_site_counts)
         std::fprintf(f, "flush %s %llu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n));
-      for (const auto& [site, n] : rec.fence_site_counts)
-        std::fprintf(f, "fence %s %llu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n));
+      const auto& order = rec.fence_site_order();
+      for (const auto& [site, n] : rec.fence_site_counts) {
+        const size_t k = size_t(std::find(order.begin(), order.end(), site) - order.begin()) + 1;
+        std::fprintf(f, "fence %s %llu %zu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n), k);
+      }
       std::fclose(f);
     }
   }
@@ -191,6 +195,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->fence_sites = rec.fence_sites();
   report->fences_dropped = rec.fences_dropped;
   report->dropped_site = rec.dropped_site;
+  report->named_drops += rec.named_drops;
   report->events = rec.events.size();
   return Status::OK();
 }
@@ -586,6 +591,7 @@ class Replayer {
     Recorder::SetThreadId(0);
     Status st = target_->Open(rpath, &idx, [&](char* base, uint64_t max, std::function<uint64_t()> size) {
       rrec = std::make_unique<Recorder>(base, max, std::move(size), true);
+      rrec->DropSiteNamed(c_.drop_site);  // a deleted flush/fence in recovery code
       pm::SetObserver(rrec.get());
     });
     if (st.ok() && rrec) rrec->FinalCheck();
