@@ -21,6 +21,10 @@
 #      each at 40 sampled images (double crashes, --recovery-crashes);
 #   7. shared keys and the read rule (two threads, --shared-keys) for every
 #      concurrent index.
+#   8. 20 PCT schedules (--pct 4 --schedules 20) of a two-thread workload
+#      for every concurrent index and the pmwcas and allocator targets;
+#   9. one dropped fence per index (--drop-fence K pinned to its insert's
+#      commit fence), which crash images must report.
 # The allocator target (--index allocator) gets clean, two-thread,
 # shared-keys, tiny-key-space and kill lines and its fault switches.
 # Every line builds the unfenced image per point (flushed-but-unfenced

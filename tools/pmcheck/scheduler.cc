@@ -79,12 +79,13 @@ void PctScheduler::Point(int tid, bool load) {
   if (running_.load() == tid) {
     // The holder's step (only the holder writes these).
     const uint64_t step = step_.fetch_add(1) + 1;
-    hash_ = (hash_ ^ uint64_t(tid + 1)) * 1099511628211ull;
+    hash_.store((hash_.load(std::memory_order_relaxed) ^ uint64_t(tid + 1)) * 1099511628211ull, std::memory_order_relaxed);
     int& streak = load_streak_[size_t(tid)];
     streak = load ? streak + 1 : 0;
     spin = streak > kLoadStreak;
     if (spin) streak = 0;
-    change = next_change_ < change_points_.size() && step >= change_points_[next_change_];
+    const size_t nc = next_change_.load();
+    change = nc < change_points_.size() && step >= change_points_[nc];
     if (!spin && !change && !attention_.load()) return;
   }
   std::unique_lock<std::mutex> g(mu_);

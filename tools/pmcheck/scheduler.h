@@ -64,7 +64,7 @@ class PctScheduler {
   uint64_t stalls() const { return stalls_; }
   uint64_t spins() const { return spins_; }
   // A hash of the sequence of token holders (equal hashes: same schedule).
-  uint64_t hash() const { return hash_; }
+  uint64_t hash() const { return hash_.load(); }
 
   static constexpr int kLoadStreak = 64;
   static constexpr int kStallMs = 20;
@@ -82,7 +82,7 @@ class PctScheduler {
   std::vector<uint8_t> done_, blocked_;
   std::vector<int> load_streak_;
   std::vector<uint64_t> change_points_;  // ascending
-  size_t next_change_ = 0;
+  std::atomic<size_t> next_change_{0};
   int64_t low_prio_;  // next priority given at a change point (d-1, d-2, ...)
   int64_t spin_prio_ = -1;  // priorities given to spinning threads (below all)
   // The token holder counts its steps without the lock (a waiter that
@@ -94,7 +94,9 @@ class PctScheduler {
   std::atomic<bool> attention_{false};
   int started_ = 0;  // no stall is declared before every thread started
   uint64_t switches_ = 0, stalls_ = 0, spins_ = 0;
-  uint64_t hash_ = 1469598103934665603ull;  // written by the holder only
+  // Written by the holder; atomic because a thread that was robbed of the
+  // token by a stall may still take its fast path once.
+  std::atomic<uint64_t> hash_{1469598103934665603ull};
 };
 
 }  // namespace pmcheck
