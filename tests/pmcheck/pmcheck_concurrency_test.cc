@@ -134,8 +134,8 @@ TEST(PmcheckSchedule, SeveralSchedulesShareTheBudgetAndReproducersNameTheirs) {
   Config c;
   c.index = "pmcheck_toy";
   c.threads = 2;
-  c.ops = 60;
-  c.points = 200;
+  c.ops = 40;
+  c.points = 80;
   c.pct = 3;
   c.schedules = 4;
   c.faults = {"pmcheck_toy.insert.skip_kv_flush"};
