@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "pmcheck.h"
+#include "target_test_util.h"
 
 namespace pmcheck {
 namespace {
@@ -23,18 +24,7 @@ Config Base() {
   return c;
 }
 
-TEST(PmcheckAllocator, CleanRunsReportNothing) {
-  for (int threads : {1, 2}) {
-    Config c = Base();
-    c.threads = threads;
-    c.points = threads == 1 ? 200 : 100;
-    c.lint = true;
-    Report r;
-    ASSERT_TRUE(pmcheck::Run(c, &r).ok());
-    EXPECT_EQ(r.total_failures(), 0u) << FormatReport(c, r);
-    EXPECT_GT(r.images_recovered, 0u);
-  }
-}
+TEST(PmcheckAllocator, CleanRunsReportNothing) { ExpectCleanRuns(Base(), 200, 100); }
 
 TEST(PmcheckAllocator, RecoveryCrashesReportNothing) {
   Config c = Base();
@@ -84,12 +74,7 @@ INSTANTIATE_TEST_SUITE_P(Faults, PmcheckAllocatorFault,
                                            "pm.alloc.large.skip_state_flush", "pm.free.skip_bit_flush",
                                            "pm.run.skip_bitmap_persist", "pm.grow.skip_size_persist",
                                            "pm.alloc.skip_replay"),
-                         [](const ::testing::TestParamInfo<const char*>& i) {
-                           std::string n = std::string(i.param).substr(3);
-                           for (char& ch : n)
-                             if (ch == '.') ch = '_';
-                           return n;
-                         });
+                         [](const ::testing::TestParamInfo<const char*>& i) { return FaultTestName(i.param, 3); });
 
 }  // namespace
 }  // namespace pmcheck

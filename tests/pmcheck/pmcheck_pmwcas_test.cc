@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "pmcheck.h"
+#include "target_test_util.h"
 
 namespace pmcheck {
 namespace {
@@ -18,18 +19,7 @@ Config Base() {
   return c;
 }
 
-TEST(PmcheckPmwcas, CleanRunsReportNothing) {
-  for (int threads : {1, 2}) {
-    Config c = Base();
-    c.threads = threads;
-    c.points = threads == 1 ? 150 : 80;
-    c.lint = true;
-    Report r;
-    ASSERT_TRUE(pmcheck::Run(c, &r).ok());
-    EXPECT_EQ(r.total_failures(), 0u) << FormatReport(c, r);
-    EXPECT_GT(r.images_recovered, 0u);
-  }
-}
+TEST(PmcheckPmwcas, CleanRunsReportNothing) { ExpectCleanRuns(Base(), 150, 80); }
 
 class PmcheckPmwcasFault : public ::testing::TestWithParam<const char*> {};
 
@@ -46,12 +36,7 @@ TEST_P(PmcheckPmwcasFault, IsReported) {
 INSTANTIATE_TEST_SUITE_P(Faults, PmcheckPmwcasFault,
                          ::testing::Values("pmwcas.skip_descriptor_persist", "pmwcas.skip_status_persist",
                                            "pmwcas.skip_dirty_flush"),
-                         [](const ::testing::TestParamInfo<const char*>& i) {
-                           std::string n = std::string(i.param).substr(7);
-                           for (char& ch : n)
-                             if (ch == '.') ch = '_';
-                           return n;
-                         });
+                         [](const ::testing::TestParamInfo<const char*>& i) { return FaultTestName(i.param, 7); });
 
 }  // namespace
 }  // namespace pmcheck

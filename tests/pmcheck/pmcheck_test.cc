@@ -6,8 +6,12 @@
 // runs with the CI budget in tools/pmcheck/ci.sh. PMINDEX_LONG=1 raises the
 // budgets here.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "pmcheck.h"
@@ -261,6 +265,47 @@ TEST(PmcheckToy, DroppedFenceSitesAreReported) {
   c.drop_fence = clean.fence_sites + 1;
   Report none = MustRun(c);
   EXPECT_EQ(none.fences_dropped, 0u);
+  EXPECT_EQ(none.total_failures(), 0u) << Describe(c, none);
+}
+
+// --site-counts lists the flush and fence call sites a run reached, and
+// --drop-site deletes one of them from the model: most of the toy's flush
+// sites are then reported, and the same run without the drop is clean.
+TEST(PmcheckToy, SiteCountsAndDroppedSites) {
+  Config c = Toy(200, 300);
+  c.images_per_point = 2;
+  c.stop_after = 1;
+  c.site_counts = ::testing::TempDir() + "pmcheck_sites_" + std::to_string(::getpid());
+  std::remove(c.site_counts.c_str());
+  Report clean = MustRun(c);
+  ASSERT_EQ(clean.total_failures(), 0u) << Describe(c, clean);
+  std::vector<std::string> flushes;
+  {
+    std::ifstream in(c.site_counts);
+    std::string kind, site;
+    uint64_t count = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      ls >> kind >> site >> count;
+      EXPECT_GT(count, 0u) << line;
+      if (kind == "flush") flushes.push_back(site);
+    }
+  }
+  std::remove(c.site_counts.c_str());
+  c.site_counts.clear();
+  ASSERT_GE(flushes.size(), 3u);
+  uint64_t reported = 0;
+  for (const std::string& site : flushes) {
+    c.drop_site = site;
+    Report r = MustRun(c);
+    EXPECT_GT(r.named_drops, 0u) << site;
+    reported += r.total_failures() > 0;
+  }
+  EXPECT_GE(reported * 2, flushes.size()) << reported << " of " << flushes.size() << " flush sites reported";
+  c.drop_site = "no-such-object+0x1";
+  Report none = MustRun(c);
+  EXPECT_EQ(none.named_drops, 0u);
   EXPECT_EQ(none.total_failures(), 0u) << Describe(c, none);
 }
 

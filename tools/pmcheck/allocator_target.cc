@@ -59,10 +59,11 @@
 #include <thread>
 #include <vector>
 
+#include "kit/hash.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
-#include "target.h"
+#include "pool_target.h"
 
 namespace pmcheck {
 namespace {
@@ -93,15 +94,8 @@ struct Header {
 };
 constexpr size_t kMinRecord = sizeof(Header) + 8;  // the header and the check word
 
-uint64_t Mix(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ull;
-  k ^= k >> 33;
-  return k;
-}
-uint64_t CheckWord(const Header& h) { return Mix(h.key ^ Mix(h.value) ^ (h.size << 1)); }
+using pmindex::internal::kit::Fmix64;
+uint64_t CheckWord(const Header& h) { return Fmix64(h.key ^ Fmix64(h.value) ^ (h.size << 1)); }
 
 // Block sizes: three run classes of small blocks, the largest run class
 // (32 KiB), a medium class (100 KiB: 130944-byte blocks) and large blocks
@@ -259,7 +253,7 @@ class AllocMap final : public pmindex::Index {
 
   // Under mu_: the slot holding key k. A chain ends at a 0 slot.
   bool Locate(uint64_t k, uint64_t* idx) const {
-    const uint64_t h = Mix(k);
+    const uint64_t h = Fmix64(k);
     for (uint64_t p = 0; p < kSlots; p++) {
       const uint64_t i = (h + p) % kSlots;
       const uint64_t s = root()->slots[i];
@@ -302,7 +296,7 @@ class AllocMap final : public pmindex::Index {
       if (found && !update) return Status::AlreadyExists();
       if (!found) {
         if (!insert) return Status::NotFound();
-        const uint64_t h = Mix(k);
+        const uint64_t h = Fmix64(k);
         for (uint64_t p = 0; p < kSlots && idx == kSlots; p++) {
           const uint64_t i = (h + p) % kSlots;
           if (root()->slots[i] <= kTomb && !reserved_.count(i)) idx = i;
@@ -317,7 +311,7 @@ class AllocMap final : public pmindex::Index {
     }
     const uint64_t expect = root()->slots[idx];  // only this thread changes it now
     WriteIntent(L, idx, expect, found ? expect : 0);
-    Header hd{k, v, SizeFor(Mix(k ^ Mix(v)))};
+    Header hd{k, v, SizeFor(Fmix64(k ^ Fmix64(v)))};
     // A full pool (Reclaim found nothing) costs the spares first, then the
     // record's size: the smallest class has room in a partial run.
     Status s = pool_->allocator().Allocate(&L->staging, hd.size);
@@ -356,7 +350,7 @@ class AllocMap final : public pmindex::Index {
   // A spare chosen by the op: allocate it if empty, free it if not (often
   // a block another thread allocated).
   void Spare(uint64_t k, uint64_t v) {
-    const uint64_t h = Mix(k * 31 + v + 7);
+    const uint64_t h = Fmix64(k * 31 + v + 7);
     const uint64_t sp = h % kSpares;
     std::lock_guard<std::mutex> g(spare_mu_[sp % kSpareLocks]);
     uint64_t* w = &root()->spares[sp];
@@ -423,65 +417,6 @@ uint64_t ParamU64(const Config& c, const char* name, uint64_t dflt) {
   return it == c.params.end() ? dflt : std::strtoull(it->second.c_str(), nullptr, 10);
 }
 
-class AllocatorTarget final : public Target {
- public:
-  explicit AllocatorTarget(const Config& c) : c_(c), max_chunks_(ParamU64(c, "max_chunks", kDefaultMaxChunks)) {}
-  Status Prepare(const std::string& path) override {
-    // The smallest pool (one heap chunk), so that the workload grows it up
-    // to max_chunks heap chunks and then reclaims.
-    pm::PoolOptions po;
-    po.size = kHeapChunk * 2;
-    po.max_size = kHeapChunk * (1 + max_chunks_);
-    PMINDEX_RETURN_IF_ERROR(pm::Pool::Create(path, kAllocatorTargetName, po, &pool_));
-    raw_ = pool_.get();
-    return Status::OK();
-  }
-  char* base() const override { return raw_->base(); }
-  uint64_t size() const override { return raw_->size(); }
-  uint64_t max_size() const override { return raw_->max_size(); }
-  Status CreateIndex(std::unique_ptr<pmindex::Index>* out) override { return AllocMap::Create(std::move(pool_), out); }
-  Status OpenOrCreate(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
-    if (::access(path.c_str(), F_OK) == 0) return Open(path, out, {});
-    PMINDEX_RETURN_IF_ERROR(Prepare(path));
-    return CreateIndex(out);
-  }
-  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out, const MappedHook& on_mapped) override {
-    pm::PoolOptions po;
-    if (on_mapped) po.on_mapped = [&on_mapped](pm::Pool* p) { on_mapped(p->base(), p->max_size(), [p] { return p->size(); }); };
-    std::unique_ptr<pm::Pool> pool;
-    PMINDEX_RETURN_IF_ERROR(pm::Pool::Open(path, kAllocatorTargetName, po, &pool));
-    return AllocMap::Open(std::move(pool), out);
-  }
-  Status CheckLeaks(pmindex::Index* index) override {
-    pm::Pool* pool = index->pool();
-    PMINDEX_RETURN_IF_ERROR(pool->allocator().Check());
-    std::set<uint64_t> alloc, owned;
-    uint64_t dup = 0;
-    pool->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    PMINDEX_RETURN_IF_ERROR(index->ForEachOwnedBlock([&](uint64_t off) {
-      if (!owned.insert(off).second && !dup) dup = off;
-    }));
-    std::string msg;
-    for (uint64_t a : alloc)
-      if (!owned.count(a)) msg += " leaked block @" + std::to_string(a);
-    for (uint64_t o : owned)
-      if (!alloc.count(o)) msg += " owned but free @" + std::to_string(o);
-    if (dup) msg += " owned twice @" + std::to_string(dup);
-    if (msg.empty()) return Status::OK();
-    if (msg.size() > 200) msg = msg.substr(0, 200) + "...";
-    return Status::Corrupt(std::to_string(alloc.size()) + " blocks allocated, " + std::to_string(owned.size()) + " owned:" + msg);
-  }
-  bool ordered() const override { return false; }
-  bool concurrent() const override { return true; }
-  void Remove(const std::string& path) override { ::unlink(path.c_str()); }
-
- private:
-  Config c_;
-  uint64_t max_chunks_;
-  std::unique_ptr<pm::Pool> pool_;
-  pm::Pool* raw_ = nullptr;
-};
-
 }  // namespace
 
 Status MakeAllocatorTarget(const Config& c, std::unique_ptr<Target>* out) {
@@ -490,7 +425,12 @@ Status MakeAllocatorTarget(const Config& c, std::unique_ptr<Target>* out) {
   for (const auto& [name, value] : c.params)
     if (name != "max_chunks") return Status::InvalidArgument(std::string(kAllocatorTargetName) + ": unknown parameter " + name);
   if (ParamU64(c, "max_chunks", kDefaultMaxChunks) < 4) return Status::InvalidArgument("max_chunks must be at least 4");
-  out->reset(new AllocatorTarget(c));
+  // The smallest pool (one heap chunk), so that the workload grows it up to
+  // max_chunks heap chunks and then reclaims.
+  pm::PoolOptions po;
+  po.size = kHeapChunk * 2;
+  po.max_size = kHeapChunk * (1 + ParamU64(c, "max_chunks", kDefaultMaxChunks));
+  out->reset(new PoolTarget(kAllocatorTargetName, po, pm::PoolOptions(), AllocMap::Create, AllocMap::Open));
   return Status::OK();
 }
 

@@ -12,6 +12,7 @@
 // a process-wide persist observer and forks).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -91,21 +92,34 @@ Status Run(const Config& c, Report* report) {
   for (const auto& f : c.faults) PMINDEX_RETURN_IF_ERROR(pm::EnableFault(f));
 
   if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.lint || c.kills == 0)) {
-    Workload wl(c, c.threads, c.ops, c.seed);
-    Recording recording;
-    auto t0 = std::chrono::steady_clock::now();
-    Status s = Record(c, target.get(), wl, report, &recording);
-    auto t1 = std::chrono::steady_clock::now();
-    report->record_seconds = std::chrono::duration<double>(t1 - t0).count();
-    if (!s.ok()) {
-      for (const auto& f : c.faults) pm::DisableFault(f);
-      return s;
+    // Several PCT schedules of one workload share the crash-point budget.
+    const uint64_t n = ScheduleSeed(c) && c.only_point < 0 ? std::max<uint64_t>(1, c.schedules) : 1;
+    for (uint64_t i = 0; i < n; ++i) {
+      Config ci = c;
+      if (n > 1) {
+        ci.schedule_seed = ScheduleSeed(c) + i;
+        if (c.image_budget) ci.image_budget = std::max<uint64_t>(1, c.image_budget / n);
+        if (c.points > 0) ci.points = std::max<int64_t>(1, c.points / int64_t(n));
+      }
+      const size_t first = report->failures.size();
+      Workload wl(ci, ci.threads, ci.ops, ci.seed);
+      Recording recording;
+      auto t0 = std::chrono::steady_clock::now();
+      Status s = Record(ci, target.get(), wl, report, &recording);
+      auto t1 = std::chrono::steady_clock::now();
+      report->record_seconds += std::chrono::duration<double>(t1 - t0).count();
+      if (!s.ok()) {
+        for (const auto& f : c.faults) pm::DisableFault(f);
+        return s;
+      }
+      if (ci.only_point >= 0 && (ci.only_point >= int64_t(recording.rec->events.size())))
+        return Status::InvalidArgument("--point " + std::to_string(ci.only_point) + " is past the end of the log (" +
+                                       std::to_string(recording.rec->events.size()) + " events)");
+      if (ci.points != 0 || ci.only_point >= 0) Replay(ci, target.get(), wl, *recording.rec, report);
+      report->replay_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      for (size_t j = first; j < report->failures.size(); ++j)
+        if (!report->failures[j].schedule_seed) report->failures[j].schedule_seed = recording.schedule_seed;
     }
-    if (c.only_point >= 0 && (c.only_point >= int64_t(recording.rec->events.size())))
-      return Status::InvalidArgument("--point " + std::to_string(c.only_point) + " is past the end of the log (" +
-                                     std::to_string(recording.rec->events.size()) + " events)");
-    if (c.points != 0 || c.only_point >= 0) Replay(c, target.get(), wl, *recording.rec, report);
-    report->replay_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   }
   if (c.kills > 0 && c.only_point < 0) {
     auto t0 = std::chrono::steady_clock::now();
@@ -130,6 +144,8 @@ std::string Reproducer(const Config& c, const Failure& f) {
   for (const auto& [k, v] : c.params) s += " --param " + k + "=" + v;
   for (const auto& fl : c.faults) s += " --fault " + fl;
   if (c.drop_fence) s += " --drop-fence " + std::to_string(c.drop_fence);
+  if (!c.drop_site.empty()) s += " --drop-site " + c.drop_site;
+  if (f.schedule_seed) s += " --pct " + std::to_string(c.pct) + " --schedule-seed " + std::to_string(f.schedule_seed);
   if (c.shared_keys) s += " --shared-keys";
   if (c.drain) s += " --drain";
   if (!c.read_rule) s += " --no-read-rule";
@@ -148,7 +164,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
     s += " --points 0";
     if (c.lint) s += " --lint";
   }
-  if (c.threads > 1 && f.kill_round < 0) s += "  # threads interleave differently per run: may need several runs";
+  if (c.threads > 1 && f.kill_round < 0 && !f.schedule_seed) s += "  # threads interleave differently per run: may need several runs";
   return s;
 }
 
@@ -158,6 +174,7 @@ std::string FormatReport(const Config& c, const Report& r) {
   o << "pmcheck " << c.index << ": " << c.threads << " thread(s) x " << c.ops << " ops, seed " << c.seed;
   for (const auto& f : c.faults) o << ", fault " << f;
   if (c.drop_fence) o << ", fence site " << c.drop_fence << " dropped";
+  if (!c.drop_site.empty()) o << ", site " << c.drop_site << " dropped (" << r.named_drops << " flushes/fences)";
   o << "\n";
   std::snprintf(buf, sizeof buf,
                 "  recorded %llu ops, %llu events (%llu crash points) in %.2f s\n"
@@ -175,6 +192,17 @@ std::string FormatReport(const Config& c, const Report& r) {
                 c.read_rule ? "" : " (read rule off)", static_cast<unsigned long long>(r.recovery_images),
                 static_cast<unsigned long long>(r.recoveries_recorded));
   o << buf;
+  if (r.schedules_run) {
+    std::snprintf(buf, sizeof buf,
+                  "  PCT schedules %llu (%d change points, first schedule seed %llu): %llu steps, %llu switches, %llu spins, "
+                  "%llu stalls%s; last schedule hash %016llx\n",
+                  static_cast<unsigned long long>(r.schedules_run), c.pct, static_cast<unsigned long long>(ScheduleSeed(c)),
+                  static_cast<unsigned long long>(r.schedule_steps), static_cast<unsigned long long>(r.schedule_switches),
+                  static_cast<unsigned long long>(r.schedule_spins), static_cast<unsigned long long>(r.schedule_stalls),
+                  r.schedule_stalls ? " (a schedule with stalls may not replay exactly)" : "",
+                  static_cast<unsigned long long>(r.schedule_hash));
+    o << buf;
+  }
   if (c.kills > 0) {
     std::snprintf(buf, sizeof buf, "  process kills %llu (%llu during open/recovery, %llu mid-workload) in %.2f s\n",
                   static_cast<unsigned long long>(r.kills), static_cast<unsigned long long>(r.kills_in_open),

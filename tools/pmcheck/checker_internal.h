@@ -59,7 +59,10 @@ ChildResult RunInChild(const Config& config, const std::function<void(int fd)>& 
 // report; Replay turns the recorded log into crash images and verifies each.
 struct Recording {
   std::unique_ptr<Recorder> rec;
+  uint64_t schedule_seed = 0;  // the PCT schedule recorded (0: none)
 };
+// The schedule seed a config records with (0: not scheduled).
+uint64_t ScheduleSeed(const Config& config);
 pmindex::Status Record(const Config& config, Target* target, const Workload& wl, Report* report, Recording* out);
 void Replay(const Config& config, Target* target, const Workload& wl, const Recorder& rec, Report* report);
 

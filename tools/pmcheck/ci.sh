@@ -21,6 +21,10 @@
 #      each at 40 sampled images (double crashes, --recovery-crashes);
 #   7. shared keys and the read rule (two threads, --shared-keys) for every
 #      concurrent index.
+#   8. 20 PCT schedules (--pct 4 --schedules 20) of a two-thread workload
+#      for every concurrent index and the pmwcas and allocator targets;
+#   9. one dropped fence per index (--drop-fence K pinned to its insert's
+#      commit fence), which crash images must report.
 # The allocator target (--index allocator) gets clean, two-thread,
 # shared-keys, tiny-key-space and kill lines and its fault switches.
 # Every line builds the unfenced image per point (flushed-but-unfenced
@@ -297,6 +301,41 @@ run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 -
 # 1-2 format a run, 3 persists the lane).
 run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
 run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
+# Scheduled interleavings (--pct, tools/pmcheck/scheduler.h): for every
+# concurrent index and pmcheck's pmwcas and allocator targets, 20 PCT
+# schedules (4 priority change points each) of one two-thread workload,
+# sharing 400 crash images; flushed lines are compared with the shadow at
+# every flush (unlogged stores in multi-threaded runs).
+for idx in $(printf '%s\nallocator' "$indexes"); do
+  "$bin" --index "$idx" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent" && continue
+  p=$(params "$idx")
+  [ "$idx" = allocator ] && p="--keys 24"
+  # shellcheck disable=SC2086
+  run "$idx pct schedules" 0 --index "$idx" --threads 2 --ops $((100 * scale)) --pct 4 --schedules $((20 * scale)) \
+    --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
+done
+# A dropped fence on a persist path of every index (--drop-fence K, the
+# K-th fence call site in first-recorded order of the clean line's
+# workload): each must be reported by crash images (no lint). Site numbers
+# move with the code: when a line fails here, list the sites with
+# --site-counts and re-pin K to the named function's commit fence.
+drop_fences="
+fptree 7 FPTree::InsertInto
+fptree_single 12 FPTree::InsertInto
+ptree 7 FPTree::InsertInto
+fastfair 8 FastFair::Put
+nvc_hashmap 12 NvcHashmap::AllocNode
+nvtree 8 NVTree::Append
+wbtree 8 WBTree::InsertEntry
+wbtree_slot 8 WBTree::InsertEntry
+"
+while read -r idx k fn; do
+  [ -z "$idx" ] && continue
+  echo "$indexes" | grep -qx "$idx" || continue
+  # shellcheck disable=SC2046
+  run "$idx drop-fence $k ($fn)" 1 --index "$idx" --ops 300 --images 1500 --images-per-point 3 --stop-after 1 --timeout 10 \
+    $(params "$idx") --drop-fence "$k"
+done <<< "$drop_fences"
 wait
 
 failed=()

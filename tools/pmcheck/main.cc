@@ -66,6 +66,16 @@ int main(int argc, char** argv) {
   app.add_option("--fault", c.faults, "enable a fault switch (repeatable)");
   app.add_option("--drop-fence", c.drop_fence,
                  "record as if the K-th fence call site (first-recorded order; see 'fence sites' in the report) had no fence");
+  app.add_option("--pct", c.pct,
+                 "multi-threaded runs: record under a PCT schedule with D priority change points (a seed names one interleaving)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--schedule-seed", c.schedule_seed, "the PCT schedule to record (default: --seed)");
+  app.add_option("--schedules", c.schedules, "record and replay N PCT schedules (seeds S, S+1, ...) sharing the image budget")
+      ->check(CLI::Range(uint64_t(1), uint64_t(100000)));
+  app.add_option("--drop-site", c.drop_site,
+                 "record as if the flush or fence call at this site (object+0xoffset, see --site-counts) were deleted");
+  app.add_option("--site-counts", c.site_counts,
+                 "append how often each flush and fence call site ran in the recording to this file (coverage)");
   app.add_option("--timeout", c.timeout_s, "seconds allowed per recovery + verification")->check(CLI::PositiveNumber);
   app.add_option("--pool-mb", pool_mb, "initial pool size in MiB")->check(CLI::Range(uint64_t(1), uint64_t(1) << 16));
   app.add_option("--param", params, "index parameter name=value (repeatable)");

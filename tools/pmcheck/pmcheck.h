@@ -87,6 +87,23 @@ struct Config {
   // if that pm::Fence were deleted from the source: the lint and the crash
   // images see the flushes it ordered as unfenced. --drop-fence K.
   uint64_t drop_fence = 0;
+  // Non-empty: the recording ignores every flush and fence issued from the
+  // call site of this name ("object+0xoffset", as --site-counts writes it),
+  // as if that pm::Flush / pm::Fence were deleted. --drop-site NAME.
+  std::string drop_site;
+  // Scheduled interleavings (multi-threaded runs): pct >= 0 records under
+  // the PCT scheduler (scheduler.h) with that many priority change points;
+  // schedule_seed names the schedule (0: taken from seed), and schedules > 1
+  // records and replays that many schedules (seeds schedule_seed,
+  // schedule_seed+1, ...) of the same workload, the image budget shared
+  // between them. --pct D, --schedule-seed S, --schedules N.
+  int pct = -1;
+  uint64_t schedule_seed = 0;
+  uint64_t schedules = 1;
+  // Persist-site coverage: append "flush|fence SITE COUNT" lines (SITE is
+  // object+0xoffset of the call's return address) for the recorded run to
+  // this file. --site-counts FILE (scripts/pmcheck-coverage.sh).
+  std::string site_counts;
   int kills = 0;                 // --kill N: process-crash rounds
   int ops_per_kill_round = 60;
   std::vector<std::string> faults;
@@ -108,6 +125,7 @@ struct Failure {
   int64_t point = -1;  // crash point (event number), -1 if not tied to one
   int image = -1;
   int kill_round = -1;
+  uint64_t schedule_seed = 0;  // the PCT schedule of the recording (0: none)
 };
 
 struct Report {
@@ -134,6 +152,12 @@ struct Report {
   uint64_t fence_sites = 0;      // distinct call sites of recorded fences
   uint64_t fences_dropped = 0;   // --drop-fence: fences of that site ignored
   std::string dropped_site;      // --drop-fence: "object+0xoffset" of the site
+  uint64_t named_drops = 0;      // --drop-site: flushes and fences ignored
+  // PCT scheduling (summed over schedules): schedules recorded, token
+  // switches, stalls (a thread blocked outside the primitives), spins, and
+  // the last schedule's hash (equal hashes: the same interleaving).
+  uint64_t schedules_run = 0, schedule_switches = 0, schedule_stalls = 0, schedule_spins = 0, schedule_steps = 0;
+  uint64_t schedule_hash = 0;
   double record_seconds = 0, replay_seconds = 0, kill_seconds = 0;
 
   uint64_t total_failures() const;

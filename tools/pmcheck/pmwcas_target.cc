@@ -20,7 +20,6 @@
 // owned by exactly one slot.
 // Thread safety: every operation may run concurrently; Check and
 // ForEachOwnedBlock need quiescence.
-#include <unistd.h>
 
 #include <cstring>
 #include <set>
@@ -29,7 +28,7 @@
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pmwcas.h"
 #include "pmindex/pm/pool.h"
-#include "target.h"
+#include "pool_target.h"
 
 namespace pmcheck {
 namespace {
@@ -228,60 +227,14 @@ class PwMap final : public pmindex::Index {
   pm::PMwCAS* pm_;
 };
 
-class PmwcasTarget final : public Target {
- public:
-  explicit PmwcasTarget(const Config& c) : c_(c) {}
-  Status Prepare(const std::string& path) override {
-    pm::PoolOptions po;
-    po.size = c_.pool_size;
-    PMINDEX_RETURN_IF_ERROR(pm::Pool::Create(path, kPmwcasTargetName, po, &pool_));
-    raw_ = pool_.get();
-    return Status::OK();
-  }
-  char* base() const override { return raw_->base(); }
-  uint64_t size() const override { return raw_->size(); }
-  uint64_t max_size() const override { return raw_->max_size(); }
-  Status CreateIndex(std::unique_ptr<pmindex::Index>* out) override { return PwMap::Create(std::move(pool_), out); }
-  Status OpenOrCreate(const std::string& path, std::unique_ptr<pmindex::Index>* out) override {
-    if (::access(path.c_str(), F_OK) == 0) return Open(path, out, {});
-    PMINDEX_RETURN_IF_ERROR(Prepare(path));
-    return CreateIndex(out);
-  }
-  Status Open(const std::string& path, std::unique_ptr<pmindex::Index>* out, const MappedHook& on_mapped) override {
-    pm::PoolOptions po;
-    po.size = c_.pool_size;
-    if (on_mapped) po.on_mapped = [&on_mapped](pm::Pool* p) { on_mapped(p->base(), p->max_size(), [p] { return p->size(); }); };
-    std::unique_ptr<pm::Pool> pool;
-    PMINDEX_RETURN_IF_ERROR(pm::Pool::Open(path, kPmwcasTargetName, po, &pool));
-    return PwMap::Open(std::move(pool), out);
-  }
-  Status CheckLeaks(pmindex::Index* index) override {
-    pm::Pool* pool = index->pool();
-    PMINDEX_RETURN_IF_ERROR(pool->allocator().Check());
-    std::set<uint64_t> alloc, owned;
-    bool dup = false;
-    pool->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    PMINDEX_RETURN_IF_ERROR(index->ForEachOwnedBlock([&](uint64_t off) { dup |= !owned.insert(off).second; }));
-    if (alloc == owned && !dup) return Status::OK();
-    return Status::Corrupt(std::to_string(alloc.size()) + " blocks allocated, " + std::to_string(owned.size()) + " owned" +
-                           (dup ? ", one owned twice" : ""));
-  }
-  bool ordered() const override { return false; }
-  bool concurrent() const override { return true; }
-  void Remove(const std::string& path) override { ::unlink(path.c_str()); }
-
- private:
-  Config c_;
-  std::unique_ptr<pm::Pool> pool_;
-  pm::Pool* raw_ = nullptr;
-};
-
 }  // namespace
 
 Status MakePmwcasTarget(const Config& c, std::unique_ptr<Target>* out) {
   if (c.key_kind != pmindex::KeyKind::kU64 || c.value_kind != pmindex::ValueKind::kU64)
     return Status::InvalidArgument(std::string(kPmwcasTargetName) + " supports u64 keys and values only");
-  out->reset(new PmwcasTarget(c));
+  pm::PoolOptions po;
+  po.size = c.pool_size;
+  out->reset(new PoolTarget(kPmwcasTargetName, po, po, PwMap::Create, PwMap::Open));
   return Status::OK();
 }
 

@@ -136,10 +136,15 @@ void Recorder::MaybeYield(bool shared_line) {
   else if (x % 3 == 0) std::this_thread::yield();
 }
 
+void Recorder::SchedulePoint(bool load) {
+  if (sched_) sched_->Point(tl_tid, load);
+}
+
 void Recorder::Store(const void* addr, size_t size, bool is_volatile) {
   tl_shared_store = false;
   StoreLocked(addr, size, is_volatile);
-  MaybeYield(tl_shared_store);
+  if (sched_) SchedulePoint(false);
+  else MaybeYield(tl_shared_store);
 }
 
 void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
@@ -163,6 +168,11 @@ void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
 }
 
 void Recorder::OnNonTemporalStore(const void* addr, size_t size) {
+  NonTemporalLocked(addr, size);
+  SchedulePoint(false);
+}
+
+void Recorder::NonTemporalLocked(const void* addr, size_t size) {
   std::lock_guard<std::mutex> g(mu_);
   // AtomicLineWrite and a 64-byte CopyNT both report here; the thread's
   // line-write counter tells them apart.
@@ -192,9 +202,39 @@ void Recorder::CheckLine(uint64_t line, const char* when) {
   std::memcpy(shadow_.data() + line, now, 64);  // report once
 }
 
-void Recorder::OnFlush(const void* line) {
+std::string Recorder::SiteName(uintptr_t site) {
+  Dl_info info;
+  char buf[64];
+  // The return address points after the call: the site is the byte before.
+  if (dladdr(reinterpret_cast<void*>(site), &info) && info.dli_fname) {
+    const char* slash = std::strrchr(info.dli_fname, '/');
+    std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(site - uintptr_t(info.dli_fbase)));
+    return std::string(slash ? slash + 1 : info.dli_fname) + buf;
+  }
+  std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(site));
+  return buf;
+}
+
+bool Recorder::DroppedByName(uintptr_t site) {
+  if (drop_name_.empty()) return false;
+  auto it = drop_named_.find(site);
+  if (it == drop_named_.end()) it = drop_named_.emplace(site, SiteName(site) == drop_name_).first;
+  return it->second;
+}
+
+__attribute__((noinline)) void Recorder::OnFlush(const void* line) {
+  const uintptr_t site = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (DroppedByName(site)) {
+      ++named_drops;
+      return;
+    }
+    flush_site_counts[site]++;
+  }
   FlushLocked(line);
-  MaybeYield(false);
+  if (sched_) SchedulePoint(false);
+  else MaybeYield(false);
 }
 
 void Recorder::FlushLocked(const void* line) {
@@ -228,25 +268,23 @@ void Recorder::FlushLocked(const void* line) {
 }
 
 __attribute__((noinline)) void Recorder::OnFence() {
-  const uintptr_t site = reinterpret_cast<uintptr_t>(__builtin_return_address(0));
+  FenceLocked(reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+  SchedulePoint(false);
+}
+
+void Recorder::FenceLocked(uintptr_t site) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = std::find(fence_sites_.begin(), fence_sites_.end(), site);
   if (it == fence_sites_.end()) it = fence_sites_.insert(fence_sites_.end(), site);
   if (uint64_t(it - fence_sites_.begin()) + 1 == drop_site_) {
-    if (fences_dropped++ == 0) {
-      Dl_info info;
-      char buf[64];
-      if (dladdr(reinterpret_cast<void*>(site), &info) && info.dli_fname) {
-        const char* slash = std::strrchr(info.dli_fname, '/');
-        std::snprintf(buf, sizeof buf, "+0x%llx", static_cast<unsigned long long>(site - uintptr_t(info.dli_fbase)));
-        dropped_site = std::string(slash ? slash + 1 : info.dli_fname) + buf;
-      } else {
-        std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(site));
-        dropped_site = buf;
-      }
-    }
+    if (fences_dropped++ == 0) dropped_site = SiteName(site);
     return;
   }
+  if (DroppedByName(site)) {
+    ++named_drops;
+    return;
+  }
+  fence_site_counts[site]++;
   const int tid = Tid();
   Log(Ev::kFence, tid, 0, 0, 0);
   ThreadState& ts = threads_[tid];
@@ -257,6 +295,11 @@ __attribute__((noinline)) void Recorder::OnFence() {
 }
 
 void Recorder::OnLoad(const void* addr, size_t size) {
+  LoadLocked(addr, size);
+  SchedulePoint(true);
+}
+
+void Recorder::LoadLocked(const void* addr, size_t size) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (size == 0 || !InRange(addr, size, &off)) return;
@@ -271,6 +314,12 @@ void Recorder::OnLoad(const void* addr, size_t size) {
 }
 
 size_t Recorder::BeginOp(const Op& op) {
+  const size_t rec = BeginOpLocked(op);
+  SchedulePoint(false);
+  return rec;
+}
+
+size_t Recorder::BeginOpLocked(const Op& op) {
   std::lock_guard<std::mutex> g(mu_);
   const int tid = Tid();
   const size_t rec = ops.size();
@@ -287,6 +336,11 @@ size_t Recorder::BeginOp(const Op& op) {
 }
 
 void Recorder::EndOp(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads) {
+  EndOpLocked(rec, result, std::move(reads));
+  SchedulePoint(false);
+}
+
+void Recorder::EndOpLocked(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads) {
   std::lock_guard<std::mutex> g(mu_);
   const int tid = Tid();
   ops[rec].end = int64_t(events.size());

@@ -22,9 +22,13 @@
 // address of OnFence, inside the function that inlined pm::Fence); with
 // DropFenceSite(k) the k-th site's fences are not recorded at all, which is
 // what deleting that pm::Fence from the source would record.
-// Unlogged stores: at every flush (single-threaded runs) the flushed line is
-// compared with the shadow, and at the end the whole pool is; any difference
-// is a store that bypassed the pm:: primitives and is reported with its offset.
+// Unlogged stores: at every flush (single-threaded runs, and multi-threaded
+// runs under a PCT schedule, where no thread runs between another's store
+// and its log entry) the flushed line is compared with the shadow, and at
+// the end the whole pool is; any difference is a store that bypassed the
+// pm:: primitives and is reported with its offset.
+// Site counts: how often each flush and fence call site ran; DropSiteNamed
+// removes one call site's flushes and fences from the recording.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +41,7 @@
 #include <vector>
 
 #include "pmcheck.h"
+#include "scheduler.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/status.h"
 #include "workload.h"
@@ -75,11 +80,28 @@ class Recorder final : public pmindex::pm::Observer {
   // persist windows (the erratum lint needs such interleavings).
   void PerturbSchedule(uint64_t seed) { perturb_seed_ = seed | 1; }
 
+  // Multi-threaded recording under a PCT schedule (scheduler.h): every
+  // store, flush, fence, acting load and op boundary of a workload thread is
+  // a scheduling point (after it is logged); PerturbSchedule is then unused.
+  void SetScheduler(PctScheduler* s) { sched_ = s; }
+
   // Ignore every fence issued from the k-th fence call site (1-based, in
   // first-recorded order): the fence is neither logged nor seen by the lint.
   void DropFenceSite(uint64_t k) { drop_site_ = k; }
+  // Ignore every flush or fence whose call site is `name` ("object+0xoffset"
+  // as --site-counts prints it): what deleting that pm::Flush or pm::Fence
+  // call from the source would record, without a rebuild (mutation testing).
+  void DropSiteNamed(std::string name) { drop_name_ = std::move(name); }
+  uint64_t named_drops = 0;  // flushes and fences ignored by DropSiteNamed
   uint64_t fence_sites() const { return fence_sites_.size(); }
   uint64_t fences_dropped = 0;
+  // Persist-site coverage: how often each flush and fence call site ran
+  // (by return address), and "object+0xoffset" for one (symbolise it with
+  // addr2line -f -C -e OBJECT OFFSET; scripts/pmcheck-coverage.sh does).
+  std::map<uintptr_t, uint64_t> flush_site_counts, fence_site_counts;
+  // The fence sites in first-recorded order (site k is --drop-fence k).
+  const std::vector<uintptr_t>& fence_site_order() const { return fence_sites_; }
+  static std::string SiteName(uintptr_t site);
   std::string dropped_site;  // "object+0xoffset" of the dropped site
 
   // The thread id the calling thread's events are attributed to.
@@ -88,7 +110,7 @@ class Recorder final : public pmindex::pm::Observer {
   void OnStore(const void* addr, size_t size) override { Store(addr, size, false); }
   void OnVolatileStore(const void* addr, size_t size) override { Store(addr, size, true); }
   void OnNonTemporalStore(const void* addr, size_t size) override;
-  void OnFlush(const void* line) override;
+  __attribute__((noinline)) void OnFlush(const void* line) override;
   void OnFence() override;
   void OnLoad(const void* addr, size_t size) override;
 
@@ -149,8 +171,18 @@ class Recorder final : public pmindex::pm::Observer {
   int64_t trace_line_ = -1;
   uint64_t perturb_seed_ = 0;
   uint64_t drop_site_ = 0;
+  std::string drop_name_;
+  std::unordered_map<uintptr_t, bool> drop_named_;  // site -> is the named one (cache)
+  bool DroppedByName(uintptr_t site);  // mu_ held
   std::vector<uintptr_t> fence_sites_;  // call sites of fences, first-recorded order
   void MaybeYield(bool shared_line);
+  PctScheduler* sched_ = nullptr;
+  void SchedulePoint(bool load);
+  void FenceLocked(uintptr_t site);
+  void NonTemporalLocked(const void* addr, size_t size);
+  void LoadLocked(const void* addr, size_t size);
+  size_t BeginOpLocked(const Op& op);
+  void EndOpLocked(size_t rec, pmindex::Status::Code result, std::vector<std::pair<uint32_t, uint32_t>> reads);
   void Trace(const char* what, uint64_t off, size_t size);
 };
 

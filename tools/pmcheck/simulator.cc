@@ -64,15 +64,30 @@ namespace pm = pmindex::pm;
 
 // ---------------------------------------------------------------------------
 // Recording.
+
+// Scheduling points per op, about (stores, flushes, fences, acting loads
+// and the two op boundaries): the range PCT's change points are drawn from.
+constexpr uint64_t kPointsPerOp = 32;
+
+uint64_t ScheduleSeed(const Config& c) {
+  if (c.threads < 2 || c.pct < 0) return 0;
+  return c.schedule_seed ? c.schedule_seed : c.seed;
+}
 Status Record(const Config& c, Target* target, const Workload& wl, Report* report, Recording* out) {
   const std::string path = PoolPath(c, "rec");
   target->Remove(path);
   PMINDEX_RETURN_IF_ERROR(target->Prepare(path));
-  out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); }, c.threads == 1);
-  if (c.threads > 1) out->rec->PerturbSchedule(c.seed);
+  // Under a PCT schedule one thread runs at a time and gives the CPU away
+  // only after its last store was logged, so flushed lines can be compared
+  // with the shadow in multi-threaded runs too.
+  const bool scheduled = c.threads > 1 && c.pct >= 0;
+  out->rec = std::make_unique<Recorder>(target->base(), target->max_size(), [target] { return target->size(); },
+                                        c.threads == 1 || scheduled);
+  if (c.threads > 1 && !scheduled) out->rec->PerturbSchedule(c.seed);
   Recorder& rec = *out->rec;
   rec.TraceLine(c.trace_line);
   rec.DropFenceSite(c.drop_fence);
+  rec.DropSiteNamed(c.drop_site);
   Recorder::SetThreadId(0);
   pm::SetObserver(&rec);
   std::unique_ptr<pmindex::Index> idx;
@@ -90,11 +105,20 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   std::mutex mu;
   std::vector<Failure> wrong;
   std::atomic<int> ready{0};
+  std::unique_ptr<PctScheduler> sched;
+  if (scheduled) {
+    out->schedule_seed = ScheduleSeed(c);
+    // Change points are drawn over about the run's scheduling points.
+    sched = std::make_unique<PctScheduler>(c.threads, c.pct, out->schedule_seed, c.ops * uint64_t(c.threads) * kPointsPerOp);
+    rec.SetScheduler(sched.get());
+  }
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);
-    // Start together, so that the threads' ops really overlap.
+    if (sched) sched->Start(t);
+    // Start together, so that the threads' ops really overlap (a schedule
+    // needs no barrier: the scheduler decides who runs).
     ready.fetch_add(1);
-    while (c.threads > 1 && ready.load() < c.threads) std::this_thread::yield();
+    while (c.threads > 1 && !sched && ready.load() < c.threads) std::this_thread::yield();
     std::string got;
     for (const Op& op : wl.ops()[size_t(t)]) {
       got.clear();
@@ -113,6 +137,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
       }
       if (own) state[op.kid] = Workload::After(op, s.code(), state[op.kid]);
     }
+    if (sched) sched->Finish(t);
   };
   if (c.threads == 1) {
     worker(0);
@@ -121,14 +146,39 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     for (int t = 0; t < c.threads; ++t) th.emplace_back(worker, t);
     for (auto& t : th) t.join();
   }
+  rec.SetScheduler(nullptr);
+  if (sched) {
+    report->schedules_run++;
+    report->schedule_switches += sched->switches();
+    report->schedule_stalls += sched->stalls();
+    report->schedule_spins += sched->spins();
+    report->schedule_steps += sched->steps();
+    report->schedule_hash = sched->hash();
+  }
   Recorder::SetThreadId(0);
   rec.FinalCheck();
+  if (!c.site_counts.empty()) {
+    if (FILE* f = std::fopen(c.site_counts.c_str(), "a")) {
+      for (const auto& [site, n] : rec.flush_site_counts)
+        std::fprintf(f, "flush %s %llu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n));
+      const auto& order = rec.fence_site_order();
+      for (const auto& [site, n] : rec.fence_site_counts) {
+        const size_t k = size_t(std::find(order.begin(), order.end(), site) - order.begin()) + 1;
+        std::fprintf(f, "fence %s %llu %zu\n", Recorder::SiteName(site).c_str(), static_cast<unsigned long long>(n), k);
+      }
+      std::fclose(f);
+    }
+  }
   pm::SetObserver(nullptr);
   idx->Close();
   idx.reset();
   target->Remove(path);
-  for (auto& f : wrong) report->Add(c, std::move(f));
+  for (auto& f : wrong) {
+    f.schedule_seed = out->schedule_seed;
+    report->Add(c, std::move(f));
+  }
   for (auto& f : rec.findings) {
+    f.schedule_seed = out->schedule_seed;
     if (f.kind == FailKind::kMissingFlush || f.kind == FailKind::kMissingFence || f.kind == FailKind::kErratum) {
       if (!c.lint) continue;  // counted in the lint section only
     }
@@ -146,6 +196,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->fence_sites = rec.fence_sites();
   report->fences_dropped = rec.fences_dropped;
   report->dropped_site = rec.dropped_site;
+  report->named_drops += rec.named_drops;
   report->events = rec.events.size();
   return Status::OK();
 }
@@ -541,6 +592,7 @@ class Replayer {
     Recorder::SetThreadId(0);
     Status st = target_->Open(rpath, &idx, [&](char* base, uint64_t max, std::function<uint64_t()> size) {
       rrec = std::make_unique<Recorder>(base, max, std::move(size), true);
+      rrec->DropSiteNamed(c_.drop_site);  // a deleted flush/fence in recovery code
       pm::SetObserver(rrec.get());
     });
     if (st.ok() && rrec) rrec->FinalCheck();

@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Persist-path coverage of pmcheck's CI workloads (issue 19), per index:
+#   scripts/pmcheck-coverage.sh [--update docs/pmcheck.md] [build-dir]
+# Records the workload of every clean line tools/pmcheck/ci.sh runs for an
+# index (one thread, two threads, shared keys, byte keys, the 30-key and
+# 3-key spaces in u64 and bytes, FPTree's flip updates, FAST & FAIR's
+# rebalances) plus a fill-then-drain line (--drain: half the ops remove,
+# so leaves empty, nodes merge and roots collapse), with --points none and
+# --site-counts: how often each flush and fence call site ran. Sites are
+# symbolised to their enclosing (not inlined) function with addr2line, and
+# the table lists, per function of the index or of src/pm, its flush and
+# fence sites, how often they ran in total, and its least-run site; a
+# function whose least-run site ran fewer than 20 times is a gap (the
+# crash images are sampled over these recordings, so a site that ran 5
+# times is crashed around at most a few times per CI run). Fault switches:
+# those declared in the index's sources (PMINDEX_FAULT("...")) and whether
+# ci.sh has a line that must report each.
+# --update FILE replaces the text between "<!-- coverage:begin -->" and
+# "<!-- coverage:end -->" in FILE with the table; otherwise it is printed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+update=""
+if [ "${1:-}" = --update ]; then update=$2; shift 2; fi
+dir=${1:-build}
+bin=$dir/bin/pmcheck
+[ -x "$bin" ] || { echo "pmcheck-coverage: $bin not built" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# The index parameters ci.sh uses (params / shrink_params there).
+params() {
+  case $1 in
+    fptree|fptree_single|ptree) echo "--param leaf_size=8" ;;
+    fastfair) echo "--param node_size=256" ;;
+    nvc_hashmap) echo "--param initial_buckets=16" ;;
+    nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
+    wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
+    allocator) echo "--keys 24" ;;
+  esac
+}
+shrink_params() {
+  case $1 in
+    fptree|fptree_single|ptree) echo "--param leaf_size=8 --param inner_size=3" ;;
+    nvtree) echo "--param leaf_size=4 --param inner_size=2" ;;
+    allocator) echo "" ;;
+    *) params "$1" ;;
+  esac
+}
+src_dir() {
+  case $1 in
+    fptree|fptree_single|ptree) echo src/fptree ;;
+    wbtree|wbtree_slot) echo src/wbtree ;;
+    allocator) echo src/pm ;;
+    pmwcas) echo src/pm ;;
+    *) echo "src/$1" ;;
+  esac
+}
+
+record() {  # record <index> <args...>: appends site counts to $tmp/<index>.sites
+  local idx=$1
+  shift
+  # shellcheck disable=SC2068
+  "$bin" --index "$idx" --points none --site-counts "$tmp/$idx.sites" $@ >/dev/null 2>&1
+  echo x >> "$tmp/$idx.lines"
+}
+
+indexes=$("$bin" --list | grep -v -e '^pmcheck_toy$')
+for idx in $indexes; do
+  p=$(params "$idx")
+  sp=$(shrink_params "$idx")
+  kinds="u64"
+  [ "$idx" = allocator ] || [ "$idx" = pmwcas ] || kinds="u64 bytes"
+  record "$idx" --ops 300 $p
+  if ! "$bin" --index "$idx" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent"; then
+    record "$idx" --threads 2 --ops 150 $p
+    record "$idx" --threads 2 --shared-keys --keys 24 --ops 200 $p
+  fi
+  for kk in $kinds; do
+    kv="--key-kind $kk --value-kind $kk"
+    [ "$kk" = bytes ] && record "$idx" $kv --ops 150 $p
+    [ "$idx" = allocator ] || record "$idx" $kv --keys 30 --ops 400 $sp
+    record "$idx" $kv --keys 3 --ops 300 $sp
+    # The delete-heavy phase: fill, then drain.
+    record "$idx" $kv --keys 40 --ops 600 --drain $sp
+  done
+  case $idx in
+    fptree|fptree_single|ptree) record "$idx" --ops 300 $p --param update=flip ;;
+    fastfair) for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --keys 80 --ops 1500 $p; done ;;
+  esac
+done
+
+# Symbolise: "kind object+0xoff count" -> "function kind count" (the return
+# address minus one is inside the call).
+symbolise() {  # symbolise <sites file>
+  awk '{ split($2, a, "+"); print a[1], a[2], $1, $3 }' "$1" | sort -k1,1 -k2,2 -k3,3 |
+    awk '{ k = $1 " " $2 " " $3; n[k] += $4 } END { for (k in n) print k, n[k] }' | sort > "$1.sum"
+  : > "$1.fn"
+  local obj path
+  for obj in $(awk '{print $1}' "$1.sum" | sort -u); do
+    path=$(find "$dir/lib" "$dir/bin" -maxdepth 1 -name "$obj" 2>/dev/null | head -1)
+    [ -z "$path" ] && path=$(find "$dir" -name "$obj" -type f 2>/dev/null | head -1)
+    grep "^$obj " "$1.sum" | while read -r _ off kind count; do
+      fn=$(addr2line -f -C -e "$path" "$(printf '0x%x' $((off - 1)))" 2>/dev/null | head -1)
+      fn=${fn%%(*}
+      echo -e "$fn\t$kind\t$count"
+    done >> "$1.fn"
+  done
+}
+
+faults_of() {  # fault switches declared in an index's sources
+  grep -rhoE 'PMINDEX_FAULT\("[a-z0-9_.]+"\)' "$(src_dir "$1")" --include='*.cc' --include='*.h' 2>/dev/null |
+    sed -E 's/PMINDEX_FAULT\("(.*)"\)/\1/' | sort -u | case $1 in
+      pmwcas) grep '^pmwcas\.' ;;
+      allocator) grep -v '^pmwcas\.' ;;
+      wbtree_slot|ptree|fptree_single) grep -v . ;;  # their switches are listed under wbtree / fptree
+      *) cat ;;
+    esac
+}
+
+{
+  echo "Generated by scripts/pmcheck-coverage.sh from the recordings of the CI lines' workloads plus a"
+  echo "fill-then-drain line (\`--drain\`, 40 keys, 600 ops, u64 and byte keys) per index: how often each"
+  echo "flush and fence call site ran, grouped by the function that contains it (inlined helpers count"
+  echo "in their caller). *gap*: the function's least-run site ran fewer than 20 times."
+  for idx in $indexes; do
+    f=$tmp/$idx.sites
+    [ -s "$f" ] || continue
+    symbolise "$f"
+    nlines=$(wc -l < "$tmp/$idx.lines")
+    echo
+    echo "#### $idx ($nlines recorded lines)"
+    echo
+    echo "| function | flush sites | fence sites | runs | least-run site |"
+    echo "|---|---|---|---|---|"
+    awk -F'\t' '{ n[$1] += $3; if ($2 == "flush") fl[$1]++; else fe[$1]++;
+                  if (!($1 in m) || $3 < m[$1]) m[$1] = $3 }
+                END { for (k in n) printf "%s\t%d\t%d\t%d\t%d\n", k, fl[k], fe[k], n[k], m[k] }' "$f.fn" |
+      sort -t$'\t' -k4,4nr |
+      awk -F'\t' '{ gap = $5 < 20 ? " *gap*" : ""; name = $1; gsub(/\|/, "\\|", name);
+                    printf "| `%s` | %d | %d | %d | %d%s |\n", name, $2, $3, $4, $5, gap }'
+    fl=$(faults_of "$idx")
+    if [ -n "$fl" ]; then
+      echo
+      printf "Fault switches:"
+      for s in $fl; do
+        if grep -q -- "$s" tools/pmcheck/ci.sh; then printf " \`%s\` (in ci.sh)" "$s"; else printf " \`%s\` (not in ci.sh)" "$s"; fi
+      done
+      echo
+    fi
+  done
+} > "$tmp/table.md"
+
+if [ -n "$update" ]; then
+  awk -v t="$tmp/table.md" '
+    /<!-- coverage:begin -->/ { print; while ((getline l < t) > 0) print l; skip = 1; next }
+    /<!-- coverage:end -->/ { skip = 0 }
+    !skip { print }' "$update" > "$tmp/doc" && cp "$tmp/doc" "$update"
+else
+  cat "$tmp/table.md"
+fi

@@ -1,0 +1,120 @@
+// pmcheck's PCT-style scheduler (see scheduler.h for the algorithm and its
+// limits). No PM access: it only decides which workload thread runs next.
+#include "scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+namespace pmcheck {
+
+PctScheduler::PctScheduler(int threads, int depth, uint64_t seed, uint64_t est_steps)
+    : n_(threads), prio_(size_t(threads)), done_(size_t(threads), 0), blocked_(size_t(threads), 0),
+      load_streak_(size_t(threads), 0), low_prio_(depth > 0 ? depth - 1 : 0) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 0x5CED);
+  std::vector<int64_t> p(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) p[size_t(i)] = depth + 1 + i;
+  std::shuffle(p.begin(), p.end(), rng);
+  prio_ = p;
+  if (est_steps < 1) est_steps = 1;
+  for (int i = 0; i < depth; ++i) change_points_.push_back(1 + rng() % est_steps);
+  std::sort(change_points_.begin(), change_points_.end());
+  running_.store(Pick(-1));
+}
+
+int PctScheduler::Pick(int exclude) const {
+  int best = -1;
+  for (int i = 0; i < n_; ++i) {
+    if (i == exclude || done_[size_t(i)] || blocked_[size_t(i)]) continue;
+    if (best < 0 || prio_[size_t(i)] > prio_[size_t(best)]) best = i;
+  }
+  return best;
+}
+
+void PctScheduler::Hand(int next) {
+  if (next != running_.load()) ++switches_;
+  running_.store(next);
+  cv_.notify_all();
+}
+
+void PctScheduler::WaitTurn(std::unique_lock<std::mutex>& g, int tid) {
+  while (running_.load() != tid) {
+    const uint64_t seen = step_.load();
+    const int holder = running_.load();
+    if (cv_.wait_for(g, std::chrono::milliseconds(kStallMs),
+                     [&] { return running_.load() == tid || step_.load() != seen || running_.load() != holder; }))
+      continue;
+    if (started_ < n_) continue;
+    // The holder made no step for kStallMs: it is blocked outside the
+    // primitives (most likely on something a waiting thread holds).
+    if (holder >= 0) blocked_[size_t(holder)] = 1;
+    const int next = Pick(-1);
+    if (next < 0) {
+      if (holder >= 0) blocked_[size_t(holder)] = 0;
+      continue;
+    }
+    ++stalls_;
+    Hand(next);
+  }
+}
+
+void PctScheduler::Start(int tid) {
+  if (!Mine(tid)) return;
+  std::unique_lock<std::mutex> g(mu_);
+  blocked_[size_t(tid)] = 0;
+  ++started_;
+  WaitTurn(g, tid);
+}
+
+void PctScheduler::Finish(int tid) {
+  if (!Mine(tid)) return;
+  std::unique_lock<std::mutex> g(mu_);
+  done_[size_t(tid)] = 1;
+  if (running_.load() == tid || running_.load() < 0) Hand(Pick(-1));
+}
+
+void PctScheduler::Point(int tid, bool load) {
+  if (!Mine(tid)) return;
+  bool spin = false, change = false;
+  if (running_.load() == tid) {
+    // The holder's step (only the holder writes these).
+    const uint64_t step = step_.fetch_add(1) + 1;
+    hash_.store((hash_.load(std::memory_order_relaxed) ^ uint64_t(tid + 1)) * 1099511628211ull, std::memory_order_relaxed);
+    int& streak = load_streak_[size_t(tid)];
+    streak = load ? streak + 1 : 0;
+    spin = streak > kLoadStreak;
+    if (spin) streak = 0;
+    const size_t nc = next_change_.load();
+    change = nc < change_points_.size() && step >= change_points_[nc];
+    if (!spin && !change && !attention_.load()) return;
+  }
+  std::unique_lock<std::mutex> g(mu_);
+  if (done_[size_t(tid)]) return;  // after its last op (thread-exit cleanup): not scheduled
+  if (running_.load() != tid) {
+    // The token was taken while this thread was blocked: it may run again.
+    blocked_[size_t(tid)] = 0;
+    attention_.store(true);
+    WaitTurn(g, tid);
+    return;
+  }
+  attention_.store(false);
+  while (next_change_ < change_points_.size() && step_.load() >= change_points_[next_change_]) {
+    prio_[size_t(tid)] = low_prio_--;
+    ++next_change_;
+  }
+  if (spin) {
+    ++spins_;
+    prio_[size_t(tid)] = spin_prio_--;
+  }
+  const int next = Pick(-1);
+  if (next >= 0 && next != tid) Hand(next);
+  WaitTurn(g, tid);
+}
+
+void PctScheduler::Spin(int tid) {
+  if (!Mine(tid)) return;
+  if (running_.load() == tid) load_streak_[size_t(tid)] = kLoadStreak;
+  Point(tid, true);
+}
+
+}  // namespace pmcheck
