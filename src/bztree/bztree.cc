@@ -51,7 +51,6 @@ bool IsRetry(const Status& s) { return s.IsBusy() && s.ToString().find("retry") 
 BzTree::BzTree(std::unique_ptr<pm::Pool> pool) : pool_(std::move(pool)) {
   pmw_ = pool_->pmwcas();
   base_ = pool_->base();
-  pool_size_ = pool_->size();
 }
 
 int BzTree::RouteInner(char* n, uint64_t s, Slice key, bool after, uint64_t* meta_out) {
@@ -82,7 +81,7 @@ Status BzTree::Descend(Slice key, std::vector<Step>* path, bool after) {
     if (depth > kMaxDepth) return Bad("tree deeper than " + std::to_string(kMaxDepth));
     const uint64_t off = Read(slot);
     if (off == 0) return Retry();  // the parent is being replaced
-    if (off % 8 || off < 4096 || off > pool_size_ - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
+    if (off % 8 || off < 4096 || off > PoolSize() - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
     char* n = N(off);
     const uint64_t s = Read(Status_(n));
     const uint64_t nw = NodeWord(n);
@@ -156,7 +155,7 @@ Status BzTree::Find(Slice key, std::string* value) {
           const uint64_t m2 = Read(Meta(n, uint64_t(j)));
           if (m2 == m) {
             if (!value) return Status::OK();
-            if (meta::OutOfLine(m)) return kit::ReadBlock(base_, pool_size_, p, max_value_, value);
+            if (meta::OutOfLine(m)) return kit::ReadBlock(base_, PoolSize(), p, max_value_, value);
             value->assign(reinterpret_cast<const char*>(&p), 8);
             return Status::OK();
           }
@@ -237,9 +236,20 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
     return Status::OK();
   }
   const uint64_t c = status::Count(s);
-  std::vector<uint64_t> pending;  // slots in flight at the search
-  for (uint64_t j = nodeword::Sorted(NodeWord(n)); j < c; j++)
-    if (LiveInFlight(Read(Meta(n, j)))) pending.push_back(j);
+  // Slots in flight now: re-checked after our reserve. A slot published
+  // since FindInLeaf passed it is visible here, so it is compared here:
+  // every slot below c is either compared or re-checked.
+  std::vector<uint64_t> pending;
+  for (uint64_t j = nodeword::Sorted(NodeWord(n)); j < c; j++) {
+    const uint64_t m = Read(Meta(n, j));
+    if (LiveInFlight(m)) {
+      pending.push_back(j);
+    } else if (meta::Visible(m) && MetaOk(m, node_size_, c) && meta::KeyLen(m) == key.size() &&
+               Cmp(KeyOf(n, m), key) == 0) {
+      *dup = true;
+      return Status::OK();
+    }
+  }
   const uint64_t rec = RecordBytes(key.size());
   const uint64_t blk = status::BlockSize(s) + rec;
   if (c + 1 > status::kMaxCount || kNodeHeader + 8 * (c + 1) + blk > node_size_) {
@@ -323,6 +333,7 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
   if (mode == Mode::kUpdate) PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, max_value_, value));
   kit::Backoff b;
   std::vector<Step> path;
+  int pool_full = 0;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     bool frozen = false, merge = false;
     {
@@ -348,14 +359,17 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
           bool ok = false;
           if (mode == Mode::kRemove) {
             const uint64_t s2 = status::Make(false, status::Count(s), status::BlockSize(s),
-                                             status::DeleteSize(s) + meta::Total(m));
+                                             std::min<uint64_t>(status::DeleteSize(s) + meta::Total(m), 0x3fffff));
             PMINDEX_RETURN_IF_ERROR(op.AddWord(Status_(n), s, s2));
             PMINDEX_RETURN_IF_ERROR(op.AddWord(Meta(n, uint64_t(j)), m, meta::Deleted(m)));
             if (old_ool) PMINDEX_RETURN_IF_ERROR(op.AddWord(pw, p, 0, pm::Recycle::kFreeOldOnSuccess));
             PMINDEX_RETURN_IF_ERROR(op.Execute(&ok));
             if (ok) {
               delta_.fetch_sub(1, std::memory_order_relaxed);
-              const uint64_t live = status::BlockSize(s2) - status::DeleteSize(s2);
+              // (The delete size may exceed the block size: unfreezes add
+              // 8 phantom bytes, bztree_smo.cc.)
+              const uint64_t live = status::BlockSize(s2) > status::DeleteSize(s2)
+                                        ? status::BlockSize(s2) - status::DeleteSize(s2) : 0;
               merge = path.size() > 1 && live * 4 < Capacity();
             }
           } else {
@@ -376,7 +390,11 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
       return Status::OK();
     }
     if (frozen) {
-      PMINDEX_RETURN_IF_ERROR(Smo(key, 0, false));
+      // PoolFull: the frozen node could not be copied and was unfrozen
+      // instead; try again a few times.
+      const Status ss = Smo(key, 0, false);
+      if (ss.IsPoolFull() && ++pool_full < 4) continue;
+      PMINDEX_RETURN_IF_ERROR(ss);
       continue;
     }
     b.Wait();
@@ -460,7 +478,7 @@ Status BzTree::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
         const int c = Cmp(r.key, from);
         if (c < 0 || (c == 0 && !inclusive)) continue;
         std::string v;
-        if (r.ool) PMINDEX_RETURN_IF_ERROR(kit::ReadBlock(base_, pool_size_, r.payload, max_value_, &v));
+        if (r.ool) PMINDEX_RETURN_IF_ERROR(kit::ReadBlock(base_, PoolSize(), r.payload, max_value_, &v));
         else v.assign(reinterpret_cast<const char*>(&r.payload), 8);
         batch.emplace_back(r.key, std::move(v));
       }

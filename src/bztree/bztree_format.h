@@ -47,7 +47,7 @@ inline constexpr uint32_t kFormat = 1;
 inline constexpr size_t kNodeHeader = 16;
 inline constexpr uint32_t kMinNodeSize = 256;
 inline constexpr uint32_t kMaxNodeSize = 1u << 20;  // block size and offsets fit 22 bits
-inline constexpr uint32_t kMinPmwcasWords = 6;     // a root split absorbing one child
+inline constexpr uint32_t kMinPmwcasWords = 12;    // a root split absorbing two children (bztree_smo.cc)
 
 // The index's root object (the pool's root slot owns it).
 struct Header {

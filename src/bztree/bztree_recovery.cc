@@ -101,11 +101,11 @@ Status BzTree::Walk(const std::function<void(uint64_t node, bool leaf)>& fn) {
   pm::PMwCAS::Guard g(*pmw_);
   std::vector<std::pair<uint64_t, int>> stack{{Read(&hdr_->tree), 0}};
   uint64_t visited = 0;
-  const uint64_t limit = pool_size_ / node_size_ + 1;
+  const uint64_t limit = PoolSize() / node_size_ + 1;
   while (!stack.empty()) {
     auto [off, depth] = stack.back();
     stack.pop_back();
-    if (off == 0 || off % 8 || off < 4096 || off > pool_size_ - node_size_) return Bad("node offset " + Num(off) + " out of range");
+    if (off == 0 || off % 8 || off < 4096 || off > PoolSize() - node_size_) return Bad("node offset " + Num(off) + " out of range");
     if (++visited > limit || depth > 48) return Bad("the tree has a cycle");
     char* n = N(off);
     const uint64_t nw = NodeWord(n);
@@ -127,7 +127,7 @@ Status BzTree::CheckNode(uint64_t off, int depth, int* leaf_depth, const std::st
     *err = "node " + Num(off) + ": " + s;
     return Status::Corrupt("bztree: " + *err);
   };
-  if (off == 0 || off % 8 || off < 4096 || off > pool_size_ - node_size_) return fail("offset out of range");
+  if (off == 0 || off % 8 || off < 4096 || off > PoolSize() - node_size_) return fail("offset out of range");
   if (depth > 48) return fail("tree too deep");
   if (!pool_->allocator().IsAllocated(off)) return fail("not an allocated block");
   char* n = N(off);
@@ -136,7 +136,6 @@ Status BzTree::CheckNode(uint64_t off, int depth, int* leaf_depth, const std::st
   if (nodeword::Bytes(nw) != node_size_) return fail("bad node word");
   const uint64_t c = status::Count(s);
   if (kNodeHeader + 8 * c + status::BlockSize(s) > node_size_) return fail("status count/block size overflow the node");
-  if (status::DeleteSize(s) > status::BlockSize(s)) return fail("delete size above block size");
   if (nodeword::Sorted(nw) > c) return fail("sorted count above record count");
   const bool leaf = nodeword::Leaf(nw);
   uint64_t sum = 0;
@@ -168,7 +167,7 @@ Status BzTree::CheckNode(uint64_t off, int depth, int* leaf_depth, const std::st
       const uint64_t p = Read(Payload(n, m));
       if (meta::OutOfLine(m)) {
         std::string v;
-        if (!kit::TryReadBlock(base_, pool_size_, p, max_value_, &v) || !pool_->allocator().IsAllocated(p))
+        if (!kit::TryReadBlock(base_, PoolSize(), p, max_value_, &v) || !pool_->allocator().IsAllocated(p))
           return fail("value block " + Num(p) + " unreadable");
       }
     } else {

@@ -149,7 +149,12 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
   plan[0].leaf = false;
   bool bad = false;
   std::vector<Rec> recs;
-  std::vector<std::pair<uint64_t*, uint64_t>> frees;  // absorbed children: their words in x go to 0
+  struct Absorbed {
+    uint64_t* slot;   // its word in x: to 0, the child freed on success
+    uint64_t child;
+    uint64_t status;  // its frozen status, named unchanged
+  };
+  std::vector<Absorbed> frees;
   if (!Records(xn, &recs, &bad)) return Bad("node " + std::to_string(x.node) + " has bad metadata");
   if (xleaf) {
     const uint64_t bytes = LiveBytes(recs);
@@ -194,7 +199,7 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
       const uint64_t m = __atomic_load_n(Meta(xn, i), __ATOMIC_RELAXED);
       uint64_t* slot = Payload(xn, m);
       const uint64_t child = Read(slot);
-      if (child == 0 || child % 8 || child < 4096 || child > pool_size_ - node_size_) {
+      if (child == 0 || child % 8 || child < 4096 || child > PoolSize() - node_size_) {
         if (child == 0) return Status::OK();  // x was replaced meanwhile
         return Bad("child offset " + std::to_string(child) + " out of range");
       }
@@ -204,7 +209,7 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
       entry.payload = child;
       if (status::Frozen(cs) && absorbed < kAbsorb) {
         absorbed++;
-        frees.push_back({slot, child});
+        frees.push_back({slot, child, cs});
         std::vector<Rec> cr;
         if (!Records(cn, &cr, &bad)) return Bad("node " + std::to_string(child) + " has bad metadata");
         if (nodeword::Leaf(NodeWord(cn))) {
@@ -252,7 +257,13 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
     PMINDEX_RETURN_IF_ERROR(op->AddWord(Status_(N(parent->node)), parent->status, parent->status | status::kFrozen));
     return op->Execute(&ok);
   }
-  for (auto [w, c] : frees) PMINDEX_RETURN_IF_ERROR(op->AddWord(w, c, 0, pm::Recycle::kFreeOldOnSuccess));
+  // Every node copied is named with its frozen status: an unfreeze (below)
+  // makes a stale install fail.
+  PMINDEX_RETURN_IF_ERROR(op->AddWord(Status_(xn), x.status, x.status));
+  for (const Absorbed& a : frees) {
+    PMINDEX_RETURN_IF_ERROR(op->AddWord(a.slot, a.child, 0, pm::Recycle::kFreeOldOnSuccess));
+    PMINDEX_RETURN_IF_ERROR(op->AddWord(Status_(N(a.child)), a.status, a.status));
+  }
   if (!parent && top.recs.size() == 1) {
     // x is the root and one node remains: it becomes the root.
     if (top.child[0] >= 0) {
@@ -311,8 +322,9 @@ Status BzTree::Smo(Slice key, uint64_t want, bool merge) {
   std::vector<Rec> recs;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     {
-      pm::PMwCAS::Op op;
+      pm::PMwCAS::Op op, undo;
       PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
+      PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&undo));
       pm::PMwCAS::Guard g(*pmw_);
       Status st = Descend(key, &path);
       if (st.ok()) {
@@ -323,7 +335,26 @@ Status BzTree::Smo(Slice key, uint64_t want, bool merge) {
             break;
           }
         if (at < path.size()) {
-          PMINDEX_RETURN_IF_ERROR(Replace(&op, path, at));
+          st = Replace(&op, path, at);
+          if (st.IsPoolFull()) {
+            // No room for the copy: unfreeze the frozen nodes from here down
+            // so that updates and deletes (which need no room) go on. An
+            // unfreeze adds 8 to the delete size, which only grows in a
+            // node's life, so the status never takes a value it had before:
+            // an install built from the frozen node fails.
+            op.Abandon();
+            for (size_t i = at; i < path.size(); i++) {
+              const uint64_t s = path[i].status;
+              if (!status::Frozen(s) || status::DeleteSize(s) + 8 > 0x3fffff) continue;
+              PMINDEX_RETURN_IF_ERROR(undo.AddWord(Status_(N(path[i].node)), s,
+                                                   status::Make(false, status::Count(s), status::BlockSize(s),
+                                                                status::DeleteSize(s) + 8)));
+            }
+            bool ok;
+            if (undo.size()) PMINDEX_RETURN_IF_ERROR(undo.Execute(&ok));
+            return st;
+          }
+          PMINDEX_RETURN_IF_ERROR(st);
         } else {
           const Step& x = path.back();
           char* xn = N(x.node);
@@ -356,7 +387,7 @@ Status BzTree::Smo(Slice key, uint64_t want, bool merge) {
             const uint64_t sm = __atomic_load_n(Meta(pn, si), __ATOMIC_RELAXED);
             if (!MetaOk(sm, node_size_, c)) return Bad("inner node " + std::to_string(p.node) + " has bad metadata");
             const uint64_t sib = Read(Payload(pn, sm));
-            if (sib == 0 || sib % 8 || sib < 4096 || sib > pool_size_ - node_size_) return Status::OK();
+            if (sib == 0 || sib % 8 || sib < 4096 || sib > PoolSize() - node_size_) return Status::OK();
             char* sn = N(sib);
             const uint64_t ss = Read(Status_(sn));
             if (status::Frozen(ss) || !nodeword::Leaf(NodeWord(sn))) return Status::OK();

@@ -319,6 +319,53 @@ TEST_P(BzTreeTest, BadInput) {
   EXPECT_EQ(idx_->Size(), 0u);
 }
 
+// The pool grows under the tree: node and block offsets beyond the size at
+// open are valid (a cached pool size made them "out of range").
+TEST(BzTreeGrowth, OffsetsBeyondTheInitialPoolSize) {
+  const std::string path = PoolPath();
+  Options o;
+  o.pool_path = path;
+  o.pool_size = 4ull << 20;
+  o.max_pool_size = 64ull << 20;
+  o.value_kind = ValueKind::kBytes;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("bztree", o, &idx).ok());
+  const std::string v(400, 'v');
+  for (uint64_t i = 0; i < 20000; i++) ASSERT_TRUE(idx->Insert(U64Slice(i), v).ok()) << i;
+  EXPECT_GT(idx->pool()->size(), 4ull << 20);
+  std::string got;
+  for (uint64_t i = 0; i < 20000; i += 97) ASSERT_TRUE(idx->Find(U64Slice(i), &got).ok()) << i;
+  ASSERT_TRUE(idx->Check().ok());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+// A full pool: the failing insert leaves nothing, deletes and updates still
+// work (a frozen node that cannot be copied is unfrozen), and the room they
+// free takes records again.
+TEST(BzTreePoolFull, DeletesStillWorkAndFreeRoom) {
+  const std::string path = PoolPath();
+  Options o;
+  o.pool_path = path;
+  o.pool_size = 4ull << 20;
+  o.max_pool_size = 4ull << 20;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("bztree", o, &idx).ok());
+  Status s;
+  uint64_t n = 0;
+  for (; n < 10000000; n++)
+    if (!(s = idx->Insert(U64Slice(n * 0x9E3779B97F4A7C15ull), U64Slice(n))).ok()) break;
+  ASSERT_TRUE(s.IsPoolFull()) << s.ToString();
+  EXPECT_TRUE(idx->Find(U64Slice(n * 0x9E3779B97F4A7C15ull), nullptr).IsNotFound());
+  ASSERT_TRUE(idx->Check().ok());
+  for (uint64_t j = 0; j < n; j += 2) ASSERT_TRUE((s = idx->Remove(U64Slice(j * 0x9E3779B97F4A7C15ull))).ok()) << j << " " << s.ToString();
+  for (uint64_t j = 1; j < n; j += 2) ASSERT_TRUE((s = idx->Update(U64Slice(j * 0x9E3779B97F4A7C15ull), U64Slice(j + 1))).ok()) << s.ToString();
+  for (uint64_t j = 0; j < n; j += 4) ASSERT_TRUE((s = idx->Insert(U64Slice(j * 0x9E3779B97F4A7C15ull), U64Slice(j))).ok()) << j << " " << s.ToString();
+  ASSERT_TRUE(idx->Check().ok());
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
 TEST(BzTreeOptions, BadParams) {
   const std::string path = PoolPath();
   Options o;

@@ -118,6 +118,7 @@ class BzTree final : public Index {
   }
   Slice KeyOf(char* n, uint64_t m) const { return Slice(n + meta::Offset(m), meta::KeyLen(m)); }
   uint64_t Read(uint64_t* w) const { return pmw_->Read(w); }
+  uint64_t PoolSize() const { return pool_->size(); }  // the pool grows: never cached
   int Cmp(Slice a, Slice b) const {
     if (kk_ == KeyKind::kU64) {
       const uint64_t x = SliceToU64(a), y = SliceToU64(b);
@@ -178,7 +179,6 @@ class BzTree final : public Index {
   std::unique_ptr<pm::Pool> pool_;
   pm::PMwCAS* pmw_ = nullptr;
   char* base_ = nullptr;
-  uint64_t pool_size_ = 0;
   Header* hdr_ = nullptr;
   KeyKind kk_ = KeyKind::kU64;
   ValueKind vk_ = ValueKind::kU64;
