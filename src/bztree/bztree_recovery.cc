@@ -266,17 +266,19 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
   PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size"}));
   if (o.max_key_size == 0 || o.max_key_size > (1u << 16) - 64) return Status::InvalidArgument("max_key_size out of range");
   if (o.max_value_size > (64u << 20)) return Status::InvalidArgument("max_value_size out of range");
-  const uint32_t max_key = o.key_kind == KeyKind::kU64 ? 8 : uint32_t(o.max_key_size);
+  uint32_t max_key = o.key_kind == KeyKind::kU64 ? 8 : uint32_t(o.max_key_size);
   // Default node: 1 KiB, or the smallest power of two that holds four
-  // records of the longest key (byte keys store keys in the node).
+  // records of the longest key (byte keys store keys in the node). An
+  // explicit node_size caps the key length at four records per node.
   uint32_t def = 1024;
   while (LimitKey(def) < max_key) def *= 2;
   long long ns = 0;
   PMINDEX_RETURN_IF_ERROR(p.GetInt("node_size", def, kMinNodeSize, kMaxNodeSize, &ns));
   if (ns % 64) return Status::InvalidArgument("bztree node_size must be a multiple of 64");
-  if (LimitKey(uint32_t(ns)) < max_key)
-    return Status::InvalidArgument("bztree node_size " + std::to_string(ns) + " holds keys of at most " +
-                                   std::to_string(LimitKey(uint32_t(ns))) + " bytes");
+  if (LimitKey(uint32_t(ns)) < max_key) {
+    if (o.key_kind == KeyKind::kU64) return Status::InvalidArgument("bztree node_size too small");
+    max_key = LimitKey(uint32_t(ns));
+  }
   auto t = std::make_unique<BzTree>(std::move(pool));
   Status st;
   if (create) {

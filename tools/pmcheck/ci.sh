@@ -54,6 +54,7 @@ params() {
     nvc_hashmap) echo "--param initial_buckets=16" ;;
     nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
     wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
+    bztree) echo "--param node_size=256" ;;
   esac
 }
 # For the small-key-space run: also small inner nodes, so that emptied
@@ -209,6 +210,12 @@ wbtree_slot wbtree.update.skip_flush
 wbtree_slot wbtree.remove.skip_flush
 wbtree_slot wbtree.split.link_before_persist
 wbtree_slot wbtree.free.skip_unlink_flush --keys 30
+"
+# BzTree's persist steps (docs/bztree.md "Fault switches", bztree::kFaultSwitches).
+faults+="
+bztree bztree.insert.skip_record_flush
+bztree bztree.insert.skip_value_flush --key-kind bytes --value-kind bytes
+bztree bztree.smo.skip_node_flush
 "
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
