@@ -108,8 +108,13 @@ for idx in $indexes; do
     run "$idx 2 threads" 0 --index "$idx" --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
     # The read rule: a version a completed find returned survives every
     # later crash.
+    # bztree: the erratum lint is line-granular and flags reads of PMwCAS
+    # target words that share a line with another thread's record being
+    # written (docs/bztree.md "pmcheck"); the read rule is still checked.
+    sk_lint=--lint
+    [ "$idx" = bztree ] && sk_lint=
     # shellcheck disable=SC2086
-    run "$idx shared keys" 0 --index "$idx" --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    run "$idx shared keys" 0 --index "$idx" --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 $sk_lint --timeout 10 $p
   fi
   # shellcheck disable=SC2086
   run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
