@@ -103,9 +103,9 @@ class BzTree final : public Index {
   };
   struct Rec {  // a record copied out of a node
     std::string key;
-    uint64_t payload;
-    bool ool;
-    bool inf;
+    uint64_t payload = 0;  // value, block offset or child offset
+    bool ool = false;      // leaf: payload is an out-of-line block
+    bool inf = false;      // inner: the +infinity entry
   };
 
   // ---- node access
