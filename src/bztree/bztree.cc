@@ -215,7 +215,9 @@ Status BzTree::WriteValue(pm::PMwCAS::Op* op, uint64_t* payload_word, uint64_t o
 Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* smo) {
   // Descriptors first (never Begin inside a guard): reserve, publish, and a
   // spare (a second publish, marking our slot dead, or killing a stale one).
-  pm::PMwCAS::Op ops[3];
+  // ops[3] marks our own slot dead when we give up on it, so that no
+  // insert waits for it.
+  pm::PMwCAS::Op ops[4];
   for (auto& op : ops) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
   bool spare_used = false;
   pm::PMwCAS::Guard g(*pmw_);
@@ -293,7 +295,13 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       // A frozen leaf: our publish cannot succeed; a killed slot: ours is
       // dead. Either way, start over.
       if (status::Frozen(Read(Status_(n))) || Read(mw) != mine) return Status::OK();
-      if (++rounds > kWaitRounds && !spare_used) {
+      if (++rounds > kWaitRounds && spare_used) {
+        // A second stalled slot: give ours up and start over with a fresh spare.
+        (void)ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size(), rec));
+        (void)ops[3].Execute(&ok);
+        return Status::OK();
+      }
+      if (rounds > kWaitRounds && !spare_used) {
         // Its owner stalled or gave up: kill the slot (its publish then fails).
         pm::PMwCAS::Op& k = ops[2];
         spare_used = true;
@@ -305,7 +313,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
     }
   }
   // Publish; a status that moved (another reserve or delete) is retried once
-  // with the spare, then the slot is left in flight and the insert restarts.
+  // with the spare, then the slot is marked dead and the insert restarts.
   for (int i = 1; i < (spare_used ? 2 : 3); i++) {
     pm::PMwCAS::Op& op = ops[i];
     const uint64_t s2 = Read(Status_(n));
@@ -324,6 +332,9 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       return Status::OK();
     }
   }
+  // Out of publish attempts: our slot dies (best effort; a waiter kills it
+  // otherwise) and the insert starts over.
+  if (ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size(), rec)).ok()) (void)ops[3].Execute(&ok);
   return Status::OK();
 }
 
