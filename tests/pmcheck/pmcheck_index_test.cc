@@ -87,7 +87,10 @@ INSTANTIATE_TEST_SUITE_P(
                       IndexFault{"wbtree", "wbtree.remove.skip_flush", "leaf_size=4,inner_size=3", false},
                       IndexFault{"wbtree", "wbtree.split.link_before_persist", "leaf_size=4,inner_size=3", false},
                       // Leaf frees need leaves emptied: a small key space.
-                      IndexFault{"wbtree", "wbtree.free.skip_unlink_flush", "leaf_size=4,inner_size=3,keys=30", false}),
+                      IndexFault{"wbtree", "wbtree.free.skip_unlink_flush", "leaf_size=4,inner_size=3,keys=30", false},
+                      IndexFault{"bztree", "bztree.insert.skip_record_flush", "node_size=256", false},
+                      IndexFault{"bztree", "bztree.insert.skip_value_flush", "node_size=256,kinds=bytes", false},
+                      IndexFault{"bztree", "bztree.smo.skip_node_flush", "node_size=256", false}),
     [](const ::testing::TestParamInfo<IndexFault>& i) {
       std::string n = i.param.fault;
       for (char& ch : n)
