@@ -90,6 +90,7 @@ void RegisterFastFair(std::vector<IndexFactory>* r);
 void RegisterNvcHashmap(std::vector<IndexFactory>* r);
 void RegisterNVTree(std::vector<IndexFactory>* r);
 void RegisterWBTree(std::vector<IndexFactory>* r);
+void RegisterClfBTree(std::vector<IndexFactory>* r);
 
 const std::vector<IndexFactory>& Registry();
 

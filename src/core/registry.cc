@@ -18,6 +18,7 @@ __attribute__((weak)) void RegisterFastFair(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNvcHashmap(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNVTree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterWBTree(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterClfBTree(std::vector<IndexFactory>*) {}
 
 const std::vector<IndexFactory>& Registry() {
   static const std::vector<IndexFactory> r = [] {
@@ -28,6 +29,7 @@ const std::vector<IndexFactory>& Registry() {
     RegisterNvcHashmap(&v);
     RegisterNVTree(&v);
     RegisterWBTree(&v);
+    RegisterClfBTree(&v);
     return v;
   }();
   return r;
