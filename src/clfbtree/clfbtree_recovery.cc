@@ -69,6 +69,14 @@ Status ClfBTree::WalkNodes(const std::function<Status(uint64_t off, bool leaf, c
     }
     Line img;
     ReadLine(it.off, img);
+    if (repair_ && (img[0] & kInvalidBit)) {
+      // Method inplace: the node being updated in place gets its logged
+      // image back before anything below it is read.
+      WriteLine(it.off, meta_->linelog.copy);
+      pm::Persist(At(it.off), 64);
+      restored_lines_++;
+      ReadLine(it.off, img);
+    }
     Decoded d;
     if (!Decode(img, bk(), &d)) return Status::Corrupt("clfbtree: node does not decode at " + std::to_string(it.off));
     if (d.leaf != it.leaf) return Status::Corrupt("clfbtree: node kind differs from its parent's flag");
@@ -103,14 +111,10 @@ Status ClfBTree::Recover() {
   PMINDEX_RETURN_IF_ERROR(locks_.Map(base_, pool_->max_size(), 64));
   if (pool_->read_only()) return Status::OK();
   if (c_.method == kInPlace) {
-    PMINDEX_RETURN_IF_ERROR(WalkNodes([&](uint64_t off, bool, const Decoded* d, int) {
-      if (d && d->invalid) {
-        WriteLine(off, meta_->linelog.copy);
-        pm::Persist(At(off), 64);
-        restored_lines_++;
-      }
-      return Status::OK();
-    }));
+    repair_ = true;
+    Status st = WalkNodes([](uint64_t, bool, const Decoded*, int) { return Status::OK(); });
+    repair_ = false;
+    PMINDEX_RETURN_IF_ERROR(st);
   }
   return RecoverSmo();
 }

@@ -82,7 +82,7 @@ void ClfBTree::Arm(uint64_t anchor, uint64_t probe, Expect e) {
   pm::StoreAtomic(&l.anchor, anchor, __ATOMIC_RELAXED);
   pm::StoreAtomic(&l.expect, uint64_t(e), __ATOMIC_RELAXED);
   pm::StoreAtomic(&l.probe, uint64_t(probe | (probe == 0 ? 1ull << 63 : 0)), __ATOMIC_RELAXED);
-  pm::Persist(&l.anchor, 24);
+  if (!PMINDEX_FAULT("clfbtree.smo.skip_arm_persist")) pm::Persist(&l.anchor, 24);
   log_used_ = true;
 }
 

@@ -176,6 +176,7 @@ class ClfBTree final : public Index {
   EpochManager epoch_;
   std::mutex write_mu_;
   std::vector<uint64_t> locked_old_;  // nodes of the SMO in flight to mark obsolete
+  bool repair_ = false;    // WalkNodes restores invalid nodes (open only)
   bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
   std::vector<uint64_t> locked_new_;
   Tally tally_;
