@@ -37,11 +37,17 @@
 
 namespace pmindex::internal::clfbtree {
 
-void ClfBTree::TallyAdd(uint64_t* field, const pm::Counters& before) const {
-  if (!c_.tally) return;
-  const pm::Counters& now = pm::ThreadCounters();
-  *field += (now.lines_flushed - before.lines_flushed) + (now.line_writes - before.line_writes);
+ClfBTree::Mark ClfBTree::Now() const {
+  const pm::Counters& c = pm::ThreadCounters();
+  return Mark{c.lines_flushed + c.line_writes, excluded_};
 }
+
+void ClfBTree::TallyAdd(uint64_t* field, const Mark& before) const {
+  if (!c_.tally) return;
+  const Mark now = Now();
+  *field += (now.lines - before.lines) - (now.excluded - before.excluded);
+}
+
 
 int ClfBTree::LogNew() {
   for (int i = 0; i < kLogSlots; i++)
@@ -55,7 +61,10 @@ int ClfBTree::LogNew() {
 Status ClfBTree::AllocNode(uint64_t bytes, uint64_t* off) {
   const int i = LogNew();
   if (i < 0) return Status::Busy("clfbtree: structure change too large for the log");
-  PMINDEX_RETURN_IF_ERROR(alloc_->Allocate(&meta_->log.newn[i], bytes));
+  {
+    Exclude x(this);
+    PMINDEX_RETURN_IF_ERROR(alloc_->Allocate(&meta_->log.newn[i], bytes));
+  }
   *off = meta_->log.newn[i];
   VL(*off).NewBorn();
   locked_new_.push_back(*off);
@@ -63,6 +72,7 @@ Status ClfBTree::AllocNode(uint64_t bytes, uint64_t* off) {
 }
 
 void ClfBTree::LogOld(uint64_t off, bool node) {
+  Exclude x(this);
   SmoLog& l = meta_->log;
   for (int i = 0; i < kLogSlots; i++)
     if (l.oldn[i] == 0) {
@@ -78,6 +88,7 @@ void ClfBTree::LogOld(uint64_t off, bool node) {
 }
 
 void ClfBTree::Arm(uint64_t anchor, uint64_t probe, Expect e) {
+  Exclude x(this);
   SmoLog& l = meta_->log;
   pm::StoreAtomic(&l.anchor, anchor, __ATOMIC_RELAXED);
   pm::StoreAtomic(&l.expect, uint64_t(e), __ATOMIC_RELAXED);
@@ -190,6 +201,7 @@ Status ClfBTree::UpdateNode(Path& path, int j, uint64_t off, const uint8_t img[6
     const bool logged = log_used_;
     if (logged) Arm(off, probe, expect);
     Lock(off);
+    const Mark before = Now();
     if (c_.method == kAtomic) {
       if (!pm::AtomicLineWrite(At(off), img)) {
         Unlock(off);
@@ -200,6 +212,7 @@ Status ClfBTree::UpdateNode(Path& path, int j, uint64_t off, const uint8_t img[6
     } else {
       InPlaceLine(off, img);
     }
+    TallyAdd(is_leaf ? &tally_.leaf_plain : &tally_.inner_update, before);
     Unlock(off);
     if (logged) FinishSmo();
     return Status::OK();
@@ -209,8 +222,10 @@ Status ClfBTree::UpdateNode(Path& path, int j, uint64_t off, const uint8_t img[6
     AbortSmo();
     return st;
   }
+  const Mark before = Now();
   WriteLine(s, img);
   pm::Flush(At(s), 64);
+  TallyAdd(is_leaf ? &tally_.leaf_plain : &tally_.inner_split, before);
   tally_.shadows++;
   LogOld(off, true);
   return ReplaceChild(path, j - 1, {s}, {}, is_leaf);
@@ -277,15 +292,16 @@ Status ClfBTree::Pack(const std::vector<uint64_t>& k, const std::vector<uint64_t
 Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std::vector<uint64_t> seps,
                               bool kids_leaves) {
   for (;;) {
-    const pm::Counters before = pm::ThreadCounters();
+    const Mark before = Now();
     if (j < 0) {
       if (kids.size() == 1) {
         const uint64_t w = kids[0] | (kids_leaves ? 1 : 0);
         Arm(uint64_t(reinterpret_cast<char*>(&meta_->root) - base_), w, kWordEq);
         pm::Fence();
+        const Mark at = Now();
         pm::StoreAtomic(&meta_->root, w);
         pm::Persist(&meta_->root, 8);
-        TallyAdd(&tally_.inner_update, before);
+        TallyAdd(&tally_.inner_split, at);
         FinishSmo();
         return Status::OK();
       }
@@ -327,10 +343,11 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
         v = (v & ~mask) | ((EncSigned(d, P.d.pw) << sh) & mask);
         Arm(P.off, kids[0], kChild);
         Lock(P.off);
+        const Mark at = Now();
         pm::StoreAtomic(word, v);
         pm::Persist(word, 8);
+        TallyAdd(&tally_.inner_update, at);
         Unlock(P.off);
-        TallyAdd(&tally_.inner_update, before);
         FinishSmo();
         return Status::OK();
       }
@@ -339,10 +356,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
     Line img;
     if (Encode(k.data(), uint32_t(k.size()), p.data(), uint32_t(p.size()), false, P.d.kids_leaves, bk(), img)) {
       if (c_.method != kShadow) {
-        Status s = UpdateNode(path, j, P.off, img, false, kids.empty() ? removed : kids[0],
-                              kids.empty() ? kNoChild : kChild);
-        TallyAdd(&tally_.inner_update, before);
-        return s;
+        return UpdateNode(path, j, P.off, img, false, kids.empty() ? removed : kids[0], kids.empty() ? kNoChild : kChild);
       }
       uint64_t s;
       if (Status st = AllocNode(64, &s); !st.ok()) {
@@ -374,7 +388,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
 }
 
 Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_t vw) {
-  const pm::Counters before = pm::ThreadCounters();
+  const Mark before = Now();
   std::vector<std::pair<uint64_t, uint64_t>> ents;
   const uint64_t* bm = Bitmap(leaf);
   for (uint32_t i = 0; i < cap_; i++)

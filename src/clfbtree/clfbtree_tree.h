@@ -156,7 +156,19 @@ class ClfBTree final : public Index {
   void FinishSmo();
   void AbortSmo();  // nothing was committed: frees newn, forgets oldn
   bool Committed() const;
-  void TallyAdd(uint64_t* field, const pm::Counters& before) const;
+  struct Mark {
+    uint64_t lines, excluded;
+  };
+  Mark Now() const;
+  // Lines the allocator and the SmoLog write are not the paper's: kept out
+  // of the tally (they show in the total per insert).
+  struct Exclude {
+    const ClfBTree* t;
+    Mark m;
+    explicit Exclude(const ClfBTree* tree) : t(tree), m(tree->Now()) {}
+    ~Exclude() { t->excluded_ += t->Now().lines - m.lines; }
+  };
+  void TallyAdd(uint64_t* field, const Mark& before) const;
 
   // clfbtree_read.cc
   Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
@@ -180,6 +192,7 @@ class ClfBTree final : public Index {
   bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
   std::vector<uint64_t> locked_new_;
   Tally tally_;
+  mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
   std::atomic<bool> closed_{false};
 };
 

@@ -114,6 +114,7 @@ Status ClfBTree::NewWord(Slice s, bool is_key, int* slot, uint64_t* word) {
   }
   const int i = LogNew();
   if (i < 0) return Status::Busy("clfbtree log full");
+  Exclude x(this);
   PMINDEX_RETURN_IF_ERROR(kit::WriteBlock(*alloc_, base_, &meta_->log.newn[i], s));
   *slot = i;
   *word = meta_->log.newn[i];
@@ -181,7 +182,6 @@ Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice val
       break;
     }
   }
-  const pm::Counters before = pm::ThreadCounters();
   if (found >= 0) {
     if (mode == kInsert) return Status::AlreadyExists();
     uint64_t* vword = Ent(leaf, uint32_t(found)) + 1;
@@ -214,6 +214,7 @@ Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice val
   const uint64_t bit = 1ull << (i % 64);
   if (logged) Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsSet);
   Lock(leaf);
+  const Mark before = Now();
   uint64_t* e = Ent(leaf, i);
   pm::StoreAtomic(e, kw, __ATOMIC_RELAXED);
   pm::StoreAtomic(e + 1, vw, __ATOMIC_RELAXED);
@@ -305,13 +306,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     p.insert(p.begin() + pos, vw);
     probe = vw;
   }
-  const pm::Counters before = pm::ThreadCounters();
+  const Mark before = Now();
   Line out;
-  if (Encode(k.data(), uint32_t(k.size()), p.data(), uint32_t(p.size()), true, false, bk(), out)) {
-    Status s = UpdateNode(path, int(path.size()), leaf, out, true, probe, expect);
-    TallyAdd(&tally_.leaf_plain, before);
-    return s;
-  }
+  if (Encode(k.data(), uint32_t(k.size()), p.data(), uint32_t(p.size()), true, false, bk(), out))
+    return UpdateNode(path, int(path.size()), leaf, out, true, probe, expect);
   std::vector<uint64_t> kids, seps;
   if (Status s = Pack(k, p, true, false, &kids, &seps); !s.ok()) {
     AbortSmo();
