@@ -195,7 +195,7 @@ TEST_P(ClfBTreeTest, RandomOpsAgainstStdMapWithReopens) {
   std::mt19937_64 rng(42);
   Open();
   for (int phase = 0; phase < 4; phase++) {
-    RandomOps(rng, 2500, phase % 2 ? 200 : 2000, phase == 3 ? 8 : 0);
+    RandomOps(rng, 1200, phase % 2 ? 150 : 1000, phase == 3 ? 8 : 0);
     Verify();
     ASSERT_TRUE(idx_->Close().ok());
     idx_.reset();
@@ -207,21 +207,21 @@ TEST_P(ClfBTreeTest, RandomOpsAgainstStdMapWithReopens) {
 TEST_P(ClfBTreeTest, ReopenOfAPoolCopiedWhileOpen) {
   std::mt19937_64 rng(7);
   Open();
-  RandomOps(rng, 2000, 1500);
+  RandomOps(rng, 1000, 800);
   const std::string copy = path_ + ".copy";
   std::filesystem::copy_file(path_, copy, std::filesystem::copy_options::overwrite_existing);
   idx_.reset();
   std::filesystem::rename(copy, path_);
   Open();
   Verify();
-  RandomOps(rng, 1500, 1500, 6);
+  RandomOps(rng, 800, 800, 6);
   Verify();
 }
 
 TEST_P(ClfBTreeTest, DescendingAndAscendingThenEmptied) {
   Open();
   const Cfg& c = GetParam();
-  for (uint64_t i = 0; i < 800; i++) {
+  for (uint64_t i = 0; i < 400; i++) {
     const std::string a = c.kk == KeyKind::kU64 ? std::string(U64Slice(3000 - i)) : Key(c, 3000 - i);
     const std::string b = c.kk == KeyKind::kU64 ? std::string(U64Slice(4000 + i)) : Key(c, 4000 + i);
     ASSERT_TRUE(idx_->Insert(a, Val(c, i)).ok());
