@@ -126,7 +126,7 @@ Status ClfBTree::Check() {
     if (meta_->log.newn[i] || meta_->log.oldn[i]) return Status::Corrupt("clfbtree: log owns blocks while idle");
   std::set<uint64_t> seen;
   int leaf_depth = -1;
-  return WalkNodes([&](uint64_t off, bool leaf, const Decoded* d, int depth) -> Status {
+  Status st = WalkNodes([&](uint64_t off, bool leaf, const Decoded* d, int depth) -> Status {
     if (!seen.insert(off).second) return Status::Corrupt("clfbtree: node reachable twice");
     if (leaf) {
       if (leaf_depth < 0) leaf_depth = depth;
@@ -167,6 +167,39 @@ Status ClfBTree::Check() {
       if (CmpWords(keys[i - 1], keys[i]) >= 0) return Status::Corrupt("clfbtree: keys not ascending at " + std::to_string(off));
     return Status::OK();
   });
+  PMINDEX_RETURN_IF_ERROR(st);
+  return CheckRanges(meta_->root & ~63ull, meta_->root & 1, nullptr, nullptr, 0);
+}
+
+// Every key of a node lies in the range its parent routes to it: [lo, hi).
+Status ClfBTree::CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth) {
+  if (depth > kMaxDepth) return Status::Corrupt("clfbtree: tree too deep");
+  auto in_range = [&](uint64_t kw) {
+    std::string k;
+    if (!KeyString(kw, &k)) return false;
+    return (!lo || CompareKeys(c_.kk, *lo, k) <= 0) && (!hi || CompareKeys(c_.kk, k, *hi) < 0);
+  };
+  if (leaf && !encoded()) {
+    const uint64_t* bm = Bitmap(off);
+    for (uint32_t i = 0; i < cap_; i++)
+      if (((bm[i / 64] >> (i % 64)) & 1) && !in_range(*Ent(off, i)))
+        return Status::Corrupt("clfbtree: leaf key outside its parent's range at " + std::to_string(off));
+    return Status::OK();
+  }
+  Line img;
+  ReadLine(off, img);
+  Decoded d;
+  if (!Decode(img, bk(), &d)) return Status::Corrupt("clfbtree: node does not decode");
+  for (uint32_t i = 0; i < d.n; i++)
+    if (!in_range(d.k[i])) return Status::Corrupt("clfbtree: key outside its parent's range at " + std::to_string(off));
+  if (leaf) return Status::OK();
+  for (uint32_t i = 0; i < d.np(); i++) {
+    std::string l, h;
+    if (i > 0) KeyString(d.k[i - 1], &l);
+    if (i < d.n) KeyString(d.k[i], &h);
+    PMINDEX_RETURN_IF_ERROR(CheckRanges(d.p[i], d.kids_leaves, i > 0 ? &l : lo, i < d.n ? &h : hi, depth + 1));
+  }
+  return Status::OK();
 }
 
 Status ClfBTree::ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "clfbtree/clfbtree_format.h"
 #include "clfbtree/clfbtree_node.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
@@ -341,6 +342,66 @@ TEST(ClfBTreeBadInput, OversizeKeysAndPoolFullMidSplit) {
       ASSERT_TRUE(idx->Check().ok());
       idx.reset();
     }
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace pmindex
+
+namespace pmindex {
+namespace {
+
+// Check sees damage: a root key moved out of order, and a leaf key moved
+// out of the range its parent routes to it.
+TEST(ClfBTreeCheck, ReportsDamagedNodes) {
+  const std::string path = "/dev/shm/clfbtree_check_" + std::to_string(::getpid()) + ".pool";
+  for (int what = 0; what < 2; what++) {
+    std::filesystem::remove(path);
+    Options o;
+    o.pool_path = path;
+    o.pool_size = 16ull << 20;
+    o.params = {{"leaf_size", "128"}};
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("clfbtree", o, &idx).ok());
+    for (uint64_t i = 0; i < 3000; i++) ASSERT_TRUE(idx->Insert(U64Slice(i * 1000), U64Slice(i)).ok());
+    ASSERT_TRUE(idx->Check().ok());
+    char* base = idx->pool()->base();
+    auto* m = idx->pool()->root<internal::clfbtree::Meta>();
+    ASSERT_EQ(m->root & 1, 0u);
+    uint8_t* root = reinterpret_cast<uint8_t*>(base + (m->root & ~63ull));
+    Decoded d;
+    ASSERT_TRUE(Decode(root, false, &d));
+    ASSERT_GE(d.n, 2u);
+    if (what == 0) {
+      std::vector<uint64_t> k(d.k, d.k + d.n), p(d.p, d.p + d.np());
+      std::swap(k[0], k[1]);  // re-encoded wrongly: keys out of order
+      uint8_t img[64];
+      if (!Encode(k.data(), d.n, p.data(), d.np(), false, d.kids_leaves, true, img)) GTEST_SKIP();
+      img[1] = uint8_t(img[1]);
+      std::memcpy(root, img, 64);
+      EXPECT_EQ(idx->Check().code(), Status::Code::kCorrupt);
+    } else {
+      // The first key of child 1 moved below the separator of child 0.
+      // (the leftmost leaf below child 1 of the root)
+      uint64_t off = d.p[1];
+      bool kids_leaves = d.kids_leaves;
+      while (!kids_leaves) {
+        Decoded cur;
+        ASSERT_TRUE(Decode(reinterpret_cast<uint8_t*>(base + off), false, &cur));
+        off = cur.p[0];
+        kids_leaves = cur.kids_leaves;
+      }
+      uint64_t* leaf = reinterpret_cast<uint64_t*>(base + off);
+      uint64_t* bm = reinterpret_cast<uint64_t*>(base + off + 128 - 8);
+      for (int i = 0; i < 7; i++)
+        if ((*bm >> i) & 1) {
+          leaf[2 * i] = 0;
+          break;
+        }
+      EXPECT_EQ(idx->Check().code(), Status::Code::kCorrupt);
+    }
+    idx.reset();
   }
   std::filesystem::remove(path);
 }

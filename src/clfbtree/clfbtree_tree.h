@@ -176,6 +176,7 @@ class ClfBTree final : public Index {
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
+  Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
 
   Config c_;
   std::unique_ptr<pm::Pool> pool_;
