@@ -52,7 +52,7 @@ TEST_P(ClfBTreeConcurrency, WritersAndLockFreeReaders) {
   ASSERT_TRUE(OpenIndex("clfbtree", o, &idx).ok());
   test::TestWatchdog dog("clfbtree concurrency", 120);
   constexpr int kWriters = 2, kReaders = 2;
-  const uint64_t per = 400;
+  const uint64_t per = 250;
   std::atomic<uint64_t> done[kWriters];
   for (auto& d : done) d = 0;
   std::atomic<bool> stop{false}, bad{false};

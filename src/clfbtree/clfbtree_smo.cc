@@ -156,9 +156,14 @@ bool ClfBTree::Committed() const {
       ReadLine(l.anchor & ~63ull, img);
       Decoded d;
       bool present = false;
-      if (Decode(img, bk(), &d))
-        for (uint32_t i = 0; i < d.np(); i++) present |= d.p[i] == probe;
-      return present == (l.expect == kChild);
+      const bool key = l.expect == kKeyAbsent || l.expect == kKeyPresent;
+      if (Decode(img, bk(), &d)) {
+        if (key)
+          for (uint32_t i = 0; i < d.n; i++) present |= d.k[i] == probe;
+        else
+          for (uint32_t i = 0; i < d.np(); i++) present |= d.p[i] == probe;
+      }
+      return present == (l.expect == kChild || l.expect == kKeyPresent);
     }
   }
 }

@@ -90,7 +90,7 @@ class ClfBTree final : public Index {
 
  private:
   enum Mode { kInsert, kUpdate, kUpsert };
-  enum Expect : uint64_t { kNoChild = 0, kChild = 1, kWordEq = 2, kBitsSet = 3, kBitsClear = 4 };
+  enum Expect : uint64_t { kNoChild = 0, kChild = 1, kWordEq = 2, kBitsSet = 3, kBitsClear = 4, kKeyAbsent = 5, kKeyPresent = 6 };
   struct PathEnt {
     uint64_t off;
     Decoded d;

@@ -279,8 +279,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     if (!eq) return Status::NotFound();
     if (bk()) LogOld(k[pos], false);
     if (vb()) LogOld(p[pos], false);
-    probe = p[pos];
-    expect = kNoChild;
+    // The commit test names a block the change removes: the key's (unique
+    // block offsets) for byte keys, else the value's.
+    probe = bk() ? k[pos] : p[pos];
+    expect = bk() ? kKeyAbsent : kNoChild;
     k.erase(k.begin() + pos);
     p.erase(p.begin() + pos);
     if (k.empty() && !path.empty() && path.back().d.np() > 1) {
@@ -304,7 +306,8 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     }
     k.insert(k.begin() + pos, kw);
     p.insert(p.begin() + pos, vw);
-    probe = vw;
+    probe = bk() ? kw : vw;
+    expect = bk() ? kKeyPresent : kChild;
   }
   const Mark before = Now();
   Line out;
