@@ -74,6 +74,14 @@ static_assert(sizeof(Meta) % 64 == 0);
 inline uint32_t AppendBitmapWords(uint32_t size) { return size > 1032 ? 2 : 1; }
 inline uint32_t AppendCap(uint32_t size) { return (size - 8 * AppendBitmapWords(size)) / 16; }
 
+// Every fault switch (include/pmindex/pm/fault.h) the clfB-tree declares,
+// in one place; docs/clfbtree.md "Fault switches" says what each breaks and
+// tools/pmcheck/ci.sh checks that each is caught.
+inline constexpr const char* kFaultSwitches[] = {
+    "clfbtree.append.skip_entry_flush",  "clfbtree.split.skip_leaf_flush",    "clfbtree.smo.skip_arm_persist",
+    "clfbtree.inplace.skip_log_persist", "clfbtree.inplace.skip_invalidate", "clfbtree.shadow.skip_node_flush",
+};
+
 template <typename T>
 inline T Ld(const T* p) {
   return __atomic_load_n(p, __ATOMIC_ACQUIRE);

@@ -408,3 +408,21 @@ TEST(ClfBTreeCheck, ReportsDamagedNodes) {
 
 }  // namespace
 }  // namespace pmindex
+
+namespace pmindex {
+namespace {
+
+// The fault-switch list is the one the code uses: each name appears in a
+// PMINDEX_FAULT call of the sources (checked against the list by grep in
+// docs; here: the names are well formed and distinct).
+TEST(ClfBTreeFaults, SwitchListIsWellFormed) {
+  std::set<std::string> names;
+  for (const char* n : internal::clfbtree::kFaultSwitches) {
+    EXPECT_EQ(std::string(n).rfind("clfbtree.", 0), 0u) << n;
+    EXPECT_TRUE(names.insert(n).second) << n;
+  }
+  EXPECT_EQ(names.size(), 6u);
+}
+
+}  // namespace
+}  // namespace pmindex
