@@ -10,8 +10,9 @@
 // crash simulator treats as one atomic line write, unsafe on real power
 // failure, recorded in Meta, and never the default. A pool written with
 // method atomic is refused on a CPU without MOVDIR64B unless the open says
-// emulate_line_atomic=1. The default is inplace with 1 KiB append leaves
-// (docs/clfbtree.md, "Choosing the default method").
+// emulate_line_atomic=1. The default is atomic where MOVDIR64B exists, else
+// inplace, with 1 KiB append leaves (docs/clfbtree.md, "Choosing the
+// default method").
 //
 // Thread safety: Create and Open once per pool; Close only when no other
 // call runs; Stats at any time.
@@ -62,7 +63,8 @@ Status ParseParams(const Options& o, Config* c) {
   PMINDEX_RETURN_IF_ERROR(p.Expect({"leaf", "leaf_size", "parent", "emulate_line_atomic", "tally"}));
   std::string leaf, parent;
   PMINDEX_RETURN_IF_ERROR(p.GetString("leaf", "append", &leaf));
-  PMINDEX_RETURN_IF_ERROR(p.GetString("parent", "inplace", &parent));
+  // The default: the fastest method that is crash-safe on this CPU.
+  PMINDEX_RETURN_IF_ERROR(p.GetString("parent", pm::CpuHasMovdir64b() ? "atomic" : "inplace", &parent));
   long long size;
   PMINDEX_RETURN_IF_ERROR(p.GetInt("leaf_size", 1024, 64, 2048, &size));
   PMINDEX_RETURN_IF_ERROR(p.GetBool("emulate_line_atomic", false, &c->emulated));
