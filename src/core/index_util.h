@@ -91,6 +91,7 @@ void RegisterNvcHashmap(std::vector<IndexFactory>* r);
 void RegisterNVTree(std::vector<IndexFactory>* r);
 void RegisterWBTree(std::vector<IndexFactory>* r);
 void RegisterBzTree(std::vector<IndexFactory>* r);
+void RegisterClfBTree(std::vector<IndexFactory>* r);
 
 const std::vector<IndexFactory>& Registry();
 

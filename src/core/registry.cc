@@ -19,6 +19,7 @@ __attribute__((weak)) void RegisterNvcHashmap(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterNVTree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterWBTree(std::vector<IndexFactory>*) {}
 __attribute__((weak)) void RegisterBzTree(std::vector<IndexFactory>*) {}
+__attribute__((weak)) void RegisterClfBTree(std::vector<IndexFactory>*) {}
 
 const std::vector<IndexFactory>& Registry() {
   static const std::vector<IndexFactory> r = [] {
@@ -30,6 +31,7 @@ const std::vector<IndexFactory>& Registry() {
     RegisterNVTree(&v);
     RegisterWBTree(&v);
     RegisterBzTree(&v);
+    RegisterClfBTree(&v);
     return v;
   }();
   return r;

@@ -59,6 +59,7 @@ params() {
     nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
     wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
     bztree) echo "--param node_size=256" ;;
+    clfbtree) echo "--param leaf_size=128" ;;
   esac
 }
 # For the small-key-space run: also small inner nodes, so that emptied
@@ -226,6 +227,24 @@ bztree bztree.insert.skip_record_flush
 bztree bztree.insert.skip_value_flush --key-kind bytes --value-kind bytes
 bztree bztree.smo.skip_node_flush
 "
+# clfB-tree's fault switches, one per method's persist step (docs/clfbtree.md,
+# "Fault switches"), and clean runs of its other crash-safe configurations
+# (the loop above runs the default: in-place parent updates, append leaves).
+faults+="
+clfbtree clfbtree.append.skip_entry_flush
+clfbtree clfbtree.split.skip_leaf_flush
+clfbtree clfbtree.smo.skip_arm_persist --key-kind bytes --value-kind bytes
+clfbtree clfbtree.inplace.skip_log_persist --param leaf=encoded
+clfbtree clfbtree.inplace.skip_invalidate --param leaf=encoded
+clfbtree clfbtree.shadow.skip_node_flush --param leaf=encoded --param parent=shadow
+"
+if echo "$indexes" | grep -qx clfbtree; then
+  for cfg in "leaf=encoded parent=inplace" "leaf=encoded parent=shadow" "leaf=append parent=shadow"; do
+    set -- $cfg
+    run "clfbtree clean $cfg" 0 --index clfbtree --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 --param leaf_size=128 --param "$1" --param "$2"
+  done
+  run "clfbtree shrink bytes leaf=encoded parent=shadow" 0 --index clfbtree --key-kind bytes --value-kind bytes --keys 30 --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 --param leaf=encoded --param parent=shadow
+fi
 while read -r idx fault extra; do
   [ -z "$idx" ] && continue
   echo "$indexes" | grep -qx "$idx" || continue

@@ -1,0 +1,216 @@
+// clfbtree_read.cc: the clfB-tree's lock-free readers (docs/clfbtree.md,
+// "Concurrency"): Find, Scan and Size. No paper section: the paper's tree is
+// single-threaded.
+//
+// A reader runs inside an epoch guard, takes no lock and stores nothing. At
+// each node it reads the node's version (DRAM lock table), copies the node
+// with atomic loads, and validates the version; a busy or changed version
+// restarts the descent from Meta::root. An append-only leaf's entries are
+// unsorted: a scan sorts a leaf's matching entries before handing them on.
+// The next leaf of a scan is found by descending again from the smallest
+// separator above the current leaf (no sibling pointers: a leaf split
+// replaces one leaf by two new ones without touching a neighbour).
+//
+// Thread safety: any number of readers concurrently with one writer.
+#include <algorithm>
+
+#include "clfbtree/clfbtree_tree.h"
+#include "kit/backoff.h"
+
+namespace pmindex::internal::clfbtree {
+
+namespace {
+constexpr int kMaxRestarts = 1 << 20;
+}
+
+Status ClfBTree::ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const {
+  *found = false;
+  if (encoded()) {
+    Line img;
+    ReadLine(leaf, img);
+    Decoded d;
+    if (!Decode(img, bk(), &d) || !d.leaf) return Status::Busy();
+    for (uint32_t i = 0; i < d.n; i++) {
+      int c;
+      if (!CmpKey(d.k[i], key, &c)) return Status::Busy();
+      if (c == 0) {
+        *found = true;
+        return ValueString(d.p[i], value) ? Status::OK() : Status::Busy();
+      }
+    }
+    return Status::OK();
+  }
+  const uint64_t* bm = Bitmap(leaf);
+  for (uint32_t i = 0; i < cap_; i++) {
+    if (!((Ld(&bm[i / 64]) >> (i % 64)) & 1)) continue;
+    int c;
+    if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Busy();
+    if (c == 0) {
+      *found = true;
+      return ValueString(LdR(Ent(leaf, i) + 1), value) ? Status::OK() : Status::Busy();
+    }
+  }
+  return Status::OK();
+}
+
+Status ClfBTree::Find(Slice key, std::string* value) {
+  if (closed()) return IndexClosed();
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
+  EpochManager::Guard g(epoch_);
+  kit::Backoff backoff;
+  for (int attempt = 0; attempt < kMaxRestarts; attempt++) {
+    const uint64_t w = Ld(&meta_->root);
+    uint64_t off = w & ~63ull;
+    bool leaf = w & 1;
+    bool restart = false;
+    for (int depth = 0; !restart; depth++) {
+      if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
+      kit::VersionLock& vl = VL(off);
+      uint64_t v;
+      if (!vl.ReadBegin(&v)) {
+        restart = true;
+        break;
+      }
+      if (leaf) {
+        bool found;
+        Status s = ReadLeaf(off, key, value, &found);
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        if (!s.ok()) return Status::Corrupt("clfbtree: leaf unreadable");
+        return found ? Status::OK() : Status::NotFound();
+      }
+      Line img;
+      ReadLine(off, img);
+      if (!vl.Validate(v)) {
+        restart = true;
+        break;
+      }
+      Decoded d;
+      uint32_t idx;
+      if (!Decode(img, bk(), &d) || d.leaf || !ChildIndex(d, key, &idx)) {
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        return Status::Corrupt("clfbtree: inner node does not decode");
+      }
+      if (!vl.Validate(v)) {
+        restart = true;
+        break;
+      }
+      off = d.p[idx];
+      leaf = d.kids_leaves;
+    }
+    backoff.Wait();
+  }
+  return Status::Busy("clfbtree: find restarted too often");
+}
+
+Status ClfBTree::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
+  if (count) *count = 0;
+  if (closed()) return IndexClosed();
+  if (!start.empty()) PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, start));
+  std::string cursor(start.data(), start.size());
+  if (!bk() && cursor.empty()) cursor.assign(8, '\0');
+  size_t done = 0;
+  EpochManager::Guard g(epoch_);
+  kit::Backoff backoff;
+  int restarts = 0;
+  while (done < n) {
+    if (++restarts > kMaxRestarts) return Status::Busy("clfbtree: scan restarted too often");
+    const uint64_t w = Ld(&meta_->root);
+    uint64_t off = w & ~63ull;
+    bool leaf = w & 1;
+    bool has_ub = false, restart = false;
+    std::string ub;
+    std::vector<std::pair<std::string, std::string>> got;
+    for (int depth = 0;; depth++) {
+      if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
+      kit::VersionLock& vl = VL(off);
+      uint64_t v;
+      if (!vl.ReadBegin(&v)) {
+        restart = true;
+        break;
+      }
+      if (leaf) {
+        bool bad = false;
+        auto take = [&](uint64_t kw, uint64_t vw) {
+          std::string k, val;
+          int c;
+          if (!KeyString(kw, &k)) {
+            bad = true;
+            return;
+          }
+          c = CompareKeys(c_.kk, k, cursor);
+          if (c < 0) return;
+          if (!ValueString(vw, &val)) {
+            bad = true;
+            return;
+          }
+          got.emplace_back(std::move(k), std::move(val));
+        };
+        if (encoded()) {
+          Line img;
+          ReadLine(off, img);
+          Decoded d;
+          if (!Decode(img, bk(), &d)) bad = true;
+          for (uint32_t i = 0; !bad && i < d.n; i++) take(d.k[i], d.p[i]);
+        } else {
+          const uint64_t* bm = Bitmap(off);
+          for (uint32_t i = 0; i < cap_ && !bad; i++)
+            if ((Ld(&bm[i / 64]) >> (i % 64)) & 1) take(LdR(Ent(off, i)), LdR(Ent(off, i) + 1));
+        }
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        if (bad) return Status::Corrupt("clfbtree: leaf unreadable");
+        break;
+      }
+      Line img;
+      ReadLine(off, img);
+      Decoded d;
+      uint32_t idx = 0;
+      const bool ok = Decode(img, bk(), &d) && !d.leaf && ChildIndex(d, cursor, &idx);
+      std::string sep;
+      const bool sep_ok = ok && (idx >= d.n || KeyString(d.k[idx], &sep));
+      if (!vl.Validate(v)) {
+        restart = true;
+        break;
+      }
+      if (!ok || !sep_ok) return Status::Corrupt("clfbtree: inner node does not decode");
+      if (idx < d.n) {
+        has_ub = true;
+        ub = std::move(sep);
+      }
+      off = d.p[idx];
+      leaf = d.kids_leaves;
+    }
+    if (restart) {
+      backoff.Wait();
+      continue;
+    }
+    std::sort(got.begin(), got.end(), [&](const auto& a, const auto& b) { return CompareKeys(c_.kk, a.first, b.first) < 0; });
+    for (auto& [k, val] : got) {
+      if (done >= n) break;
+      done++;
+      if (count) *count = done;
+      if (!cb(k, val)) return Status::OK();
+    }
+    if (!has_ub) break;
+    cursor = ub;
+  }
+  return Status::OK();
+}
+
+uint64_t ClfBTree::Size() {
+  uint64_t n = 0;
+  size_t cnt = 0;
+  Scan(Slice(), SIZE_MAX, [&](Slice, Slice) { return true; }, &cnt);
+  n = cnt;
+  return n;
+}
+
+}  // namespace pmindex::internal::clfbtree

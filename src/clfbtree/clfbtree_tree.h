@@ -1,0 +1,200 @@
+// clfbtree_tree.h: the clfB-tree as an Index (clfB-tree, ACM TOS 2018;
+// docs/clfbtree.md). One class for both key kinds and both value kinds
+// (chosen at run time), both leaf kinds and the three parent-update methods.
+// Implemented in clfbtree_write.cc (leaf operations), clfbtree_smo.cc
+// (splits, leaf frees, the three parent-update methods), clfbtree_read.cc
+// (lock-free Find, Scan, Size), clfbtree_recovery.cc (Format, open, Check,
+// ForEachOwnedBlock) and clfbtree.cc (options, factory, registration).
+//
+// Concurrency: writers run one at a time under write_mu_ (the paper's tree
+// is single-threaded; one structure change at a time is also why one SmoLog
+// and one LineLog in Meta suffice). Readers take no lock: every node has a
+// version lock (kit/version_lock.h) in a DRAM lock table (kit/lock_table.h),
+// never in PM; a reader copies a node with atomic loads and validates its
+// version. A writer locks a node from before its first store to it until
+// after the fence that makes the change durable (so a validated read saw
+// only durable state), and marks a node it unlinks obsolete. Unlinked nodes
+// and blocks are freed after an epoch grace period (kit/epoch.h), owned by
+// the SmoLog until then. write_mu_ is taken outside every epoch guard.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "clfbtree/clfbtree_format.h"
+#include "clfbtree/clfbtree_node.h"
+#include "core/index_util.h"
+#include "kit/epoch.h"
+#include "kit/lock_table.h"
+#include "kit/version_lock.h"
+#include "pmindex/pm/allocator.h"
+#include "pmindex/pm/pool.h"
+
+namespace pmindex::internal::clfbtree {
+
+// Lines written (flushed or written atomically) per kind of step, for the
+// paper's tables 1 and 2 (counted only when Config::tally is set).
+struct Tally {
+  uint64_t inner_update = 0;  // in-place updates of an existing inner node
+  uint64_t inner_split = 0;   // new inner nodes (splits, shadows, new roots)
+  uint64_t leaf_split = 0;    // new leaves of a leaf split
+  uint64_t leaf_plain = 0;    // leaf inserts that do not split
+  uint64_t leaf_splits = 0, inner_splits = 0, shadows = 0, cascades = 0;
+};
+
+struct Config {
+  KeyKind kk = KeyKind::kU64;
+  ValueKind vk = ValueKind::kU64;
+  LeafKind leaf = kAppendLeaf;
+  Method method = kInPlace;
+  uint32_t leaf_size = 1024;
+  bool emulated = false;
+  bool tally = false;
+};
+
+class ClfBTree final : public Index {
+ public:
+  ClfBTree(std::unique_ptr<pm::Pool> pool, const Options& o, const Config& c);
+  ~ClfBTree() override { Close(); }
+
+  std::string_view Name() const override { return "clfbtree"; }
+  KeyKind key_kind() const override { return c_.kk; }
+  ValueKind value_kind() const override { return c_.vk; }
+  Status Insert(Slice key, Slice value) override { return Write(key, value, kInsert); }
+  Status Update(Slice key, Slice value) override { return Write(key, value, kUpdate); }
+  Status Upsert(Slice key, Slice value) override { return Write(key, value, kUpsert); }
+  Status Find(Slice key, std::string* value) override;
+  Status Remove(Slice key) override;
+  Status Scan(Slice start, size_t n, ScanCallback cb, size_t* count) override;
+  uint64_t Size() override;
+  Status Check() override;
+  Status ForEachOwnedBlock(const std::function<void(uint64_t)>& fn) override;
+  IndexStats Stats() override;
+  pm::Pool* pool() override { return closed() ? nullptr : pool_.get(); }
+  Status Close() override;
+
+  Status Format();
+  Status Recover();
+  const Config& config() const { return c_; }
+  Tally tally() const { return tally_; }
+  // Figure 5: histograms (index = bytes, 1..8) of the key and pointer
+  // widths of every encoded node, and the utilisation sum (entries per
+  // node over the unencoded capacity). Not concurrent with writers.
+  void Widths(uint64_t key_w[9], uint64_t ptr_w[9], uint64_t* nodes, double* utilisation);
+
+  double recovery_seconds_ = 0;
+  std::atomic<uint64_t> restored_lines_{0};
+
+ private:
+  enum Mode { kInsert, kUpdate, kUpsert };
+  enum Expect : uint64_t { kNoChild = 0, kChild = 1, kWordEq = 2, kBitsSet = 3, kBitsClear = 4, kKeyAbsent = 5, kKeyPresent = 6 };
+  struct PathEnt {
+    uint64_t off;
+    Decoded d;
+    uint32_t idx;  // the child taken
+  };
+  using Path = std::vector<PathEnt>;
+  using Line = uint8_t[64];
+
+  bool closed() const { return closed_.load(std::memory_order_relaxed); }
+  bool bk() const { return c_.kk == KeyKind::kBytes; }
+  bool vb() const { return c_.vk == ValueKind::kBytes; }
+  bool encoded() const { return c_.leaf == kEncodedLeaf; }
+  uint64_t LeafBytes() const { return encoded() ? 64 : c_.leaf_size; }
+  template <typename T = uint8_t>
+  T* At(uint64_t off) const { return reinterpret_cast<T*>(base_ + off); }
+  kit::VersionLock& VL(uint64_t off) const { return *locks_.At(base_ + off); }
+  bool NodeOk(uint64_t off, uint64_t bytes) const { return off && off % 64 == 0 && off + bytes <= pool_->size(); }
+  uint64_t* Bitmap(uint64_t leaf) const { return At<uint64_t>(leaf + c_.leaf_size - 8 * bm_words_); }
+  uint64_t* Ent(uint64_t leaf, uint32_t i) const { return At<uint64_t>(leaf + 16 * i); }
+
+  // Keys and values as words (clfbtree_write.cc).
+  bool CmpKey(uint64_t kw, Slice key, int* cmp) const;
+  bool KeyString(uint64_t kw, std::string* out) const;
+  bool ValueString(uint64_t vw, std::string* out) const;
+  int CmpWords(uint64_t a, uint64_t b) const;
+  // Reads a node line with atomic loads.
+  void ReadLine(uint64_t off, uint8_t out[64]) const;
+  void WriteLine(uint64_t off, const uint8_t img[64]);
+  // Upper bound: the index of the child for key in d (keys <= key).
+  bool ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const;
+
+  // clfbtree_write.cc
+  Status Write(Slice key, Slice value, Mode mode);
+  Status DescendW(Slice key, Path* path, uint64_t* leaf);
+  Status AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode);
+  Status EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode, bool remove);
+  Status AppendLeafRemove(Path& path, uint64_t leaf, Slice key);
+  Status NewWord(Slice s, bool is_key, int* slot, uint64_t* word);
+  void Lock(uint64_t off);
+  void Unlock(uint64_t off) { VL(off).Unlock(); }
+
+  // clfbtree_smo.cc
+  // Replaces child path[j].idx of path[j] (j == -1: the root) by kids with
+  // separators seps (kids empty: removes it), with the parent-update method.
+  Status ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std::vector<uint64_t> seps, bool kids_leaves);
+  // Updates node off (path[j], or a leaf when j == path size) to image img
+  // with the method: in place (atomic, inplace) or by a shadow (shadow).
+  // probe/expect: the SmoLog's commit test when blocks are logged.
+  Status UpdateNode(Path& path, int j, uint64_t off, const uint8_t img[64], bool is_leaf, uint64_t probe,
+                    Expect expect);
+  void InPlaceLine(uint64_t off, const uint8_t img[64]);
+  // Splits an overfull node's contents into encoded nodes allocated into the
+  // log; *out their offsets, *seps the separators between them.
+  Status Pack(const std::vector<uint64_t>& k, const std::vector<uint64_t>& p, bool leaf, bool kids_leaves,
+              std::vector<uint64_t>* out, std::vector<uint64_t>* seps);
+  Status SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_t vw);
+  Status FreeEmptyLeaf(Path& path, uint64_t leaf);
+  // The SmoLog: new blocks owned until commit, old ones freed after it.
+  int LogNew();
+  Status AllocNode(uint64_t bytes, uint64_t* off);
+  void LogOld(uint64_t off, bool node);
+  void Arm(uint64_t anchor, uint64_t probe, Expect e);
+  void FinishSmo();
+  void AbortSmo();  // nothing was committed: frees newn, forgets oldn
+  bool Committed() const;
+  struct Mark {
+    uint64_t lines, excluded;
+  };
+  Mark Now() const;
+  // Lines the allocator and the SmoLog write are not the paper's: kept out
+  // of the tally (they show in the total per insert).
+  struct Exclude {
+    const ClfBTree* t;
+    Mark m;
+    explicit Exclude(const ClfBTree* tree) : t(tree), m(tree->Now()) {}
+    ~Exclude() { t->excluded_ += t->Now().lines - m.lines; }
+  };
+  void TallyAdd(uint64_t* field, const Mark& before) const;
+
+  // clfbtree_read.cc
+  Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
+
+  // clfbtree_recovery.cc
+  Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
+  Status RecoverSmo();
+  Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
+
+  Config c_;
+  std::unique_ptr<pm::Pool> pool_;
+  char* base_ = nullptr;
+  pm::Allocator* alloc_ = nullptr;
+  Meta* meta_ = nullptr;
+  uint32_t cap_ = 0, bm_words_ = 1;
+  size_t max_key_, max_value_;
+  kit::LockTable<kit::VersionLock> locks_;
+  EpochManager epoch_;
+  std::mutex write_mu_;
+  std::vector<uint64_t> locked_old_;  // nodes of the SMO in flight to mark obsolete
+  bool repair_ = false;    // WalkNodes restores invalid nodes (open only)
+  bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
+  std::vector<uint64_t> locked_new_;
+  Tally tally_;
+  mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
+  std::atomic<bool> closed_{false};
+};
+
+}  // namespace pmindex::internal::clfbtree

@@ -1,0 +1,327 @@
+// clfbtree_write.cc: the clfB-tree's leaf operations (clfB-tree sec. 2.2;
+// docs/clfbtree.md, "Persist order"): insert, update and delete in an
+// append-only leaf or an encoded leaf, and the key/value word helpers.
+//
+// Persist order, append-only leaf (u64 keys and values):
+//   insert: entry {k, v} in a free slot, flushed, fence; the bitmap bit set
+//           (the commit), flushed, fence: 2 lines.
+//   update: the value word (one 8-byte store), flushed, fence.
+//   delete: the bitmap bit cleared, flushed, fence; an empty leaf is then
+//           freed (clfbtree_smo.cc).
+// Byte keys/values add their blocks: allocated into SmoLog::newn before the
+// entry, the SmoLog armed with the commit's bitmap word and bit, cleared
+// after the commit; a replaced or deleted block goes to SmoLog::oldn and is
+// freed after the commit and an epoch grace period.
+// Encoded leaf: the leaf's new image is written with the parent-update
+// method (clfbtree_smo.cc, UpdateNode), or split when it does not fit.
+//
+// Thread safety: every function here runs under write_mu_; the leaf is
+// locked (its DRAM version lock) from before its first store until after
+// the fence of the commit.
+#include <algorithm>
+
+#include "clfbtree/clfbtree_tree.h"
+#include "kit/pm_block.h"
+#include "pmindex/pm/fault.h"
+
+namespace pmindex::internal::clfbtree {
+
+bool ClfBTree::CmpKey(uint64_t kw, Slice key, int* cmp) const {
+  if (!bk()) {
+    const uint64_t k = SliceToU64(key);
+    *cmp = kw < k ? -1 : (kw > k ? 1 : 0);
+    return true;
+  }
+  std::string s;
+  if (!kit::TryReadBlock(base_, pool_->size(), kw, max_key_, &s)) return false;
+  *cmp = CompareKeys(KeyKind::kBytes, s, key);
+  return true;
+}
+
+bool ClfBTree::KeyString(uint64_t kw, std::string* out) const {
+  if (!bk()) {
+    out->assign(reinterpret_cast<const char*>(&kw), 8);
+    return true;
+  }
+  return kit::TryReadBlock(base_, pool_->size(), kw, max_key_, out);
+}
+
+bool ClfBTree::ValueString(uint64_t vw, std::string* out) const {
+  if (!vb()) {
+    out->assign(reinterpret_cast<const char*>(&vw), 8);
+    return true;
+  }
+  return kit::TryReadBlock(base_, pool_->size(), vw, max_value_, out);
+}
+
+int ClfBTree::CmpWords(uint64_t a, uint64_t b) const {
+  if (!bk()) return a < b ? -1 : (a > b ? 1 : 0);
+  std::string x, y;
+  KeyString(a, &x);
+  KeyString(b, &y);
+  return CompareKeys(KeyKind::kBytes, x, y);
+}
+
+void ClfBTree::ReadLine(uint64_t off, uint8_t out[64]) const {
+  const uint64_t* w = At<uint64_t>(off);
+  for (int i = 0; i < 8; i++) {
+    const uint64_t x = LdR(w + i);
+    std::memcpy(out + 8 * i, &x, 8);
+  }
+}
+
+void ClfBTree::WriteLine(uint64_t off, const uint8_t img[64]) {
+  uint64_t* w = At<uint64_t>(off);
+  for (int i = 0; i < 8; i++) {
+    uint64_t x;
+    std::memcpy(&x, img + 8 * i, 8);
+    pm::StoreAtomic(w + i, x, __ATOMIC_RELAXED);
+  }
+}
+
+bool ClfBTree::ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const {
+  uint32_t lo = 0, hi = d.n;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    int c;
+    if (!CmpKey(d.k[mid], key, &c)) return false;
+    if (c <= 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  *idx = lo;
+  return true;
+}
+
+void ClfBTree::Lock(uint64_t off) {
+  kit::VersionLock& l = VL(off);
+  for (;;) {
+    uint64_t v = l.Load();
+    if (kit::VersionLock::Busy(v)) {
+      l.ClearLockBits();  // only write_mu_'s holder locks: a stale bit is ours
+      continue;
+    }
+    if (l.TryLock(v)) return;
+  }
+}
+
+Status ClfBTree::NewWord(Slice s, bool is_key, int* slot, uint64_t* word) {
+  *slot = -1;
+  if (!(is_key ? bk() : vb())) {
+    *word = SliceToU64(s);
+    return Status::OK();
+  }
+  const int i = LogNew();
+  if (i < 0) return Status::Busy("clfbtree log full");
+  Exclude x(this);
+  PMINDEX_RETURN_IF_ERROR(kit::WriteBlock(*alloc_, base_, &meta_->log.newn[i], s));
+  *slot = i;
+  *word = meta_->log.newn[i];
+  return Status::OK();
+}
+
+Status ClfBTree::DescendW(Slice key, Path* path, uint64_t* leaf) {
+  path->clear();
+  const uint64_t w = LdR(&meta_->root);
+  uint64_t off = w & ~63ull;
+  bool is_leaf = w & 1;
+  while (!is_leaf) {
+    if (!NodeOk(off, 64) || path->size() >= size_t(kMaxDepth)) return Status::Corrupt("clfbtree: bad inner node offset");
+    PathEnt e;
+    e.off = off;
+    Line img;
+    ReadLine(off, img);
+    if (!Decode(img, bk(), &e.d) || e.d.leaf) return Status::Corrupt("clfbtree: inner node does not decode");
+    if (!ChildIndex(e.d, key, &e.idx)) return Status::Corrupt("clfbtree: separator key unreadable");
+    off = e.d.p[e.idx];
+    is_leaf = e.d.kids_leaves;
+    path->push_back(e);
+  }
+  if (!NodeOk(off, LeafBytes())) return Status::Corrupt("clfbtree: bad leaf offset");
+  *leaf = off;
+  return Status::OK();
+}
+
+Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
+  if (closed()) return IndexClosed();
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
+  PMINDEX_RETURN_IF_ERROR(ValidateValue(c_.vk, max_value_, value));
+  std::lock_guard<std::mutex> g(write_mu_);
+  Path path;
+  uint64_t leaf;
+  PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
+  if (encoded()) return EncodedLeafWrite(path, leaf, key, value, mode, false);
+  return AppendLeafWrite(path, leaf, key, value, mode);
+}
+
+Status ClfBTree::Remove(Slice key) {
+  if (closed()) return IndexClosed();
+  PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
+  std::lock_guard<std::mutex> g(write_mu_);
+  Path path;
+  uint64_t leaf;
+  PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
+  if (encoded()) return EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true);
+  return AppendLeafRemove(path, leaf, key);
+}
+
+Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode) {
+  uint64_t* bm = Bitmap(leaf);
+  int found = -1, free_slot = -1;
+  for (uint32_t i = 0; i < cap_; i++) {
+    const bool valid = (LdR(&bm[i / 64]) >> (i % 64)) & 1;
+    if (!valid) {
+      if (free_slot < 0) free_slot = int(i);
+      continue;
+    }
+    int c;
+    if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
+    if (c == 0) {
+      found = int(i);
+      break;
+    }
+  }
+  if (found >= 0) {
+    if (mode == kInsert) return Status::AlreadyExists();
+    uint64_t* vword = Ent(leaf, uint32_t(found)) + 1;
+    int slot;
+    uint64_t vw;
+    PMINDEX_RETURN_IF_ERROR(NewWord(value, false, &slot, &vw));
+    if (vb()) {
+      LogOld(LdR(vword), false);
+      Arm(uint64_t(reinterpret_cast<char*>(vword) - base_), vw, kWordEq);
+    }
+    Lock(leaf);
+    pm::StoreAtomic(vword, vw);
+    pm::Persist(vword, 8);
+    Unlock(leaf);
+    if (vb()) FinishSmo();
+    return Status::OK();
+  }
+  if (mode == kUpdate) return Status::NotFound();
+  int ks, vs;
+  uint64_t kw, vw;
+  PMINDEX_RETURN_IF_ERROR(NewWord(key, true, &ks, &kw));
+  if (Status s = NewWord(value, false, &vs, &vw); !s.ok()) {
+    AbortSmo();
+    return s;
+  }
+  if (free_slot < 0) return SplitAppendLeaf(path, leaf, kw, vw);
+  const uint32_t i = uint32_t(free_slot);
+  const bool logged = ks >= 0 || vs >= 0;
+  uint64_t* bw = &bm[i / 64];
+  const uint64_t bit = 1ull << (i % 64);
+  if (logged) Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsSet);
+  Lock(leaf);
+  const Mark before = Now();
+  uint64_t* e = Ent(leaf, i);
+  pm::StoreAtomic(e, kw, __ATOMIC_RELAXED);
+  pm::StoreAtomic(e + 1, vw, __ATOMIC_RELAXED);
+  if (!PMINDEX_FAULT("clfbtree.append.skip_entry_flush")) pm::Flush(e, 16);
+  pm::Fence();
+  pm::FetchOr(bw, bit, __ATOMIC_RELEASE);
+  pm::Persist(bw, 8);
+  Unlock(leaf);
+  TallyAdd(&tally_.leaf_plain, before);
+  if (logged) FinishSmo();
+  return Status::OK();
+}
+
+Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
+  uint64_t* bm = Bitmap(leaf);
+  int found = -1;
+  for (uint32_t i = 0; i < cap_ && found < 0; i++) {
+    if (!((LdR(&bm[i / 64]) >> (i % 64)) & 1)) continue;
+    int c;
+    if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
+    if (c == 0) found = int(i);
+  }
+  if (found < 0) return Status::NotFound();
+  const uint32_t i = uint32_t(found);
+  uint64_t* bw = &bm[i / 64];
+  const uint64_t bit = 1ull << (i % 64);
+  const bool logged = bk() || vb();
+  if (logged) {
+    if (bk()) LogOld(LdR(Ent(leaf, i)), false);
+    if (vb()) LogOld(LdR(Ent(leaf, i) + 1), false);
+    Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsClear);
+  }
+  Lock(leaf);
+  pm::FetchAnd(bw, ~bit, __ATOMIC_RELEASE);
+  pm::Persist(bw, 8);
+  Unlock(leaf);
+  if (logged) FinishSmo();
+  for (uint32_t w = 0; w < bm_words_; w++)
+    if (LdR(&bm[w])) return Status::OK();
+  return FreeEmptyLeaf(path, leaf);
+}
+
+Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode, bool remove) {
+  Line img;
+  ReadLine(leaf, img);
+  Decoded d;
+  if (!Decode(img, bk(), &d) || !d.leaf) return Status::Corrupt("clfbtree: encoded leaf does not decode");
+  uint32_t pos = 0;
+  bool eq = false;
+  for (; pos < d.n; pos++) {
+    int c;
+    if (!CmpKey(d.k[pos], key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
+    if (c >= 0) {
+      eq = c == 0;
+      break;
+    }
+  }
+  std::vector<uint64_t> k(d.k, d.k + d.n), p(d.p, d.p + d.n);
+  uint64_t probe = 0;
+  Expect expect = kChild;
+  if (remove) {
+    if (!eq) return Status::NotFound();
+    if (bk()) LogOld(k[pos], false);
+    if (vb()) LogOld(p[pos], false);
+    // The commit test names a block the change removes: the key's (unique
+    // block offsets) for byte keys, else the value's.
+    probe = bk() ? k[pos] : p[pos];
+    expect = bk() ? kKeyAbsent : kNoChild;
+    k.erase(k.begin() + pos);
+    p.erase(p.begin() + pos);
+    if (k.empty() && !path.empty() && path.back().d.np() > 1) {
+      return FreeEmptyLeaf(path, leaf);  // the entry's blocks go with the leaf
+    }
+  } else if (eq) {
+    if (mode == kInsert) return Status::AlreadyExists();
+    int slot;
+    uint64_t vw;
+    PMINDEX_RETURN_IF_ERROR(NewWord(value, false, &slot, &vw));
+    if (vb()) LogOld(p[pos], false);
+    p[pos] = probe = vw;
+  } else {
+    if (mode == kUpdate) return Status::NotFound();
+    int ks, vs;
+    uint64_t kw, vw;
+    PMINDEX_RETURN_IF_ERROR(NewWord(key, true, &ks, &kw));
+    if (Status s = NewWord(value, false, &vs, &vw); !s.ok()) {
+      AbortSmo();
+      return s;
+    }
+    k.insert(k.begin() + pos, kw);
+    p.insert(p.begin() + pos, vw);
+    probe = bk() ? kw : vw;
+    expect = bk() ? kKeyPresent : kChild;
+  }
+  const Mark before = Now();
+  Line out;
+  if (Encode(k.data(), uint32_t(k.size()), p.data(), uint32_t(p.size()), true, false, bk(), out))
+    return UpdateNode(path, int(path.size()), leaf, out, true, probe, expect);
+  std::vector<uint64_t> kids, seps;
+  if (Status s = Pack(k, p, true, false, &kids, &seps); !s.ok()) {
+    AbortSmo();
+    return s;
+  }
+  TallyAdd(&tally_.leaf_split, before);
+  tally_.leaf_splits++;
+  LogOld(leaf, true);
+  return ReplaceChild(path, int(path.size()) - 1, kids, seps, true);
+}
+
+}  // namespace pmindex::internal::clfbtree
