@@ -535,4 +535,6 @@ uint64_t BzTree::Size() {
   return v < 0 ? 0 : uint64_t(v);
 }
 
+PMINDEX_FAULT_SWITCH_ARRAY(bztree, kFaultSwitches);
+
 }  // namespace pmindex::internal::bztree

@@ -20,6 +20,7 @@
 
 #include "clfbtree/clfbtree_tree.h"
 #include "kit/root_check.h"
+#include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::clfbtree {
 
@@ -160,6 +161,8 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
 }
 
 }  // namespace
+
+PMINDEX_FAULT_SWITCH_ARRAY(clfbtree, kFaultSwitches);
 
 }  // namespace pmindex::internal::clfbtree
 

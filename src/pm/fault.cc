@@ -105,6 +105,11 @@ FaultRegistrar::FaultRegistrar(std::initializer_list<const char*> names) {
   for (const char* n : names) Known().emplace(n);
 }
 
+FaultRegistrar::FaultRegistrar(std::span<const char* const> names) {
+  std::lock_guard<std::mutex> g(Mu());
+  for (const char* n : names) Known().emplace(n);
+}
+
 Status EnableFaultList(std::string_view list) {
   std::lock_guard<std::mutex> g(Mu());
   ApplyEnvLocked();

@@ -274,7 +274,7 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(PluginTest);
 
 TEST(PluginAbi, EveryListedPluginWasBuilt) {
   auto names = PluginNames();
-  for (const char* n : {"fptree", "fptree_single", "ptree", "fastfair", "nvc_hashmap", "dram_btree", "wbtree", "wbtree_slot", "nvtree", "bztree"})
+  for (const char* n : {"fptree", "fptree_single", "ptree", "fastfair", "nvc_hashmap", "dram_btree", "wbtree", "wbtree_slot", "nvtree", "bztree", "clfbtree"})
     EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << "libpibench_" << n << ".so missing";
 }
 

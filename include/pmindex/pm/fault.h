@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,8 @@ bool FaultEnabledSlow(const char* name);
 // Adds names to the registry (PMINDEX_FAULT_SWITCHES).
 struct FaultRegistrar {
   FaultRegistrar(std::initializer_list<const char*> names);
+  // The same from a folder's constant array of names (PMINDEX_FAULT_SWITCH_ARRAY).
+  explicit FaultRegistrar(std::span<const char* const> names);
 };
 // Parses a PMINDEX_FAULTS value and enables its names; InvalidArgument
 // naming the first unknown one (nothing is enabled then).
@@ -87,3 +90,7 @@ inline bool FaultEnabled(const char* name) {
 // per folder, in a .cc file, at namespace scope.
 #define PMINDEX_FAULT_SWITCHES(id, ...) \
   static const ::pmindex::pm::detail::FaultRegistrar pmindex_fault_switches_##id { __VA_ARGS__ }
+// Declares the names of a constant array the folder also uses elsewhere
+// (e.g. its tests iterate it), so the names are written once.
+#define PMINDEX_FAULT_SWITCH_ARRAY(id, array) \
+  static const ::pmindex::pm::detail::FaultRegistrar pmindex_fault_switches_##id { std::span<const char* const>(array) }
