@@ -1,5 +1,5 @@
 // The registry of fault switches (PMINDEX_FAULT_SWITCHES declarations) against the
-// sources: every PMINDEX_FAULT("...") literal under src/ and tools/ must be
+// sources: every PMINDEX_FAULT("...") literal under src/ and include/ must be
 // known, and every known name must still have a call site. pmcheck refuses
 // --fault names that are not known (tests/tools/tools_cli_test.cc).
 #include <gtest/gtest.h>
@@ -19,7 +19,9 @@ namespace {
 std::set<std::string> NamesInSources() {
   std::set<std::string> names;
   const std::regex re(R"re(PMINDEX_FAULT\("([^"]+)"\))re");
-  for (const char* sub : {"src", "tools", "include"}) {
+  // The library's sources only: pmcheck's toy index (tools/pmcheck) declares
+  // its switches in its own binary, which this test does not load.
+  for (const char* sub : {"src", "include"}) {
     for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(PMINDEX_SOURCE_DIR) + "/" + sub)) {
       const std::string ext = e.path().extension().string();
       if (!e.is_regular_file() || (ext != ".cc" && ext != ".h")) continue;
