@@ -160,7 +160,8 @@ Status NVTree<kBytes>::RecoverLog() {
         }
       }
       std::sort(keep.begin(), keep.end());
-      FreeDeadBlocks(L(lg->old), keep);
+      if (Status st = FreeDeadBlocks(L(lg->old), keep); !st.ok())
+        return Status::Corrupt("nvtree: rolling a committed leaf replacement forward: " + st.ToString());
     }
     PMINDEX_RETURN_IF_ERROR(alloc.Free(&lg->old));
   }

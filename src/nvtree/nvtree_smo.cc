@@ -41,6 +41,8 @@
 // caller; it waits for no leaf lock, and waits for the grace period outside
 // every epoch guard.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "nvtree/nvtree_tree.h"
@@ -76,7 +78,7 @@ void NVTree<kBytes>::FillLeaf(uint64_t off, const std::vector<Rec>& recs, size_t
 }
 
 template <bool kBytes>
-void NVTree<kBytes>::FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep) {
+Status NVTree<kBytes>::FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep) {
   std::vector<uint64_t*> words;
   for (uint64_t j = 0; j < cap_; j++) {
     if (kBytes) words.push_back(&E(l, j)->key);
@@ -92,9 +94,10 @@ void NVTree<kBytes>::FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep) 
       pm::StoreAtomic(words[x], uint64_t(0));
       pm::Persist(words[x], 8);
     } else {
-      pool_->allocator().FreeOrAbort(words[x]);
+      PMINDEX_RETURN_IF_ERROR(pool_->allocator().Free(words[x]));
     }
   }
+  return Status::OK();
 }
 
 template <bool kBytes>
@@ -225,7 +228,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
       if (vbytes_) keep.push_back(rec.vw);
     }
     std::sort(keep.begin(), keep.end());
-    if (PMINDEX_FAULT("nvtree.replace.free_before_swap")) FreeDeadBlocks(l, {});
+    if (PMINDEX_FAULT("nvtree.replace.free_before_swap")) (void)FreeDeadBlocks(l, {});
   }
   pm::Fence();
   // 3. the commit
@@ -269,7 +272,14 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   // log; then the spare is allocated again if it was taken
   epoch_.Synchronize();
   RetireDram();
-  if (pointers_) FreeDeadBlocks(l, keep);
+  // After the commit the operation cannot fail: a block the allocator does
+  // not know here means the pool is damaged, and the process stops.
+  if (pointers_) {
+    if (Status st = FreeDeadBlocks(l, keep); !st.ok()) {
+      std::fprintf(stderr, "pmindex: nvtree: freeing a replaced leaf's blocks failed: %s\n", st.ToString().c_str());
+      std::abort();
+    }
+  }
   alloc.FreeOrAbort(&lg->old);
   pm::StoreAtomic(&lg->a, uint64_t(0), __ATOMIC_RELAXED);
   pm::StoreAtomic(&lg->b, uint64_t(0), __ATOMIC_RELAXED);

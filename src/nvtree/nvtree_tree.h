@@ -185,7 +185,7 @@ class NVTree final : public Index {
   void Rebuild(const std::vector<K>& lows, const std::vector<uint64_t>& leaves);
   // Frees the key/value blocks of leaf l (all slots) not in keep, last slot
   // first so that a shared block is freed through its first word.
-  void FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep);
+  Status FreeDeadBlocks(char* l, const std::vector<uint64_t>& keep);
   // Compacts every leaf holding dead entries (a full pool with blocks held
   // by superseded entries). Takes each leaf's lock like a writer.
   Status CompactAll();
