@@ -128,9 +128,9 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     if (o.read_only) return Status::Unsupported("clfbtree pool holds an interrupted creation: open it read-write");
     if (m && m->root) {
       pm::StoreAtomic(&m->root, uint64_t(m->root & ~63ull));
-      pool->allocator().Free(&m->root);
+      PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(&m->root));
     }
-    if (m) pool->allocator().Free(pool->root_slot());
+    if (m) PMINDEX_RETURN_IF_ERROR(pool->allocator().Free(pool->root_slot()));
     return Create(std::move(pool), o, out);
   }
   if (m->magic != kMagic) return Status::Corrupt("clfbtree metadata has a bad magic");

@@ -93,9 +93,9 @@ Status ClfBTree::RecoverSmo() {
   for (int i = 0; i < kLogSlots; i++) {
     if (committed) {
       if (l.newn[i]) pm::StoreAtomic(&l.newn[i], uint64_t(0));
-      if (l.oldn[i]) alloc_->Free(&l.oldn[i]);
+      if (l.oldn[i]) PMINDEX_RETURN_IF_ERROR(alloc_->Free(&l.oldn[i]));
     } else {
-      if (l.newn[i]) alloc_->Free(&l.newn[i]);
+      if (l.newn[i]) PMINDEX_RETURN_IF_ERROR(alloc_->Free(&l.newn[i]));
       if (l.oldn[i]) pm::StoreAtomic(&l.oldn[i], uint64_t(0));
     }
   }

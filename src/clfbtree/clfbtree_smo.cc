@@ -114,7 +114,7 @@ void ClfBTree::FinishSmo() {
   if (any) {
     epoch_.Synchronize();
     for (int i = 0; i < kLogSlots; i++)
-      if (l.oldn[i]) alloc_->Free(&l.oldn[i]);
+      if (l.oldn[i]) alloc_->FreeOrAbort(&l.oldn[i]);
   }
   pm::StoreAtomic(&l.probe, uint64_t(0), __ATOMIC_RELAXED);
   pm::Persist(&l.probe, 8);
@@ -124,7 +124,7 @@ void ClfBTree::FinishSmo() {
 void ClfBTree::AbortSmo() {
   SmoLog& l = meta_->log;
   for (int i = 0; i < kLogSlots; i++) {
-    if (l.newn[i]) alloc_->Free(&l.newn[i]);
+    if (l.newn[i]) alloc_->FreeOrAbort(&l.newn[i]);
     if (l.oldn[i]) {
       pm::StoreAtomic(&l.oldn[i], uint64_t(0), __ATOMIC_RELAXED);
       pm::Flush(&l.oldn[i], 8);

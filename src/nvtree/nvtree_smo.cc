@@ -222,13 +222,17 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   }
   const uint64_t na = lg->a, nb = lg->b;
   std::vector<uint64_t> keep;
+  bool freed_early = false;
   if (pointers_) {
     for (const Rec& rec : live) {
       if (kBytes) keep.push_back(rec.kw);
       if (vbytes_) keep.push_back(rec.vw);
     }
     std::sort(keep.begin(), keep.end());
-    if (PMINDEX_FAULT("nvtree.replace.free_before_swap")) (void)FreeDeadBlocks(l, {});
+    if (PMINDEX_FAULT("nvtree.replace.free_before_swap")) {
+      (void)FreeDeadBlocks(l, {});
+      freed_early = true;  // the faulty variant: step 5 has nothing left to free
+    }
   }
   pm::Fence();
   // 3. the commit
@@ -274,7 +278,7 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
   RetireDram();
   // After the commit the operation cannot fail: a block the allocator does
   // not know here means the pool is damaged, and the process stops.
-  if (pointers_) {
+  if (pointers_ && !freed_early) {
     if (Status st = FreeDeadBlocks(l, keep); !st.ok()) {
       std::fprintf(stderr, "pmindex: nvtree: freeing a replaced leaf's blocks failed: %s\n", st.ToString().c_str());
       std::abort();
