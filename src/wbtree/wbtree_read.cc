@@ -186,6 +186,7 @@ Status WBTree<BK>::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
       if (!l) {
         PMINDEX_RETURN_IF_ERROR(DescendToLeaf(from, &l, &v));
         first = true;
+        steps = 0;  // a cycle shows within one walk; restarts must not add up
       }
       for (;;) {
         // Read before the sibling pointer: a free of the leaf it names is
