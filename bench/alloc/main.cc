@@ -226,7 +226,12 @@ int main(int argc, char** argv) {
 
 #ifdef PMBENCH_HAVE_PMEMOBJ
   const std::string obj_path = cfg.dir + "/pmbench-alloc-pmemobj-" + tag + ".pool";
-  PMEMobjpool* pop = pmemobj_create(obj_path.c_str(), "pmbench-alloc", pool_size, 0644);
+  // libpmemobj keeps a run of 256 KiB chunks per size class it meets, and a
+  // mixed-size load meets dozens: a pool sized for the live data runs out
+  // ("extending the pool ... is not supported") while pmindex's does not.
+  // Give it room, so the comparison times allocations, not failures.
+  const uint64_t obj_pool_size = cfg.mixed ? std::max<uint64_t>(pool_size, 1ull << 30) : pool_size;
+  PMEMobjpool* pop = pmemobj_create(obj_path.c_str(), "pmbench-alloc", obj_pool_size, 0644);
   PMEMoid* obj_slots = nullptr;
   if (!pop) {
     std::fprintf(stderr, "pmemobj_create: %s (skipping libpmemobj)\n", pmemobj_errormsg());
