@@ -48,6 +48,14 @@ Status Retry() { return Status::Busy("bztree: retry"); }
 bool IsRetry(const Status& s) { return s.IsBusy() && s.ToString().find("retry") != std::string::npos; }
 }  // namespace
 
+// PMwCAS::Begin answers Busy when every descriptor is in preparation or held
+// back by open guards (many more threads than cores, each insert taking
+// four): the operation backs off and tries again, never hands that to the
+// caller. Begin is never called inside a guard, so waiting holds nothing.
+bool NoDescriptor(const Status& s) {
+  return s.IsBusy() && s.ToString().find("no free PMwCAS descriptor") != std::string::npos;
+}
+
 BzTree::BzTree(std::unique_ptr<pm::Pool> pool) : pool_(std::move(pool)) {
   pmw_ = pool_->pmwcas();
   base_ = pool_->base();
@@ -177,7 +185,11 @@ Status BzTree::Insert(Slice key, Slice value) {
   kit::Backoff b;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     bool done = false, dup = false, smo = false;
-    PMINDEX_RETURN_IF_ERROR(InsertOnce(key, value, &done, &dup, &smo));
+    if (Status st = InsertOnce(key, value, &done, &dup, &smo); !st.ok()) {
+      if (!NoDescriptor(st)) return st;
+      b.Wait();
+      continue;
+    }
     if (done) {
       delta_.fetch_add(1, std::memory_order_relaxed);
       return Status::OK();
@@ -349,7 +361,11 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
     bool frozen = false, merge = false;
     {
       pm::PMwCAS::Op op;
-      PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
+      if (Status bs = pmw_->Begin(&op); !bs.ok()) {
+        if (!NoDescriptor(bs)) return bs;
+        b.Wait();
+        continue;
+      }
       pm::PMwCAS::Guard g(*pmw_);
       const Status st = Descend(key, &path);
       if (!st.ok() && !IsRetry(st)) return st;

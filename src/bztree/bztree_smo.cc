@@ -323,8 +323,13 @@ Status BzTree::Smo(Slice key, uint64_t want, bool merge) {
   for (int tries = 0; tries < kMaxRetries; tries++) {
     {
       pm::PMwCAS::Op op, undo;
-      PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
-      PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&undo));
+      Status bs = pmw_->Begin(&op);
+      if (bs.ok()) bs = pmw_->Begin(&undo);
+      if (!bs.ok()) {  // descriptors all taken: back off (see NoDescriptor)
+        if (!NoDescriptor(bs)) return bs;
+        b.Wait();
+        continue;
+      }
       pm::PMwCAS::Guard g(*pmw_);
       Status st = Descend(key, &path);
       if (st.ok()) {

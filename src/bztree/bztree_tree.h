@@ -48,6 +48,10 @@ inline constexpr const char* kFaultSwitches[] = {
 };
 
 // Test hooks (tests only; null in production).
+// True for PMwCAS::Begin's Busy when no descriptor is free (bztree.cc):
+// retried with backoff, never returned to the caller.
+bool NoDescriptor(const Status& s);
+
 struct Hooks {
   void (*after_reserve)(const void* tree) = nullptr;  // an insert's slot reserved, not yet published
 };
