@@ -17,7 +17,8 @@
 //   2. the new leaves are allocated into log.a / log.b (the allocator makes
 //      each offset durable: the log owns them), filled with the live records
 //      as inserts (a.next = b or old.next, b.next = old.next) and flushed,
-//      fence.
+//      fence. In DRAM the new leaves' locks are taken (NewBorn) and their
+//      key filters written (nvtree_tree.h).
 //   3. *link = a (unlink: old.next), persisted: the commit. From here the
 //      list owns a and b and the log owns old.
 //   4. DRAM: the PLN is replaced copy-on-write, or all inner nodes rebuilt if
