@@ -206,7 +206,19 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
       UnlockUnchanged(vl, v);
       return Status::Corrupt("nvtree: leaf " + std::to_string(leaf) + " count out of range");
     }
-    const int64_t j = Latest(l, c, k);
+    // The key filter (nvtree_tree.h): made valid at v if it is not, so that
+    // a key it rules out needs no search of the leaf.
+    LeafSlot* slot = Slot(leaf);
+    const uint64_t h = KeyHash(k);
+    bool filtered = slot->Valid(v);
+    if (!filtered) {
+      uint64_t bits[LeafSlot::kWords];
+      if (FilterOf(l, c, bits)) {
+        slot->Store(bits, v);
+        filtered = true;
+      }
+    }
+    const int64_t j = filtered && !slot->MayHold(h) ? -1 : Latest(l, c, k);
     const bool present = j >= 0 && Ld(&E(l, uint64_t(j))->flag) == kInsert;
     if (mode == Mode::kInsert && present) {
       UnlockUnchanged(vl, v);
@@ -242,6 +254,10 @@ Status NVTree<kBytes>::Put(Slice key, Slice value, Mode mode) {
       if (!st.ok()) {
         UnlockUnchanged(vl, v);
         return st;
+      }
+      if (filtered) {  // the filter with k, valid at the version the unlock publishes
+        if (!present) slot->AddKey(h);
+        slot->SetValid((v & ~kit::VersionLock::kBusy) + kit::VersionLock::kStep);
       }
       vl->UnlockFrom(v);
       if (PMINDEX_FAULT("nvtree.append.unlock_before_count_persist")) {

@@ -304,6 +304,13 @@ Status NVTree<kBytes>::Check() {
     const uint64_t c = Ld(Count(l));
     if (c > cap_) return Bad("leaf " + Num(x) + " count above the capacity");
     if (!Records(l, c, true, &recs)) return Bad("leaf " + Num(x) + " holds a key block out of range");
+    // A valid key filter holds every committed key (nvtree_tree.h).
+    if (const LeafSlot* s = Slot(x); s->Valid(s->lock.LoadRelaxed())) {
+      uint64_t bits[LeafSlot::kWords];
+      if (FilterOf(l, c, bits))
+        for (uint64_t w = 0; w < LeafSlot::kWords; w++)
+          if (bits[w] & ~s->bloom[w]) return Bad("leaf " + Num(x) + ": its key filter misses a committed key");
+    }
     // Per key, in append order: +1, -1, +1, ... (records are sorted by key,
     // the latest entry of a key first).
     for (size_t a = 0; a < recs.size();) {

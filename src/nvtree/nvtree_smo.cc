@@ -17,7 +17,8 @@
 //   2. the new leaves are allocated into log.a / log.b (the allocator makes
 //      each offset durable: the log owns them), filled with the live records
 //      as inserts (a.next = b or old.next, b.next = old.next) and flushed,
-//      fence.
+//      fence. In DRAM the new leaves' locks are taken (NewBorn) and their
+//      key filters written (nvtree_tree.h).
 //   3. *link = a (unlink: old.next), persisted: the commit. From here the
 //      list owns a and b and the log owns old.
 //   4. DRAM: the PLN is replaced copy-on-write, or all inner nodes rebuilt if
@@ -217,8 +218,17 @@ Status NVTree<kBytes>::Replace(uint64_t leaf, const K& k, uint64_t v, bool drop,
       FillLeaf(lg->b, live, cut, nl, next);
       sepb = live[cut].key;
     }
-    VL(lg->a)->NewBorn();
-    if (split) VL(lg->b)->NewBorn();
+    // Locked new leaves, their key filters valid at the version their
+    // unlock in step 4 publishes.
+    auto born = [&](uint64_t off, size_t lo, size_t hi) {
+      LeafSlot* s = Slot(off);
+      s->lock.NewBorn();
+      uint64_t bits[LeafSlot::kWords] = {};
+      for (size_t x = lo; x < hi; x++) LeafSlot::Add(bits, KeyHash(live[x].key));
+      s->Store(bits, (s->lock.LoadRelaxed() & ~kit::VersionLock::kBusy) + kit::VersionLock::kStep);
+    };
+    born(lg->a, 0, cut);
+    if (split) born(lg->b, cut, nl);
   }
   const uint64_t na = lg->a, nb = lg->b;
   std::vector<uint64_t> keep;

@@ -23,6 +23,16 @@
 // guard, back off, and retry), so the grace period a replacement waits for
 // always ends.
 //
+// Key filter. The lock table's slot of a leaf also holds a Bloom filter of
+// the keys of its committed entries (DRAM only, LeafSlot below), so that an
+// insert of a new key, which must show that the key is absent, reads the
+// filter instead of every entry of the leaf. The filter is valid while its
+// tag equals the leaf's unlocked version | 1: only a holder of the leaf's
+// lock reads or writes it, a writer that appends adds its key and sets the
+// tag to the version its unlock publishes, and every other change of the
+// leaf changes the version (a zero-filled slot, as at open, is never valid;
+// a new leaf's filter is written by the replacement that fills it).
+//
 // Thread safety: every Index call may run concurrently except Check,
 // ForEachOwnedBlock and Close (quiescent).
 #pragma once
@@ -37,6 +47,7 @@
 #include "core/index_util.h"
 #include "kit/backoff.h"
 #include "kit/epoch.h"
+#include "kit/hash.h"
 #include "kit/lock_table.h"
 #include "kit/pm_block.h"
 #include "kit/version_lock.h"
@@ -56,6 +67,41 @@ struct Config {
 
 inline uint64_t Ld(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 inline uint64_t LdAcq(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+
+// A leaf's DRAM slot in the lock table (one per granule of the pool, zero at
+// open): its version lock and a blocked Bloom filter over the keys of its
+// committed entries, valid while tag == (unlocked version | 1). A key sets
+// three bits of one of six words (384 bits): with 64 keys in a leaf about
+// 5% of absent keys pass the filter.
+struct alignas(64) LeafSlot {
+  static constexpr uint64_t kWords = 6;
+  kit::VersionLock lock;
+  uint64_t tag;
+  uint64_t bloom[kWords];
+
+  static uint64_t Word(uint64_t h) { return ((h >> 32) * kWords) >> 32; }
+  static uint64_t Mask(uint64_t h) {
+    return (uint64_t(1) << (h & 63)) | (uint64_t(1) << ((h >> 6) & 63)) | (uint64_t(1) << ((h >> 12) & 63));
+  }
+  static void Add(uint64_t* bits, uint64_t h) { bits[Word(h)] |= Mask(h); }
+  // False if no committed entry of the leaf holds a key of hash h (the
+  // filter must be valid: the caller holds the lock and checked the tag).
+  bool MayHold(uint64_t h) const { return (Ld(&bloom[Word(h)]) & Mask(h)) == Mask(h); }
+  // Adds h to the filter (the lock holder).
+  void AddKey(uint64_t h) {
+    uint64_t* w = &bloom[Word(h)];
+    __atomic_store_n(w, Ld(w) | Mask(h), __ATOMIC_RELAXED);
+  }
+  // Marks the filter valid at unlocked version `version`.
+  void SetValid(uint64_t version) { __atomic_store_n(&tag, version | 1, __ATOMIC_RELAXED); }
+  // Publishes bits as the filter, valid at unlocked version `version`.
+  void Store(const uint64_t* bits, uint64_t version) {
+    for (uint64_t w = 0; w < kWords; w++) __atomic_store_n(&bloom[w], bits[w], __ATOMIC_RELAXED);
+    SetValid(version);
+  }
+  bool Valid(uint64_t version) const { return Ld(&tag) == (version | 1); }
+};
+static_assert(sizeof(LeafSlot) == 64);
 
 template <bool kBytes>
 class NVTree final : public Index {
@@ -110,7 +156,23 @@ class NVTree final : public Index {
   static uint64_t* Count(char* l) { return reinterpret_cast<uint64_t*>(l); }
   static uint64_t* Next(char* l) { return reinterpret_cast<uint64_t*>(l + 8); }
   static Entry* E(char* l, uint64_t j) { return reinterpret_cast<Entry*>(l + kLeafHeader + kEntryBytes * j); }
-  kit::VersionLock* VL(uint64_t leaf) const { return vtab_.At(base_ + leaf); }
+  kit::VersionLock* VL(uint64_t leaf) const { return &vtab_.At(base_ + leaf)->lock; }
+  LeafSlot* Slot(uint64_t leaf) const { return vtab_.At(base_ + leaf); }
+  static uint64_t KeyHash(const K& k) {
+    if constexpr (kBytes) return kit::FingerprintHashBytes(Slice(k));
+    else return kit::Fmix64(k);
+  }
+  // The filter bits of the keys of entries [0, c) of leaf l; false if a key
+  // block cannot be read.
+  bool FilterOf(char* l, uint64_t c, uint64_t* bits) const {
+    std::memset(bits, 0, LeafSlot::kWords * 8);
+    K k{};
+    for (uint64_t j = 0; j < c; j++) {
+      if (!ReadKey(Ld(&E(l, j)->key), &k)) return false;
+      LeafSlot::Add(bits, KeyHash(k));
+    }
+    return true;
+  }
   K MakeKey(Slice s) const {
     if constexpr (kBytes) return std::string(s);
     else return SliceToU64(s);
@@ -217,7 +279,7 @@ class NVTree final : public Index {
   std::atomic<uint64_t> count_{0};
   std::atomic<Inner<K>*> inner_{nullptr};
   EpochManager epoch_;
-  kit::LockTable<kit::VersionLock> vtab_;
+  kit::LockTable<LeafSlot> vtab_;  // lock words and key filters of the leaves
   std::mutex smo_mu_;
   std::vector<Pln<K>*> dead_plns_;      // smo_mu_
   std::vector<Inner<K>*> dead_inners_;  // smo_mu_
