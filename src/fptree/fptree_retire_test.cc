@@ -33,6 +33,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -59,11 +60,7 @@ class FPTreeRetire : public testing::Test {
   static std::string Key(uint64_t i) { return "key" + std::to_string(1000 + i); }
   static std::string Val(uint64_t i, char c) { return std::string(96, c) + std::to_string(i); }
   const char* At(uint64_t off) const { return idx_->pool()->base() + off; }
-  std::set<uint64_t> Allocated() const {
-    std::set<uint64_t> a;
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { a.insert(off); });
-    return a;
-  }
+  std::set<uint64_t> Allocated() const { return testutil::AllocatedBlocks(idx_.get()); }
   // The key and value block offsets of the record with key k (PM words).
   void Blocks(const std::string& k, uint64_t* kb, uint64_t* vb) const {
     internal::FPTreePmWords w;
@@ -107,14 +104,7 @@ class FPTreeRetire : public testing::Test {
       model_[Key(i)] = Val(i, 'v');
     }
   }
-  std::string Leak(Index* idx) const {
-    std::set<uint64_t> owned, alloc;
-    size_t dup = 0;
-    idx->ForEachOwnedBlock([&](uint64_t off) { dup += !owned.insert(off).second; });
-    idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    if (dup) return "a block is owned twice";
-    return owned == alloc ? "" : "leak: owned " + std::to_string(owned.size()) + " allocated " + std::to_string(alloc.size());
-  }
+  std::string Leak(Index* idx) const { return testutil::LeakReport(idx); }
 
   std::string tag_;
   Options opts_;
