@@ -143,10 +143,7 @@ TEST_P(ClfBTreeTest, ReopenOfAPoolCopiedWhileOpen) {
   std::mt19937_64 rng(7);
   Open();
   RandomOps(rng, 1000, 800);
-  const std::string copy = path_ + ".copy";
-  std::filesystem::copy_file(path_, copy, std::filesystem::copy_options::overwrite_existing);
-  idx_.reset();
-  std::filesystem::rename(copy, path_);
+  testutil::ReplaceWithCopyTakenWhileOpen(path_, &idx_);  // the pool file as a SIGKILL leaves it
   Open();
   Verify();
   RandomOps(rng, 800, 800, 6);

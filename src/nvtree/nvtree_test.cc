@@ -25,23 +25,9 @@ namespace {
 
 std::string PoolPath() { return testutil::IndexPoolPath("nvtree-test"); }
 
-struct Cfg {
-  KeyKind kk;
-  ValueKind vk;
-  std::map<std::string, std::string> params;
-  std::string label;
-};
+using Cfg = testutil::KindsCfg;
 
-std::vector<Cfg> AllCfgs() {
-  std::vector<Cfg> v;
-  for (int kk = 0; kk < 2; kk++)
-    for (int vk = 0; vk < 2; vk++) {
-      std::string l = std::string(kk ? "bkey" : "ukey") + (vk ? "_bval" : "_uval");
-      v.push_back({KeyKind(kk), ValueKind(vk), {}, l});
-      v.push_back({KeyKind(kk), ValueKind(vk), {{"leaf_size", "6"}, {"inner_size", "3"}}, l + "_small"});
-    }
-  return v;
-}
+std::vector<Cfg> AllCfgs() { return testutil::AllKindsDefaultAndSmall({{"leaf_size", "6"}, {"inner_size", "3"}}); }
 
 class NVTreeTest : public testing::TestWithParam<Cfg>, protected testutil::IndexHolder {
  protected:
@@ -75,12 +61,7 @@ TEST_P(NVTreeTest, DifferentialWithReopens) {
       const uint64_t i = rng() % keys;
       const std::string k = Key(i), v = Val(i, rng() % 1000);
       const int r = int(rng() % 100);
-      const testutil::Op o = r < del_bias        ? testutil::Op::kRemove
-                             : r < del_bias + 25 ? testutil::Op::kInsert
-                             : r < del_bias + 40 ? testutil::Op::kUpdate
-                             : r < del_bias + 50 ? testutil::Op::kUpsert
-                                                 : testutil::Op::kFind;
-      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model, o, k, v));
+      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model, testutil::DrawOp(r, del_bias), k, v));
     }
     ExpectModel(model);
     // A bounded scan from a random key.

@@ -11,7 +11,10 @@
 //   MixedKey/MixedVal  keys and values of varying length (byte kinds)
 //   ShortKey/ShortVal  short keys and values
 //   KeyOrder           the key order as a std::map comparator
+//   KindsCfg, AllKindsDefaultAndSmall  test parameters over the kinds
 //   IndexHolder        a fixture mixin owning the index and its pool file
+//   ReplaceWithCopyTakenWhileOpen  the pool file a SIGKILL leaves
+//   DrawOp             an operation mix with a delete bias
 //   ApplyAndCheck      one operation applied to the index and to a std::map
 //                      model, with the status each operation must return
 // Models are std::map<std::string, std::string> with any comparator: the
@@ -27,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <set>
@@ -152,6 +156,16 @@ inline std::string MixedVal(ValueKind vk, uint64_t i, uint64_t ver) {
   return s;
 }
 
+// Leaves the pool file at path as a SIGKILL of its holder would: copies it
+// while *idx has it open, drops *idx (which closes the original) and puts
+// the copy, never closed, in its place.
+inline void ReplaceWithCopyTakenWhileOpen(const std::string& path, std::unique_ptr<Index>* idx) {
+  const std::string copy = path + ".copy";
+  std::filesystem::copy_file(path, copy, std::filesystem::copy_options::overwrite_existing);
+  idx->reset();
+  std::filesystem::rename(copy, path);
+}
+
 // Short byte keys "key<k * 7919 % 100003>" + k % 5 'x's (u64 keys: k), and
 // values "value-<v>" + v % 40 'v's (u64 values: v).
 inline std::string ShortKey(KeyKind kk, uint64_t k) {
@@ -170,6 +184,27 @@ struct KeyOrder {
   bool operator()(const std::string& a, const std::string& b) const { return KeyLess(kk, a, b); }
 };
 using OrderedModel = std::map<std::string, std::string, KeyOrder>;
+
+// One configuration of a test parameterised over the key and value kinds.
+struct KindsCfg {
+  KeyKind kk;
+  ValueKind vk;
+  std::map<std::string, std::string> params;
+  std::string label;
+};
+
+// Every key kind x value kind ("ukey_uval" .. "bkey_bval"), each with the
+// default parameters and with `small` (label + "_small").
+inline std::vector<KindsCfg> AllKindsDefaultAndSmall(const std::map<std::string, std::string>& small) {
+  std::vector<KindsCfg> v;
+  for (int kk = 0; kk < 2; kk++)
+    for (int vk = 0; vk < 2; vk++) {
+      std::string l = std::string(kk ? "bkey" : "ukey") + (vk ? "_bval" : "_uval");
+      v.push_back({KeyKind(kk), ValueKind(vk), {}, l});
+      v.push_back({KeyKind(kk), ValueKind(vk), small, l + "_small"});
+    }
+  return v;
+}
 
 // Owns a test's index and its pool file (a mixin for test fixtures):
 // CreateIndex opens a fresh pool with opts_ at a unique path, Reopen closes
@@ -205,6 +240,16 @@ class IndexHolder {
 };
 
 enum class Op { kInsert, kUpdate, kUpsert, kRemove, kFind };
+
+// The operation of a draw r in [0, 100): Remove below del_bias, then 25
+// Inserts, 15 Updates, 10 Upserts, and Finds for the rest.
+inline Op DrawOp(int r, int del_bias) {
+  if (r < del_bias) return Op::kRemove;
+  if (r < del_bias + 25) return Op::kInsert;
+  if (r < del_bias + 40) return Op::kUpdate;
+  if (r < del_bias + 50) return Op::kUpsert;
+  return Op::kFind;
+}
 
 // Applies op(k, v) to the index and the model. Insert answers AlreadyExists
 // for a present key, Update and Remove NotFound for an absent one, Upsert

@@ -79,11 +79,7 @@ TEST_P(WBTreeTest, ReopenOfAPoolCopiedWhileOpen) {
   std::mt19937_64 rng(7);
   Open();
   RandomOps(rng, 3000, 2000);
-  // The pool file as a SIGKILL leaves it: never closed.
-  const std::string copy = path_ + ".copy";
-  std::filesystem::copy_file(path_, copy, std::filesystem::copy_options::overwrite_existing);
-  idx_.reset();
-  std::filesystem::rename(copy, path_);
+  testutil::ReplaceWithCopyTakenWhileOpen(path_, &idx_);  // the pool file as a SIGKILL leaves it
   Open();
   Verify();
   RandomOps(rng, 2000, 2000);
