@@ -66,27 +66,12 @@ class BzTreeTest : public testing::TestWithParam<Cfg>, protected testutil::Index
 INSTANTIATE_TEST_SUITE_P(All, BzTreeTest, testing::ValuesIn(AllCfgs()), [](const auto& i) { return i.param.label; });
 
 TEST_P(BzTreeTest, DifferentialWithReopens) {
-  std::mt19937_64 rng(42);
+  ASSERT_NO_FATAL_FAILURE(testutil::RunDifferentialWithReopens(
+      &idx_, GetParam().kk, 6, 5000, 3000, [&](uint64_t i) { return Key(i); },
+      [&](uint64_t i, uint64_t ver) { return Val(i, ver); },
+      [&](const std::map<std::string, std::string>& m) { ExpectModel(m); }, [&] { Reopen(); }));
+  // The run ended by removing every record.
   std::map<std::string, std::string> model;
-  const uint64_t keys = 3000;
-  for (int phase = 0; phase < 6; phase++) {
-    const int del_bias = phase % 3 == 2 ? 60 : 15;  // every third phase mostly deletes
-    for (int op = 0; op < 5000; op++) {
-      const uint64_t i = rng() % keys;
-      const std::string k = Key(i), v = Val(i, rng() % 1000);
-      const int r = int(rng() % 100);
-      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model, testutil::DrawOp(r, del_bias), k, v));
-    }
-    ExpectModel(model);
-    testutil::ExpectBoundedScan(idx_.get(), GetParam().kk, model, Key(rng() % keys), 17);
-    if (phase % 2 == 1) {
-      Reopen();
-      ExpectModel(model);
-    }
-  }
-  for (auto& [k, v] : model) ASSERT_TRUE(idx_->Remove(k).ok());
-  model.clear();
-  ExpectModel(model);
   BzTree::Shape sh;
   ASSERT_TRUE(tree()->GetShape(&sh).ok());
   // Empty leaves are dropped, except an inner node's last child (inner

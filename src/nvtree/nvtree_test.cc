@@ -52,29 +52,12 @@ class NVTreeTest : public testing::TestWithParam<Cfg>, protected testutil::Index
 INSTANTIATE_TEST_SUITE_P(All, NVTreeTest, testing::ValuesIn(AllCfgs()), [](const auto& i) { return i.param.label; });
 
 TEST_P(NVTreeTest, DifferentialWithReopens) {
-  std::mt19937_64 rng(42);
+  ASSERT_NO_FATAL_FAILURE(testutil::RunDifferentialWithReopens(
+      &idx_, GetParam().kk, 6, 6000, 3000, [&](uint64_t i) { return Key(i); },
+      [&](uint64_t i, uint64_t ver) { return Val(i, ver); },
+      [&](const std::map<std::string, std::string>& m) { ExpectModel(m); }, [&] { Reopen(); }));
+  // The run ended by removing every record (leaves compacted and unlinked).
   std::map<std::string, std::string> model;
-  const uint64_t keys = 3000;
-  for (int phase = 0; phase < 6; phase++) {
-    const int del_bias = phase % 3 == 2 ? 60 : 15;  // every third phase mostly deletes
-    for (int op = 0; op < 6000; op++) {
-      const uint64_t i = rng() % keys;
-      const std::string k = Key(i), v = Val(i, rng() % 1000);
-      const int r = int(rng() % 100);
-      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model, testutil::DrawOp(r, del_bias), k, v));
-    }
-    ExpectModel(model);
-    // A bounded scan from a random key.
-    testutil::ExpectBoundedScan(idx_.get(), GetParam().kk, model, Key(rng() % keys), 17);
-    if (phase % 2 == 1) {
-      Reopen();
-      ExpectModel(model);
-    }
-  }
-  // Delete everything: leaves are compacted and unlinked.
-  for (auto& [k, v] : model) ASSERT_TRUE(idx_->Remove(k).ok());
-  model.clear();
-  ExpectModel(model);
   Reopen();
   ExpectModel(model);
   for (uint64_t i = 0; i < 500; i++) ASSERT_TRUE(idx_->Insert(Key(i), Val(i, 0)).ok());

@@ -15,6 +15,7 @@
 //   IndexHolder        a fixture mixin owning the index and its pool file
 //   ReplaceWithCopyTakenWhileOpen  the pool file a SIGKILL leaves
 //   DrawOp             an operation mix with a delete bias
+//   RunDifferentialWithReopens  phases of random operations with reopens
 //   ApplyAndCheck      one operation applied to the index and to a std::map
 //                      model, with the status each operation must return
 // Models are std::map<std::string, std::string> with any comparator: the
@@ -31,8 +32,10 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -305,6 +308,39 @@ void ApplyAndCheck(Index* idx, Model* model, Op op, const std::string& k, const 
       break;
     }
   }
+}
+
+// The differential run with reopens: `phases` phases of `ops` random
+// operations over keys 0..keys-1 (every third phase mostly deletes), each
+// followed by check(), a bounded scan from a random key and, after every
+// second phase, reopen() and check() again; then every record is removed
+// and check() runs once more. key(i) and val(i, ver) make the records;
+// *idx is the index (reopen() replaces it).
+inline void RunDifferentialWithReopens(std::unique_ptr<Index>* idx, KeyKind kk, int phases, int ops, uint64_t keys,
+                                       const std::function<std::string(uint64_t)>& key,
+                                       const std::function<std::string(uint64_t, uint64_t)>& val,
+                                       const std::function<void(const std::map<std::string, std::string>&)>& check,
+                                       const std::function<void()>& reopen) {
+  std::mt19937_64 rng(42);
+  std::map<std::string, std::string> model;
+  for (int phase = 0; phase < phases; phase++) {
+    const int del_bias = phase % 3 == 2 ? 60 : 15;  // every third phase mostly deletes
+    for (int op = 0; op < ops; op++) {
+      const uint64_t i = rng() % keys;
+      const std::string k = key(i), v = val(i, rng() % 1000);
+      const int r = int(rng() % 100);
+      ASSERT_NO_FATAL_FAILURE(ApplyAndCheck(idx->get(), &model, DrawOp(r, del_bias), k, v));
+    }
+    ASSERT_NO_FATAL_FAILURE(check(model));
+    ASSERT_NO_FATAL_FAILURE(ExpectBoundedScan(idx->get(), kk, model, key(rng() % keys), 17));
+    if (phase % 2 == 1) {
+      ASSERT_NO_FATAL_FAILURE(reopen());
+      ASSERT_NO_FATAL_FAILURE(check(model));
+    }
+  }
+  for (auto& [k, v] : model) ASSERT_TRUE((*idx)->Remove(k).ok());
+  model.clear();
+  check(model);
 }
 
 }  // namespace pmindex::testutil
