@@ -5,6 +5,9 @@
 // tree is the IndexTree adapter of index_tree.h, so persistence, recovery and
 // clean shutdown are the index's own (OpenIndex opens and recovers an
 // existing pool_path, creates one otherwise). No PM is touched here.
+// Thread-safety: create_tree is called once; PiBench's threads then call
+// the tree concurrently, and index_tree.h forwards each call to the index
+// (IndexInfo::concurrent says whether it may be driven by several).
 #include <cstdio>
 #include <exception>
 

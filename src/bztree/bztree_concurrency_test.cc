@@ -23,47 +23,19 @@
 #include "kit/test_watchdog.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
+#include "testing/stress_util.h"
 
 namespace pmindex {
 namespace {
 
 using internal::bztree::BzTree;
 
-struct Kind {
-  bool bytes;
-  std::string label;
-};
-
-class BzTreeConcurrency : public testing::TestWithParam<Kind> {
+class BzTreeConcurrency : public testutil::StressTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> n{0};
-    opts_.pool_path = "/dev/shm/bztree-conc-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".pool";
-    opts_.pool_size = 64ull << 20;
-    opts_.key_kind = GetParam().bytes ? KeyKind::kBytes : KeyKind::kU64;
-    opts_.value_kind = GetParam().bytes ? ValueKind::kBytes : ValueKind::kU64;
-    opts_.max_key_size = 32;
-    opts_.params = {{"node_size", "256"}};
-    ASSERT_TRUE(OpenIndex("bztree", opts_, &idx_).ok());
-  }
+  void SetUp() override { Open("bztree", {{"node_size", "256"}}, 32); }
   void TearDown() override {
     internal::bztree::hooks.after_reserve = nullptr;
-    idx_.reset();
-    pm::Pool::Remove(opts_.pool_path);
-  }
-  std::string Key(uint64_t i) const {
-    if (!GetParam().bytes) return std::string(U64Slice(i));
-    char b[32];
-    snprintf(b, sizeof b, "k%08llu", static_cast<unsigned long long>(i));
-    return b;
-  }
-  std::string Val(uint64_t i, uint64_t ver) const {
-    if (!GetParam().bytes) return std::string(U64Slice(i << 20 | (ver & 0xfffff)));
-    return "v" + std::to_string(i) + "." + std::to_string(ver) + std::string(ver % 7, 'x');
-  }
-  bool ValOf(uint64_t i, const std::string& v) const {
-    if (!GetParam().bytes) return SliceToU64(v) >> 20 == i;
-    return v.rfind("v" + std::to_string(i) + ".", 0) == 0;
+    StressTest::TearDown();
   }
   void CheckQuiescent() {
     Status c = idx_->Check();
@@ -72,12 +44,9 @@ class BzTreeConcurrency : public testing::TestWithParam<Kind> {
     ASSERT_TRUE(static_cast<BzTree*>(idx_.get())->GetShape(&sh).ok());
     EXPECT_EQ(sh.frozen, 0u);
   }
-  Options opts_;
-  std::unique_ptr<Index> idx_;
 };
 
-INSTANTIATE_TEST_SUITE_P(All, BzTreeConcurrency, testing::Values(Kind{false, "u64"}, Kind{true, "bytes"}),
-                         [](const auto& i) { return i.param.label; });
+INSTANTIATE_TEST_SUITE_P(All, BzTreeConcurrency, testutil::BothStressKinds(), testutil::StressKindName);
 
 TEST_P(BzTreeConcurrency, SharedKeysBalance) {
   test::TestWatchdog wd("bztree shared keys", 120);
@@ -200,7 +169,7 @@ TEST_P(BzTreeConcurrency, DisjointWritersWithScanners) {
       const Status s = idx_->Scan(Key(0), 200, [&](Slice k, Slice v) {
         const std::string ks(k);
         if (!first && !(GetParam().bytes ? prev < ks : SliceToU64(prev) < SliceToU64(ks))) errors++;
-        uint64_t i = GetParam().bytes ? std::stoull(ks.substr(1)) : SliceToU64(ks);
+        const uint64_t i = KeyNum(k);
         if (!ValOf(i, std::string(v))) errors++;
         prev = ks;
         first = false;

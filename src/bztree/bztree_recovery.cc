@@ -314,18 +314,7 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
       }
     }
   }
-  if (!st.ok()) {
-    t->Close();
-    return st;
-  }
-  *out = std::move(t);
-  return Status::OK();
-}
-Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return Make(std::move(pool), o, out, true);
-}
-Status OpenF(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return Make(std::move(pool), o, out, false);
+  return HandOutOrClose(std::move(st), std::move(t), out);
 }
 
 }  // namespace
@@ -334,11 +323,9 @@ Status OpenF(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<I
 namespace pmindex::internal {
 
 void RegisterBzTree(std::vector<IndexFactory>* r) {
-  AddIndexType(r,
-               {"bztree", true, true, true,
-                "BzTree (PiBench VLDB'20 sec. 3.3): lock-free PM B+-tree on PMwCAS, copy-on-write structure changes, "
-                "constant-time recovery"},
-               &bztree::Create, &bztree::OpenF);
+  AddIndexType<&bztree::Make>(r, {"bztree", true, true, true,
+                                 "BzTree (PiBench VLDB'20 sec. 3.3): lock-free PM B+-tree on PMwCAS, copy-on-write "
+                                 "structure changes, constant-time recovery"});
 }
 
 }  // namespace pmindex::internal

@@ -19,180 +19,59 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
 
+std::string PoolPath() { return testutil::IndexPoolPath("bztree-test"); }
+
 using internal::bztree::BzTree;
 
-std::string PoolPath() {
-  static std::atomic<int> n{0};
-  return "/dev/shm/bztree-test-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".pool";
-}
+using Cfg = testutil::KindsCfg;
 
-struct Cfg {
-  KeyKind kk;
-  ValueKind vk;
-  std::map<std::string, std::string> params;
-  std::string label;
-};
+std::vector<Cfg> AllCfgs() { return testutil::AllKindsDefaultAndSmall({{"node_size", "256"}}); }
 
-std::vector<Cfg> AllCfgs() {
-  std::vector<Cfg> v;
-  for (int kk = 0; kk < 2; kk++)
-    for (int vk = 0; vk < 2; vk++) {
-      std::string l = std::string(kk ? "bkey" : "ukey") + (vk ? "_bval" : "_uval");
-      v.push_back({KeyKind(kk), ValueKind(vk), {}, l});
-      v.push_back({KeyKind(kk), ValueKind(vk), {{"node_size", "256"}}, l + "_small"});
-    }
-  return v;
-}
-
-class BzTreeTest : public testing::TestWithParam<Cfg> {
+class BzTreeTest : public testing::TestWithParam<Cfg>, protected testutil::IndexHolder {
  protected:
   void SetUp() override {
-    path_ = PoolPath();
-    opts_.pool_path = path_;
     opts_.pool_size = 64ull << 20;
     opts_.key_kind = GetParam().kk;
     opts_.value_kind = GetParam().vk;
     opts_.params = GetParam().params;
     opts_.max_key_size = 40;
     opts_.max_value_size = 300;
-    Status s = OpenIndex("bztree", opts_, &idx_);
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    CreateIndex("bztree", "bztree-test");
   }
-  void TearDown() override {
-    idx_.reset();
-    pm::Pool::Remove(path_);
-  }
-  void Reopen() {
-    ASSERT_TRUE(idx_->Close().ok());
-    idx_.reset();
-    Options o;
-    o.pool_path = path_;
-    Status s = OpenIndex("bztree", o, &idx_);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
+  void Reopen() { IndexHolder::Reopen(); }
   BzTree* tree() { return static_cast<BzTree*>(idx_.get()); }
-  std::string Key(uint64_t i) {
-    if (GetParam().kk == KeyKind::kU64) return std::string(U64Slice(i));
-    std::string s = "k" + std::to_string(i * 2654435761ull % 1000003);
-    s.append(i % 7 * 4, char('a' + i % 26));
-    return s;
-  }
+  std::string Key(uint64_t i) { return testutil::MixedKey(GetParam().kk, i, 4); }
   std::string Val(uint64_t i, uint64_t ver) {
     if (GetParam().vk == ValueKind::kU64) {
       uint64_t v = i * 31 + ver;
       if ((i + ver) % 5 == 0) v |= uint64_t(7) << 61;  // reserved bits set: stored out of line
       return std::string(U64Slice(v));
     }
-    std::string s = "v" + std::to_string(i) + "." + std::to_string(ver);
-    s.append((i + ver) % 40, 'x');
-    if ((i + ver) % 13 == 0) s.clear();
-    return s;
+    return testutil::MixedVal(GetParam().vk, i, ver);
   }
-  void ExpectNoLeak() {
-    std::set<uint64_t> owned, alloc;
-    size_t dup = 0;
-    ASSERT_TRUE(idx_->ForEachOwnedBlock([&](uint64_t off) { dup += !owned.insert(off).second; }).ok());
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    EXPECT_EQ(dup, 0u);
-    EXPECT_EQ(owned, alloc) << "owned " << owned.size() << " allocated " << alloc.size();
-  }
+  void ExpectNoLeak() { testutil::ExpectNoLeak(idx_.get()); }
   void ExpectModel(const std::map<std::string, std::string>& model) {
-    Status c = idx_->Check();
-    ASSERT_TRUE(c.ok()) << c.ToString();
+    testutil::ExpectMatchesModel(idx_.get(), GetParam().kk, model);
     BzTree::Shape sh;
     ASSERT_TRUE(tree()->GetShape(&sh).ok());
     EXPECT_EQ(sh.frozen, 0u) << "a frozen node is reachable after quiescence";
-    EXPECT_EQ(idx_->Size(), model.size());
-    std::vector<std::pair<std::string, std::string>> got;
-    std::string start = GetParam().kk == KeyKind::kU64 ? std::string(U64Slice(0)) : std::string("\x01", 1);
-    ASSERT_TRUE(idx_->Scan(start, SIZE_MAX, [&](Slice k, Slice v) {
-                  got.emplace_back(std::string(k), std::string(v));
-                  return true;
-                }).ok());
-    std::vector<std::pair<std::string, std::string>> want(model.begin(), model.end());
-    if (GetParam().kk == KeyKind::kU64)
-      std::sort(want.begin(), want.end(), [](auto& a, auto& b) { return SliceToU64(a.first) < SliceToU64(b.first); });
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_TRUE(got == want);
-    ExpectNoLeak();
   }
-  std::string path_;
-  Options opts_;
-  std::unique_ptr<Index> idx_;
 };
 
 INSTANTIATE_TEST_SUITE_P(All, BzTreeTest, testing::ValuesIn(AllCfgs()), [](const auto& i) { return i.param.label; });
 
 TEST_P(BzTreeTest, DifferentialWithReopens) {
-  std::mt19937_64 rng(42);
+  ASSERT_NO_FATAL_FAILURE(testutil::RunDifferentialWithReopens(
+      &idx_, GetParam().kk, 6, 5000, 3000, [&](uint64_t i) { return Key(i); },
+      [&](uint64_t i, uint64_t ver) { return Val(i, ver); },
+      [&](const std::map<std::string, std::string>& m) { ExpectModel(m); }, [&] { Reopen(); }));
+  // The run ended by removing every record.
   std::map<std::string, std::string> model;
-  const uint64_t keys = 3000;
-  for (int phase = 0; phase < 6; phase++) {
-    const int del_bias = phase % 3 == 2 ? 60 : 15;  // every third phase mostly deletes
-    for (int op = 0; op < 5000; op++) {
-      const uint64_t i = rng() % keys;
-      const std::string k = Key(i), v = Val(i, rng() % 1000);
-      const int r = int(rng() % 100);
-      const bool present = model.count(k) > 0;
-      std::string got;
-      if (r < del_bias) {
-        Status s = idx_->Remove(k);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (!present) {
-          ASSERT_TRUE(s.IsNotFound()) << s.ToString();
-        }
-        model.erase(k);
-      } else if (r < del_bias + 25) {
-        Status s = idx_->Insert(k, v);
-        ASSERT_EQ(s.ok(), !present) << s.ToString();
-        if (present) {
-          ASSERT_TRUE(s.IsAlreadyExists()) << s.ToString();
-        } else {
-          model[k] = v;
-        }
-      } else if (r < del_bias + 40) {
-        Status s = idx_->Update(k, v);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (present) model[k] = v;
-      } else if (r < del_bias + 50) {
-        ASSERT_TRUE(idx_->Upsert(k, v).ok());
-        model[k] = v;
-      } else {
-        Status s = idx_->Find(k, &got);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (present) {
-          ASSERT_EQ(got, model[k]);
-        }
-      }
-    }
-    ExpectModel(model);
-    const std::string from = Key(rng() % keys);
-    std::vector<std::string> seen;
-    ASSERT_TRUE(idx_->Scan(from, 17, [&](Slice k, Slice) {
-                  seen.emplace_back(k);
-                  return true;
-                }).ok());
-    auto less = [&](const std::string& a, const std::string& b) {
-      return GetParam().kk == KeyKind::kU64 ? SliceToU64(a) < SliceToU64(b) : a < b;
-    };
-    std::vector<std::string> want;
-    for (auto& [k, v] : model)
-      if (!less(k, from)) want.push_back(k);
-    std::sort(want.begin(), want.end(), less);
-    if (want.size() > 17) want.resize(17);
-    EXPECT_EQ(seen, want);
-    if (phase % 2 == 1) {
-      Reopen();
-      ExpectModel(model);
-    }
-  }
-  for (auto& [k, v] : model) ASSERT_TRUE(idx_->Remove(k).ok());
-  model.clear();
-  ExpectModel(model);
   BzTree::Shape sh;
   ASSERT_TRUE(tree()->GetShape(&sh).ok());
   // Empty leaves are dropped, except an inner node's last child (inner

@@ -20,6 +20,7 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -84,24 +85,13 @@ struct Cfg {
 };
 
 std::string Key(const Cfg& c, uint64_t k) {
-  if (c.kk == KeyKind::kU64) return std::string(U64Slice(k * 2654435761ull % 1000003));
-  return "key" + std::to_string(k * 7919 % 100003) + std::string(k % 5, 'x');
+  return c.kk == KeyKind::kU64 ? testutil::ShortKey(c.kk, k * 2654435761ull % 1000003) : testutil::ShortKey(c.kk, k);
 }
-std::string Val(const Cfg& c, uint64_t v) {
-  if (c.vk == ValueKind::kU64) return std::string(U64Slice(v));
-  return "value-" + std::to_string(v) + std::string(v % 40, 'v');
-}
+std::string Val(const Cfg& c, uint64_t v) { return testutil::ShortVal(c.vk, v); }
 
-class ClfBTreeTest : public testing::TestWithParam<Cfg> {
+class ClfBTreeTest : public testing::TestWithParam<Cfg>, protected testutil::IndexHolder {
  protected:
-  void SetUp() override {
-    path_ = "/dev/shm/clfbtree_test_" + std::to_string(::getpid()) + ".pool";
-    std::filesystem::remove(path_);
-  }
-  void TearDown() override {
-    idx_.reset();
-    std::filesystem::remove(path_);
-  }
+  void SetUp() override { path_ = testutil::IndexPoolPath("clfbtree-test"); }
   Options Opts() {
     Options o;
     o.pool_path = path_;
@@ -118,78 +108,22 @@ class ClfBTreeTest : public testing::TestWithParam<Cfg> {
     Status s = OpenIndex("clfbtree", Opts(), &idx_);
     ASSERT_TRUE(s.ok()) << s.ToString();
   }
-  void Verify() {
-    Status c = idx_->Check();
-    ASSERT_TRUE(c.ok()) << c.ToString();
-    EXPECT_EQ(idx_->Size(), model_.size());
-    std::vector<std::pair<std::string, std::string>> got;
-    const std::string lo = GetParam().kk == KeyKind::kU64 ? std::string(8, '\0') : std::string("\x01");
-    ASSERT_TRUE(idx_->Scan(lo, model_.size() + 10, [&](Slice k, Slice v) {
-                      got.emplace_back(k, v);
-                      return true;
-                    }).ok());
-    ASSERT_EQ(got.size(), model_.size());
-    size_t i = 0;
-    for (auto& [k, v] : model_) {
-      ASSERT_EQ(got[i].first, k) << i;
-      ASSERT_EQ(got[i].second, v);
-      i++;
-    }
-    std::set<uint64_t> owned, allocated;
-    ASSERT_TRUE(idx_->ForEachOwnedBlock([&](uint64_t off) { EXPECT_TRUE(owned.insert(off).second) << off; }).ok());
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
-    EXPECT_EQ(owned, allocated);
-  }
-  struct Less {
-    KeyKind kk;
-    bool operator()(const std::string& a, const std::string& b) const {
-      if (kk == KeyKind::kU64) return SliceToU64(a) < SliceToU64(b);
-      return a < b;
-    }
-  };
+  void Verify() { testutil::ExpectMatchesModel(idx_.get(), GetParam().kk, model_); }
   void RandomOps(std::mt19937_64& rng, int n, uint64_t keys, int del_bias = 0) {
     const Cfg& c = GetParam();
     for (int i = 0; i < n; i++) {
       const uint64_t k = rng() % keys, v = rng();
       const std::string key = Key(c, k), val = Val(c, v);
-      const bool in = model_.count(key);
-      std::string got;
-      const int op = int(rng() % (6 + del_bias));
-      switch (op) {
-        case 0:
-        case 1: {
-          Status s = idx_->Insert(key, val);
-          ASSERT_EQ(s.ok(), !in) << s.ToString();
-          if (!in) model_[key] = val;
-          break;
-        }
-        case 2:
-          ASSERT_EQ(idx_->Update(key, val).ok(), in);
-          if (in) model_[key] = val;
-          break;
-        case 3:
-          ASSERT_TRUE(idx_->Upsert(key, val).ok());
-          model_[key] = val;
-          break;
-        case 5: {
-          Status s = idx_->Find(key, &got);
-          ASSERT_EQ(s.ok(), in) << s.ToString();
-          if (in) {
-            ASSERT_EQ(got, model_[key]);
-          }
-          break;
-        }
-        default: {
-          Status s = idx_->Remove(key);
-          ASSERT_EQ(s.ok(), in) << s.ToString();
-          model_.erase(key);
-        }
-      }
+      const int r = int(rng() % (6 + del_bias));
+      const testutil::Op o = r < 2    ? testutil::Op::kInsert
+                             : r == 2 ? testutil::Op::kUpdate
+                             : r == 3 ? testutil::Op::kUpsert
+                             : r == 5 ? testutil::Op::kFind
+                                      : testutil::Op::kRemove;
+      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model_, o, key, val));
     }
   }
-  std::string path_;
-  std::unique_ptr<Index> idx_;
-  std::map<std::string, std::string, Less> model_{Less{GetParam().kk}};
+  testutil::OrderedModel model_{testutil::KeyOrder{GetParam().kk}};
 };
 
 TEST_P(ClfBTreeTest, RandomOpsAgainstStdMapWithReopens) {
@@ -209,10 +143,7 @@ TEST_P(ClfBTreeTest, ReopenOfAPoolCopiedWhileOpen) {
   std::mt19937_64 rng(7);
   Open();
   RandomOps(rng, 1000, 800);
-  const std::string copy = path_ + ".copy";
-  std::filesystem::copy_file(path_, copy, std::filesystem::copy_options::overwrite_existing);
-  idx_.reset();
-  std::filesystem::rename(copy, path_);
+  testutil::ReplaceWithCopyTakenWhileOpen(path_, &idx_);  // the pool file as a SIGKILL leaves it
   Open();
   Verify();
   RandomOps(rng, 800, 800, 6);
@@ -323,10 +254,7 @@ TEST(ClfBTreeBadInput, OversizeKeysAndPoolFullMidSplit) {
       EXPECT_EQ(s.code(), Status::Code::kPoolFull) << s.ToString();
       ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
       EXPECT_EQ(idx->Size(), model.size());
-      std::set<uint64_t> owned, allocated;
-      ASSERT_TRUE(idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); }).ok());
-      idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
-      EXPECT_EQ(owned, allocated);
+      testutil::ExpectNoLeak(idx.get());
       for (auto& [k, v] : model) {
         std::string got;
         ASSERT_TRUE(idx->Find(k, &got).ok());

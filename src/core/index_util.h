@@ -1,5 +1,8 @@
 // Internal helpers shared by every index: argument validation, key order,
-// and the registry hooks each index folder implements.
+// the registry hooks each index folder implements and the adapters between
+// an index's maker and the registry.
+// Thread-safety: pure functions and registration (done once, at the first
+// registry use); Params reads a map the caller owns.
 #pragma once
 
 #include <cstring>
@@ -81,6 +84,33 @@ struct IndexFactory {
 inline void AddIndexType(std::vector<IndexFactory>* r, IndexInfo info, decltype(IndexFactory::create) create,
                          decltype(IndexFactory::open) open = nullptr) {
   r->push_back(IndexFactory{std::move(info), create, open});
+}
+
+// An index folder's one maker for both entry points: it formats a fresh
+// pool (fresh) or recovers the index in an opened one.
+using IndexMaker = Status (*)(std::unique_ptr<pm::Pool> pool, const Options& options, std::unique_ptr<Index>* out,
+                              bool fresh);
+
+// Appends an index type whose create and open are Make(..., true) and
+// Make(..., false).
+template <IndexMaker Make>
+void AddIndexType(std::vector<IndexFactory>* r, IndexInfo info) {
+  AddIndexType(
+      r, std::move(info),
+      [](std::unique_ptr<pm::Pool> p, const Options& o, std::unique_ptr<Index>* out) { return Make(std::move(p), o, out, true); },
+      [](std::unique_ptr<pm::Pool> p, const Options& o, std::unique_ptr<Index>* out) { return Make(std::move(p), o, out, false); });
+}
+
+// The last step of a maker: hands the built index out, or closes it (which
+// releases its pool) and returns the error st that stopped the build.
+template <class T>
+Status HandOutOrClose(Status st, std::unique_ptr<T> idx, std::unique_ptr<Index>* out) {
+  if (!st.ok()) {
+    if (idx) (void)idx->Close();
+    return st;
+  }
+  *out = std::move(idx);
+  return Status::OK();
 }
 
 // Implemented by each index folder; append the folder's index types.

@@ -1,5 +1,8 @@
 // The registry of index types and OpenIndex: pool creation/opening shared by
 // every persistent index.
+// Thread-safety: the registry is built once, at its first use (a
+// function-local static), and only read afterwards; OpenIndex, IndexTypes and
+// the lookups may be called from any thread.
 #include <unistd.h>
 
 #include <atomic>

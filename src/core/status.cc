@@ -1,4 +1,5 @@
 // Status formatting.
+// No state: callable from any thread.
 #include "pmindex/status.h"
 
 namespace pmindex {

@@ -42,6 +42,9 @@
 //  - Every allocated block is owned by a persistent word at all times: a
 //    record, a fence, a spare word, Meta::spare_root or a retire slot
 //    (limbo: unlinked nodes; blocks: unlinked key/value blocks).
+// Thread-safety: a layout with no code that runs concurrently; who may
+// write each field is said where the field is used (docs/fastfair.md,
+// "Concurrency").
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,8 @@
 // The pm-model crash-state enumerator of the fastfair line-prefix crash
 // tests (see fastfair_line_prefix.h).
+// Thread-safety: a LineRecorder observes one test thread's stores (the
+// test runs the operation under test single-threaded); an enumeration runs
+// on the test thread.
 #include "fastfair/fastfair_line_prefix.h"
 
 #include <gtest/gtest.h>

@@ -47,6 +47,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -91,11 +92,7 @@ class FastFairRetire : public testing::TestWithParam<Kinds> {
     if (v.size() != 64 || v.compare(0, id.size(), id) != 0 || v[id.size() + 6] != ';') return false;
     return v.find_first_not_of(char('a' + i % 26), id.size() + 7) == std::string::npos;
   }
-  std::set<uint64_t> Allocated() const {
-    std::set<uint64_t> a;
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { a.insert(off); });
-    return a;
-  }
+  std::set<uint64_t> Allocated() const { return testutil::AllocatedBlocks(idx_.get()); }
   void Load(uint64_t n) {
     for (uint64_t i = 0; i < n; i++) {
       ASSERT_TRUE(idx_->Insert(Key(i), Val(i, 0)).ok());

@@ -27,6 +27,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -174,10 +175,7 @@ TEST_P(FPTreeConc, DisjointKeysMatchModel) {
   });
   EXPECT_EQ(n, want.size());
   EXPECT_EQ(idx_->Size(), want.size());
-  std::set<uint64_t> owned, alloc;
-  idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-  idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-  EXPECT_EQ(owned, alloc);
+  EXPECT_EQ(testutil::LeakReport(idx_.get()), "");
 }
 
 // All threads hammer the same small key range (high contention, skew).
@@ -237,10 +235,7 @@ TEST_P(FPTreeConc, OverlappingKeysStayConsistent) {
   ASSERT_EQ(errors.load(), 0) << first_error;
   Status c = idx_->Check();
   ASSERT_TRUE(c.ok()) << c.ToString();
-  std::set<uint64_t> owned, alloc;
-  idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-  idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-  EXPECT_EQ(owned, alloc);
+  EXPECT_EQ(testutil::LeakReport(idx_.get()), "");
 }
 
 // The public-FPTree deadlock: one thread inserts (splitting leaves) while
@@ -352,10 +347,7 @@ TEST_P(FPTreeConc, EmptyAndRefillFallsBack) {
     EXPECT_EQ(leaves, 1u);
     EXPECT_EQ(inner, 1u);
     EXPECT_EQ(blocks(), blocks0);
-    std::set<uint64_t> owned, alloc;
-    idx_->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    EXPECT_EQ(owned, alloc);
+    EXPECT_EQ(testutil::LeakReport(idx_.get()), "");
   }
 }
 

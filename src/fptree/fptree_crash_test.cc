@@ -46,6 +46,8 @@
 #include "pmindex/pm/fault.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "testing/fence_images.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -151,12 +153,7 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
     }
     return "";
   }
-  static std::string Leak(Index* idx) {
-    std::set<uint64_t> owned, alloc;
-    idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-    idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    return owned == alloc ? "" : "leak: owned " + std::to_string(owned.size()) + " allocated " + std::to_string(alloc.size());
-  }
+  static std::string Leak(Index* idx) { return testutil::LeakReport(idx); }
 
   // Loads n records, then removes them all in a shuffled order with a crash
   // image checked at every fence. Returns the first failure ("" if none) and
@@ -173,27 +170,14 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
     std::shuffle(order.begin(), order.end(), std::mt19937_64(5));
     std::string failure;
     *images = 0;
-    int saved = 0;
-    bool recording = false;  // not while the images are verified
-    sim_->on_fence = [&](uint64_t) {
-      if (!recording) return;
-      std::string img = tag_ + ".img" + std::to_string(saved++);
-      pm::Pool::Remove(img);
-      sim_->Write(img);
-    };
+    testutil::FenceImages fences(sim_.get(), tag_);
     for (auto& k : order) {
       inflight_ = k;
-      recording = true;
-      Status s = idx_->Remove(k);
-      recording = false;
+      Status s = fences.During([&] { return idx_->Remove(k); });
       if (!s.ok()) failure = "remove failed: " + s.ToString();
-      for (int i = 0; i < saved; i++) {
-        std::string img = tag_ + ".img" + std::to_string(i);
+      *images += uint64_t(fences.ForEach([&](const std::string& img, int) {
         if (failure.empty()) failure = Verify(img);
-        ++*images;
-        pm::Pool::Remove(img);
-      }
-      saved = 0;
+      }));
       model_.erase(k);
       inflight_.clear();
       // Scans of the live tree store hints that the next removes' flushes
@@ -201,7 +185,6 @@ class FPTreeDeleteCrash : public testing::TestWithParam<Kind> {
       if (failure.empty()) failure = ScanMatches(idx_.get(), model_);
       if (!failure.empty()) break;
     }
-    sim_->on_fence = nullptr;
     return failure;
   }
 
@@ -359,36 +342,23 @@ class FPTreeSplitCrash : public FPTreeDeleteCrash {
     Create();
     std::string failure;
     *images = *split_images = 0;
-    int saved = 0;
-    bool recording = false;
-    sim_->on_fence = [&](uint64_t) {
-      if (!recording) return;
-      std::string img = tag_ + ".img" + std::to_string(saved++);
-      pm::Pool::Remove(img);
-      sim_->Write(img);
-    };
+    testutil::FenceImages fences(sim_.get(), tag_);
     for (uint64_t i = 0; i < n && failure.empty(); i++) {
       uint64_t inner = 0, before = 0, now = 0;
       internal::FPTreeShape(idx_.get(), &inner, &before);
       inflight_ = Key(i);
       inflight_val_ = Val(i);
-      recording = true;
-      Status s = idx_->Insert(Key(i), Val(i));
-      recording = false;
+      Status s = fences.During([&] { return idx_->Insert(Key(i), Val(i)); });
       if (!s.ok()) failure = "insert failed: " + s.ToString();
       internal::FPTreeShape(idx_.get(), &inner, &now);
-      for (int j = 0; j < saved; j++) {
-        std::string img = tag_ + ".img" + std::to_string(j);
+      const int saved = fences.ForEach([&](const std::string& img, int) {
         if (failure.empty()) failure = VerifySplitImage(img);
-        ++*images;
-        if (now > before) ++*split_images;
-        pm::Pool::Remove(img);
-      }
-      saved = 0;
+      });
+      *images += uint64_t(saved);
+      if (now > before) *split_images += uint64_t(saved);
       model_[Key(i)] = Val(i);
       inflight_.clear();
     }
-    sim_->on_fence = nullptr;
     return failure;
   }
   std::string inflight_val_;

@@ -25,6 +25,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -76,10 +77,7 @@ class FPTreeCreateCrash : public testing::TestWithParam<std::string> {
     for (int i = 0; i < 40; i++)
       if (!(s = idx->Insert("k" + std::to_string(i), "v")).ok()) return "insert: " + s.ToString();
     if (!(s = idx->Check()).ok()) return "check: " + s.ToString();
-    std::set<uint64_t> owned, alloc;
-    idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-    idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    if (owned != alloc) return "leak: owned " + std::to_string(owned.size()) + " allocated " + std::to_string(alloc.size());
+    if (std::string l = testutil::LeakReport(idx.get()); !l.empty()) return l;
     return "";
   }
 

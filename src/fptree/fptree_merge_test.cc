@@ -44,6 +44,7 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/fault.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -102,12 +103,7 @@ class FPTreeMerge : public testing::TestWithParam<Kind> {
     });
     return pages.size();
   }
-  static std::string Leak(Index* idx) {
-    std::set<uint64_t> owned, alloc;
-    idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-    idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    return owned == alloc ? "" : "leak: owned " + std::to_string(owned.size()) + " allocated " + std::to_string(alloc.size());
-  }
+  static std::string Leak(Index* idx) { return testutil::LeakReport(idx); }
   // "" if idx holds exactly model (finds, size, a full scan and a few
   // bounded ones).
   std::string Matches(Index* idx, const std::map<uint64_t, std::string>& model) const {

@@ -30,6 +30,7 @@
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
 #include "testing/pm_test_util.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -414,10 +415,7 @@ TEST(FPTreeMisc, FullPoolMidSplit) {
       // Deletes still work and make room.
       for (size_t j = 0; j < acked.size() / 2; j++) ASSERT_TRUE(idx->Remove(acked[j]).ok());
       ASSERT_TRUE(idx->Check().ok());
-      std::set<uint64_t> owned, alloc;
-      idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-      idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-      EXPECT_EQ(owned, alloc);
+      EXPECT_EQ(testutil::LeakReport(idx.get()), "");
       idx.reset();
       ASSERT_TRUE(OpenIndex(name, o, &idx).ok());
       ASSERT_TRUE(idx->Check().ok());
@@ -540,10 +538,7 @@ TEST(FPTreeMisc, SigkillDuringLoad) {
         ASSERT_TRUE(idx->Find(key(i), nullptr).ok()) << "acknowledged insert " << i << " of " << last << " lost";
       }
     }
-    std::set<uint64_t> owned, alloc;
-    idx->ForEachOwnedBlock([&](uint64_t off) { owned.insert(off); });
-    idx->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    EXPECT_EQ(owned, alloc) << "leak after kill";
+    EXPECT_EQ(testutil::LeakReport(idx.get()), "") << "leak after kill";
     idx.reset();
     pm::Pool::Remove(path);
   }

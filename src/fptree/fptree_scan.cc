@@ -41,7 +41,9 @@
 //
 // Persist order: scans store nothing durable (the hint's stores are
 // volatile). Thread safety: fptree: concurrent with every operation, no
-// lock taken; the others: one thread at a time.
+// lock taken; the others: one thread at a time. A callback may call any
+// operation of the index, Scan included (a nested u64 scan takes a record
+// buffer of its own: ScanBuffer).
 #include <algorithm>
 #include <memory>
 
@@ -130,15 +132,28 @@ Status FPTree<kConc, kBytes>::Scan(Slice start, size_t n, ScanCallback cb, size_
 }
 // Per-thread record buffer of ScanU64 (kScanBatch records plus one leaf),
 // reached once per scan: a thread_local name used in the loops cost a TLS
-// lookup per record, and a vector a capacity check per record.
+// lookup per record, and a vector a capacity check per record. The buffer
+// holds the batch a scan is handing out while its callback runs; a scan
+// started from that callback on the same thread (*busy is set) gets a
+// buffer of its own in *own instead. Otherwise *busy is set until the
+// caller clears it.
 template <bool kConc, bool kBytes>
-__attribute__((noinline)) typename FPTree<kConc, kBytes>::KV* FPTree<kConc, kBytes>::ScanBuffer() {
+__attribute__((noinline)) typename FPTree<kConc, kBytes>::KV* FPTree<kConc, kBytes>::ScanBuffer(std::unique_ptr<KV[]>* own,
+                                                                                                bool** busy) {
   static FPT_TLS std::unique_ptr<KV[]>* buf = nullptr;  // pointer: a trivial TLS object
-  thread_local std::unique_ptr<KV[]> owner;             // frees it at thread exit
+  static FPT_TLS bool in_use = false;
+  thread_local std::unique_ptr<KV[]> owner;  // frees it at thread exit
+  if (in_use) {
+    own->reset(new KV[kScanBatch + 64]);
+    *busy = nullptr;
+    return own->get();
+  }
   if (!buf) {
     owner.reset(new KV[kScanBatch + 64]);
     buf = &owner;
   }
+  in_use = true;
+  *busy = &in_use;
   return buf->get();
 }
 // Scan for u64 keys and values: the same algorithm as Scan with plain
@@ -149,7 +164,15 @@ Status FPTree<kConc, kBytes>::ScanU64(uint64_t start, size_t n, ScanCallback cb,
   size_t done = 0;
   uint64_t resume = start;
   bool inclusive = true;
-  KV* out = ScanBuffer();
+  std::unique_ptr<KV[]> own;  // a nested scan's buffer
+  bool* busy = nullptr;
+  KV* out = ScanBuffer(&own, &busy);
+  struct Release {
+    bool* busy;
+    ~Release() {
+      if (busy) *busy = false;
+    }
+  } release{busy};
   while (done < n) {
     size_t nout = 0;
     bool end = false;
@@ -418,7 +441,7 @@ bool FPTree<kConc, kBytes>::ReadLeafRecs(char* l, uint64_t lv, const SKey& k, bo
 }
 #define FPT_INSTANTIATE(C, B)                                                                                    \
   template Status FPTree<C, B>::Scan(Slice, size_t, ScanCallback, size_t*);                                      \
-  template FPTree<C, B>::KV* FPTree<C, B>::ScanBuffer();                                                         \
+  template FPTree<C, B>::KV* FPTree<C, B>::ScanBuffer(std::unique_ptr<KV[]>*, bool**);                           \
   template Status FPTree<C, B>::ScanU64(uint64_t, size_t, ScanCallback, size_t*);                                \
   template void FPTree<C, B>::PrefetchLeaf(uint64_t) const;                                                      \
   template bool FPTree<C, B>::ReadLeafRecs(char*, uint64_t, const SKey&, bool, std::vector<Rec>*,                \

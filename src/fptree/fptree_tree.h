@@ -380,7 +380,7 @@ class FPTree final : public Index, public FPTreeIntrospect {
   void RelocateLeaves(std::vector<uint64_t>* leaves);
 
   // ---- scans (fptree_scan.cc) -------------------------------------------------------------
-  static KV* ScanBuffer();
+  static KV* ScanBuffer(std::unique_ptr<KV[]>* own, bool** busy);
   Status ScanU64(uint64_t start, size_t n, ScanCallback cb, size_t* count);
   bool InPool(uint64_t off) const;
   bool InReserved(uint64_t off) const { return off && reserved_size_ >= lay_.bytes && off <= reserved_size_ - lay_.bytes; }

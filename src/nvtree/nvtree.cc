@@ -439,18 +439,7 @@ Status Make(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     return t->Open(eff, c);
   };
   Status st = kk == KeyKind::kBytes ? build(new NVTree<true>(std::move(pool), eff)) : build(new NVTree<false>(std::move(pool), eff));
-  if (!st.ok()) {
-    idx->Close();
-    return st;
-  }
-  *out = std::move(idx);
-  return Status::OK();
-}
-Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return Make(std::move(pool), o, out, true);
-}
-Status OpenF(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return Make(std::move(pool), o, out, false);
+  return HandOutOrClose(std::move(st), std::move(idx), out);
 }
 
 }  // namespace
@@ -459,10 +448,9 @@ Status OpenF(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<I
 namespace pmindex::internal {
 
 void RegisterNVTree(std::vector<IndexFactory>* r) {
-  AddIndexType(r,
-               {"nvtree", true, true, true,
-                "NV-Tree (PiBench VLDB'20 sec. 3.2): append-only PM leaves, DRAM inner nodes rebuilt on overflow and open"},
-               &nvtree::Create, &nvtree::OpenF);
+  AddIndexType<&nvtree::Make>(r, {"nvtree", true, true, true,
+                                 "NV-Tree (PiBench VLDB'20 sec. 3.2): append-only PM leaves, DRAM inner nodes rebuilt "
+                                 "on overflow and open"});
 }
 
 }  // namespace pmindex::internal

@@ -19,51 +19,14 @@
 #include "kit/test_watchdog.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/pool.h"
+#include "testing/stress_util.h"
 
 namespace pmindex {
 namespace {
 
-struct Kind {
-  bool bytes;
-  std::string label;
-};
-
-class NVTreeConcurrency : public testing::TestWithParam<Kind> {
+class NVTreeConcurrency : public testutil::StressTest {
  protected:
-  void SetUp() override {
-    static std::atomic<int> n{0};
-    opts_.pool_path = "/dev/shm/nvtree-conc-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".pool";
-    opts_.pool_size = 64ull << 20;
-    opts_.key_kind = GetParam().bytes ? KeyKind::kBytes : KeyKind::kU64;
-    opts_.value_kind = GetParam().bytes ? ValueKind::kBytes : ValueKind::kU64;
-    opts_.params = {{"leaf_size", "8"}, {"inner_size", "4"}};
-    ASSERT_TRUE(OpenIndex("nvtree", opts_, &idx_).ok());
-  }
-  void TearDown() override {
-    idx_.reset();
-    pm::Pool::Remove(opts_.pool_path);
-  }
-  std::string Key(uint64_t i) const {
-    if (!GetParam().bytes) return std::string(U64Slice(i));
-    char b[32];
-    snprintf(b, sizeof b, "k%08llu", static_cast<unsigned long long>(i));
-    return b;
-  }
-  // Values encode their key, so a reader can tell a torn or misplaced one.
-  std::string Val(uint64_t i, uint64_t ver) const {
-    if (!GetParam().bytes) return std::string(U64Slice(i << 20 | (ver & 0xfffff)));
-    return "v" + std::to_string(i) + "." + std::to_string(ver) + std::string(ver % 7, 'x');
-  }
-  bool ValOf(uint64_t i, const std::string& v) const {
-    if (!GetParam().bytes) return SliceToU64(v) >> 20 == i;
-    return v.rfind("v" + std::to_string(i) + ".", 0) == 0;
-  }
-  uint64_t KeyNum(Slice k) const {
-    if (!GetParam().bytes) return SliceToU64(k);
-    return std::stoull(std::string(k.substr(1)));
-  }
-  Options opts_;
-  std::unique_ptr<Index> idx_;
+  void SetUp() override { Open("nvtree", {{"leaf_size", "8"}, {"inner_size", "4"}}); }
 };
 
 TEST_P(NVTreeConcurrency, WritersReadersScanners) {
@@ -171,8 +134,7 @@ TEST_P(NVTreeConcurrency, SkewedWritesOnHotKeys) {
   EXPECT_EQ(idx_->Size(), 8u);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, NVTreeConcurrency, testing::Values(Kind{false, "u64"}, Kind{true, "bytes"}),
-                         [](const auto& i) { return i.param.label; });
+INSTANTIATE_TEST_SUITE_P(All, NVTreeConcurrency, testutil::BothStressKinds(), testutil::StressKindName);
 
 }  // namespace
 }  // namespace pmindex

@@ -18,174 +18,46 @@
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
 
-std::string PoolPath() {
-  static std::atomic<int> n{0};
-  return "/dev/shm/nvtree-test-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".pool";
-}
+std::string PoolPath() { return testutil::IndexPoolPath("nvtree-test"); }
 
-struct Cfg {
-  KeyKind kk;
-  ValueKind vk;
-  std::map<std::string, std::string> params;
-  std::string label;
-};
+using Cfg = testutil::KindsCfg;
 
-std::vector<Cfg> AllCfgs() {
-  std::vector<Cfg> v;
-  for (int kk = 0; kk < 2; kk++)
-    for (int vk = 0; vk < 2; vk++) {
-      std::string l = std::string(kk ? "bkey" : "ukey") + (vk ? "_bval" : "_uval");
-      v.push_back({KeyKind(kk), ValueKind(vk), {}, l});
-      v.push_back({KeyKind(kk), ValueKind(vk), {{"leaf_size", "6"}, {"inner_size", "3"}}, l + "_small"});
-    }
-  return v;
-}
+std::vector<Cfg> AllCfgs() { return testutil::AllKindsDefaultAndSmall({{"leaf_size", "6"}, {"inner_size", "3"}}); }
 
-class NVTreeTest : public testing::TestWithParam<Cfg> {
+class NVTreeTest : public testing::TestWithParam<Cfg>, protected testutil::IndexHolder {
  protected:
   void SetUp() override {
-    path_ = PoolPath();
-    opts_.pool_path = path_;
     opts_.pool_size = 64ull << 20;
     opts_.key_kind = GetParam().kk;
     opts_.value_kind = GetParam().vk;
     opts_.params = GetParam().params;
     opts_.max_key_size = 200;
     opts_.max_value_size = 300;
-    Status s = OpenIndex("nvtree", opts_, &idx_);
-    ASSERT_TRUE(s.ok()) << s.ToString();
+    CreateIndex("nvtree", "nvtree-test");
   }
-  void TearDown() override {
-    idx_.reset();
-    pm::Pool::Remove(path_);
-  }
-  void Reopen() {
-    ASSERT_TRUE(idx_->Close().ok());
-    idx_.reset();
-    Options o;
-    o.pool_path = path_;
-    o.recovery_threads = 2;
-    Status s = OpenIndex("nvtree", o, &idx_);
-    ASSERT_TRUE(s.ok()) << s.ToString();
-  }
-  std::string Key(uint64_t i) {
-    if (GetParam().kk == KeyKind::kU64) return std::string(U64Slice(i));
-    std::string s = "k" + std::to_string(i * 2654435761ull % 1000003);
-    s.append(i % 7 * 5, char('a' + i % 26));
-    return s;
-  }
-  std::string Val(uint64_t i, uint64_t ver) {
-    if (GetParam().vk == ValueKind::kU64) return std::string(U64Slice(i * 31 + ver));
-    std::string s = "v" + std::to_string(i) + "." + std::to_string(ver);
-    s.append((i + ver) % 40, 'x');
-    if ((i + ver) % 13 == 0) s.clear();
-    return s;
-  }
-  void ExpectNoLeak() {
-    std::set<uint64_t> owned, alloc;
-    size_t dup = 0;
-    ASSERT_TRUE(idx_->ForEachOwnedBlock([&](uint64_t off) { dup += !owned.insert(off).second; }).ok());
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { alloc.insert(off); });
-    EXPECT_EQ(dup, 0u);
-    EXPECT_EQ(owned, alloc) << "owned " << owned.size() << " allocated " << alloc.size();
-  }
+  void Reopen() { IndexHolder::Reopen(2); }
+  std::string Key(uint64_t i) { return testutil::MixedKey(GetParam().kk, i); }
+  std::string Val(uint64_t i, uint64_t ver) { return testutil::MixedVal(GetParam().vk, i, ver); }
+  void ExpectNoLeak() { testutil::ExpectNoLeak(idx_.get()); }
   void ExpectModel(const std::map<std::string, std::string>& model) {
-    Status c = idx_->Check();
-    ASSERT_TRUE(c.ok()) << c.ToString();
-    EXPECT_EQ(idx_->Size(), model.size());
-    std::vector<std::pair<std::string, std::string>> got;
-    std::string start = GetParam().kk == KeyKind::kU64 ? std::string(U64Slice(0)) : std::string("\x01", 1);
-    ASSERT_TRUE(idx_->Scan(start, SIZE_MAX, [&](Slice k, Slice v) {
-                  got.emplace_back(std::string(k), std::string(v));
-                  return true;
-                }).ok());
-    std::vector<std::pair<std::string, std::string>> want(model.begin(), model.end());
-    if (GetParam().kk == KeyKind::kU64)
-      std::sort(want.begin(), want.end(), [](auto& a, auto& b) { return SliceToU64(a.first) < SliceToU64(b.first); });
-    ASSERT_EQ(got.size(), want.size());
-    EXPECT_TRUE(got == want);
-    ExpectNoLeak();
+    testutil::ExpectMatchesModel(idx_.get(), GetParam().kk, model);
   }
-  std::string path_;
-  Options opts_;
-  std::unique_ptr<Index> idx_;
 };
 
 INSTANTIATE_TEST_SUITE_P(All, NVTreeTest, testing::ValuesIn(AllCfgs()), [](const auto& i) { return i.param.label; });
 
 TEST_P(NVTreeTest, DifferentialWithReopens) {
-  std::mt19937_64 rng(42);
+  ASSERT_NO_FATAL_FAILURE(testutil::RunDifferentialWithReopens(
+      &idx_, GetParam().kk, 6, 6000, 3000, [&](uint64_t i) { return Key(i); },
+      [&](uint64_t i, uint64_t ver) { return Val(i, ver); },
+      [&](const std::map<std::string, std::string>& m) { ExpectModel(m); }, [&] { Reopen(); }));
+  // The run ended by removing every record (leaves compacted and unlinked).
   std::map<std::string, std::string> model;
-  const uint64_t keys = 3000;
-  for (int phase = 0; phase < 6; phase++) {
-    const int del_bias = phase % 3 == 2 ? 60 : 15;  // every third phase mostly deletes
-    for (int op = 0; op < 6000; op++) {
-      const uint64_t i = rng() % keys;
-      const std::string k = Key(i), v = Val(i, rng() % 1000);
-      const int r = int(rng() % 100);
-      const bool present = model.count(k) > 0;
-      std::string got;
-      if (r < del_bias) {
-        Status s = idx_->Remove(k);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (!present) {
-          ASSERT_TRUE(s.IsNotFound());
-        }
-        model.erase(k);
-      } else if (r < del_bias + 25) {
-        Status s = idx_->Insert(k, v);
-        ASSERT_EQ(s.ok(), !present) << s.ToString();
-        if (present) {
-          ASSERT_TRUE(s.IsAlreadyExists());
-        } else {
-          model[k] = v;
-        }
-      } else if (r < del_bias + 40) {
-        Status s = idx_->Update(k, v);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (present) model[k] = v;
-      } else if (r < del_bias + 50) {
-        ASSERT_TRUE(idx_->Upsert(k, v).ok());
-        model[k] = v;
-      } else {
-        Status s = idx_->Find(k, &got);
-        ASSERT_EQ(s.ok(), present) << s.ToString();
-        if (present) {
-          ASSERT_EQ(got, model[k]);
-        }
-      }
-    }
-    ExpectModel(model);
-    // A bounded scan from a random key.
-    const std::string from = Key(rng() % keys);
-    std::vector<std::string> seen;
-    ASSERT_TRUE(idx_->Scan(from, 17, [&](Slice k, Slice) {
-                  seen.emplace_back(k);
-                  return true;
-                }).ok());
-    std::vector<std::pair<std::string, std::string>> all(model.begin(), model.end());
-    auto less = [&](const std::string& a, const std::string& b) {
-      return GetParam().kk == KeyKind::kU64 ? SliceToU64(a) < SliceToU64(b) : a < b;
-    };
-    std::vector<std::string> want;
-    for (auto& [k, v] : all)
-      if (!less(k, from)) want.push_back(k);
-    std::sort(want.begin(), want.end(), less);
-    if (want.size() > 17) want.resize(17);
-    EXPECT_EQ(seen, want);
-    if (phase % 2 == 1) {
-      Reopen();
-      ExpectModel(model);
-    }
-  }
-  // Delete everything: leaves are compacted and unlinked.
-  for (auto& [k, v] : model) ASSERT_TRUE(idx_->Remove(k).ok());
-  model.clear();
-  ExpectModel(model);
   Reopen();
   ExpectModel(model);
   for (uint64_t i = 0; i < 500; i++) ASSERT_TRUE(idx_->Insert(Key(i), Val(i, 0)).ok());

@@ -4,6 +4,9 @@
 // the indexes), and a child that acknowledges operations through a pipe
 // until it is SIGKILLed (the indexes' "kill a loading process" tests).
 // Header-only; tests include it as "testing/process.h".
+// Thread-safety: each object belongs to the test thread that made it; fork
+// from a test with no other threads running (the child runs only `open` or
+// `body`).
 #pragma once
 
 #include <signal.h>

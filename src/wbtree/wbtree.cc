@@ -132,17 +132,10 @@ Status OpenVariant(const Variant& var, std::unique_ptr<pm::Pool> pool, const Opt
   return Status::OK();
 }
 
-Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return CreateVariant(kBitmap, std::move(pool), o, out);
-}
-Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return OpenVariant(kBitmap, std::move(pool), o, out);
-}
-Status CreateSlot(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return CreateVariant(kSlot, std::move(pool), o, out);
-}
-Status OpenSlot(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  return OpenVariant(kSlot, std::move(pool), o, out);
+// The maker of variant V (core/index_util.h's IndexMaker).
+template <const Variant& V>
+Status MakeVariant(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out, bool fresh) {
+  return fresh ? CreateVariant(V, std::move(pool), o, out) : OpenVariant(V, std::move(pool), o, out);
 }
 
 }  // namespace
@@ -152,16 +145,14 @@ Status OpenSlot(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_pt
 namespace pmindex::internal {
 
 void RegisterWBTree(std::vector<IndexFactory>* r) {
-  AddIndexType(r,
-               {"wbtree", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
-                "wBTree: whole B+-tree in PM, unsorted nodes with a bitmap and a sorted slot array, micro-log splits, "
-                "lock-free readers, constant-time open"},
-               &wbtree::Create, &wbtree::Open);
-  AddIndexType(r,
-               {"wbtree_slot", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
-                "wBTree, slot-only variant: nodes of at most 7 entries whose slot word (count and indices) is the "
-                "commit word, no bitmap"},
-               &wbtree::CreateSlot, &wbtree::OpenSlot);
+  AddIndexType<&wbtree::MakeVariant<wbtree::kBitmap>>(
+      r, {"wbtree", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
+          "wBTree: whole B+-tree in PM, unsorted nodes with a bitmap and a sorted slot array, micro-log splits, "
+          "lock-free readers, constant-time open"});
+  AddIndexType<&wbtree::MakeVariant<wbtree::kSlot>>(
+      r, {"wbtree_slot", /*persistent=*/true, /*ordered=*/true, /*concurrent=*/true,
+          "wBTree, slot-only variant: nodes of at most 7 entries whose slot word (count and indices) is the "
+          "commit word, no bitmap"});
 }
 
 }  // namespace pmindex::internal

@@ -38,6 +38,8 @@
 //    (old_node's next == new_node); Meta::spare_root owns a root being built
 //    until Meta::root points at it; Meta::free_leaf owns an empty leaf
 //    being freed (recovery finishes its unlink and frees it).
+// Thread-safety: a layout with no code that runs concurrently; writers
+// hold the node's lock, readers are lock-free (docs/wbtree.md).
 #pragma once
 
 #include <cstdint>

@@ -16,6 +16,7 @@
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/pool.h"
+#include "testing/index_test_util.h"
 
 namespace pmindex {
 namespace {
@@ -27,25 +28,12 @@ struct Cfg {
   const char* index = "wbtree";
 };
 
-std::string Key(const Cfg& c, uint64_t k) {
-  if (c.kk == KeyKind::kU64) return std::string(U64Slice(k));
-  return "key" + std::to_string(k * 7919 % 100003) + std::string(k % 5, 'x');
-}
-std::string Val(const Cfg& c, uint64_t v) {
-  if (c.vk == ValueKind::kU64) return std::string(U64Slice(v));
-  return "value-" + std::to_string(v) + std::string(v % 40, 'v');
-}
+std::string Key(const Cfg& c, uint64_t k) { return testutil::ShortKey(c.kk, k); }
+std::string Val(const Cfg& c, uint64_t v) { return testutil::ShortVal(c.vk, v); }
 
-class WBTreeTest : public testing::TestWithParam<Cfg> {
+class WBTreeTest : public testing::TestWithParam<Cfg>, protected testutil::IndexHolder {
  protected:
-  void SetUp() override {
-    path_ = "/dev/shm/wbtree_test_" + std::to_string(::getpid()) + ".pool";
-    std::filesystem::remove(path_);
-  }
-  void TearDown() override {
-    idx_.reset();
-    std::filesystem::remove(path_);
-  }
+  void SetUp() override { path_ = testutil::IndexPoolPath("wbtree-test"); }
   Options Opts() {
     Options o;
     o.pool_path = path_;
@@ -56,74 +44,22 @@ class WBTreeTest : public testing::TestWithParam<Cfg> {
     return o;
   }
   void Open() { ASSERT_TRUE(OpenIndex(GetParam().index, Opts(), &idx_).ok()); }
-  void Verify() {
-    ASSERT_TRUE(idx_->Check().ok()) << idx_->Check().ToString();
-    EXPECT_EQ(idx_->Size(), model_.size());
-    std::vector<std::pair<std::string, std::string>> got;
-    const std::string lo = GetParam().kk == KeyKind::kU64 ? std::string(8, '\0') : std::string("\x01");
-    ASSERT_TRUE(idx_->Scan(lo, model_.size() + 10, [&](Slice k, Slice v) {
-                      got.emplace_back(k, v);
-                      return true;
-                    }).ok());
-    ASSERT_EQ(got.size(), model_.size());
-    size_t i = 0;
-    for (auto& [k, v] : model_) {
-      EXPECT_EQ(got[i].first, k);
-      EXPECT_EQ(got[i].second, v);
-      i++;
-    }
-    std::set<uint64_t> owned, allocated;
-    ASSERT_TRUE(idx_->ForEachOwnedBlock([&](uint64_t off) { EXPECT_TRUE(owned.insert(off).second) << off; }).ok());
-    idx_->pool()->allocator().ForEachAllocated([&](uint64_t off, size_t) { allocated.insert(off); });
-    EXPECT_EQ(owned, allocated);
-  }
-  struct Less {
-    KeyKind kk;
-    bool operator()(const std::string& a, const std::string& b) const {
-      if (kk == KeyKind::kU64) return SliceToU64(a) < SliceToU64(b);
-      return a < b;
-    }
-  };
+  void Verify() { testutil::ExpectMatchesModel(idx_.get(), GetParam().kk, model_); }
   void RandomOps(std::mt19937_64& rng, int n, uint64_t keys) {
     const Cfg& c = GetParam();
     for (int i = 0; i < n; i++) {
       const uint64_t k = rng() % keys, v = rng();
       const std::string key = Key(c, k), val = Val(c, v);
-      const bool in = model_.count(key);
-      std::string got;
-      switch (rng() % 6) {
-        case 0:
-        case 1: {
-          Status s = idx_->Insert(key, val);
-          ASSERT_EQ(s.ok(), !in) << s.ToString();
-          if (!in) model_[key] = val;
-          break;
-        }
-        case 2:
-          ASSERT_EQ(idx_->Update(key, val).ok(), in);
-          if (in) model_[key] = val;
-          break;
-        case 3:
-          ASSERT_TRUE(idx_->Upsert(key, val).ok());
-          model_[key] = val;
-          break;
-        case 4:
-          ASSERT_EQ(idx_->Remove(key).ok(), in);
-          model_.erase(key);
-          break;
-        default: {
-          Status s = idx_->Find(key, &got);
-          ASSERT_EQ(s.ok(), in) << s.ToString();
-          if (in) {
-            ASSERT_EQ(got, model_[key]);
-          }
-        }
-      }
+      const int r = int(rng() % 6);
+      const testutil::Op o = r < 2    ? testutil::Op::kInsert
+                             : r == 2 ? testutil::Op::kUpdate
+                             : r == 3 ? testutil::Op::kUpsert
+                             : r == 4 ? testutil::Op::kRemove
+                                      : testutil::Op::kFind;
+      ASSERT_NO_FATAL_FAILURE(testutil::ApplyAndCheck(idx_.get(), &model_, o, key, val));
     }
   }
-  std::string path_;
-  std::unique_ptr<Index> idx_;
-  std::map<std::string, std::string, Less> model_{Less{GetParam().kk}};
+  testutil::OrderedModel model_{testutil::KeyOrder{GetParam().kk}};
 };
 
 TEST_P(WBTreeTest, RandomOpsAgainstStdMapWithReopens) {
@@ -143,11 +79,7 @@ TEST_P(WBTreeTest, ReopenOfAPoolCopiedWhileOpen) {
   std::mt19937_64 rng(7);
   Open();
   RandomOps(rng, 3000, 2000);
-  // The pool file as a SIGKILL leaves it: never closed.
-  const std::string copy = path_ + ".copy";
-  std::filesystem::copy_file(path_, copy, std::filesystem::copy_options::overwrite_existing);
-  idx_.reset();
-  std::filesystem::rename(copy, path_);
+  testutil::ReplaceWithCopyTakenWhileOpen(path_, &idx_);  // the pool file as a SIGKILL leaves it
   Open();
   Verify();
   RandomOps(rng, 2000, 2000);

@@ -2,6 +2,8 @@
 // output. Every figure in the summary is printed from the same PhaseResult
 // fields that go into the JSON, with the same FormatRate/FormatNs, so the two
 // always agree (tests/pmbench checks it). No PM access here.
+// Thread-safety: pure functions of their arguments, called by the main
+// thread once the phases have ended.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

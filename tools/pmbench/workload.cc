@@ -1,6 +1,8 @@
 // workload.cc: key and operation generation for pmbench (see workload.h for
 // the design and how it follows / corrects PiBench, section 4 and 5.3 of
 // pibench-evaluation-vldb20.md). Nothing here touches PM.
+// Thread-safety: each worker thread owns its ThreadKeys, Rng and
+// RankGenerator; KeyCodec is read-only once built.
 #include "workload.h"
 
 #include <algorithm>
