@@ -75,8 +75,16 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // it is read as one and keeps its version. 6: successor tags in bits 48-63
 // of link words; a version 4 or 5 pool is a version 6 pool whose tags are
 // all 0 (unknown), so it is read as one, keeps its version and is written
-// without tags (a version 5 build can still open it).
-constexpr uint32_t kVersion = 6;
+// without tags (a version 5 build can still open it). 7: the layout of 6,
+// plus an invariant crash recovery's slab scan relies on: a slab slot the
+// durable list does not reach holds 0 or a marked link in `next`, or the
+// node of an insert whose link CAS was not durable (a failed insert zeroes
+// its node's next before the slot is reused; recovery zeroes unreachable
+// unmarked slots). A version 6 pool may break it (failed inserts left their
+// nodes as written), so it is recovered by the list walk and keeps its
+// version; a version 6 build refuses a version 7 pool.
+constexpr uint32_t kVersion = 7;
+constexpr uint32_t kFirstScanVersion = 7;
 constexpr uint32_t kFirstTagVersion = 6;
 constexpr uint32_t kOldestReadVersion = 4;
 
