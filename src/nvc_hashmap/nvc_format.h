@@ -1,4 +1,4 @@
-// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 6; 4 and 5
+// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 7; 4 to 6
 // are read).
 //
 // Paper: Schwalb et al., IMDM'15, section 3.3 (2) (every PM word an 8-byte
@@ -52,6 +52,9 @@
 //   - a nonzero tag in a link word is a window of the split-order key of the
 //     node the link names (TagMatches); bucket links (and every link of a
 //     version 4 or 5 pool) have tag 0;
+//   - (version 7) a slab slot the list does not reach holds 0 or a marked
+//     link in its `next`; after a crash, also the node of an insert whose
+//     link was not durable (recovery zeroes it);
 //   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
 //     slots; Root.xslots is nonzero iff max_threads > 256 (both written
 //     once, at creation, before the magic).

@@ -7,18 +7,22 @@
 // does not own (the paper leaks them).
 //
 // Open (LoadRoot) validates the root before reading past its first line
-// (block size, magic, version 4 to 6, kinds, segment size, thread slots,
-// the head; pools of version 4 and 5 keep their version and get no link
+// (block size, magic, version 4 to 7, kinds, segment size, thread slots,
+// the head; pools of version 4 to 6 keep their version, 4 and 5 get no link
 // tags). After
 // a clean close (root.clean == 1) it takes the record count and the slabs'
-// free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
-// list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
+// free bitmaps as written: O(threads + slabs). Otherwise Recover, in a
+// version 7 pool of compact slab nodes, reads the slabs once in address
+// order (nvc_scan.cc, RecoverScan) and finds the list's nodes by peeling the
+// unreachable ones off the graph of links; in other pools, or if the scan
+// finds the image inconsistent, it walks the list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
 // unlinks marked nodes (their remove had linearized durably), recounts,
 // frees the slot of every bucket whose dummy is unreachable, resolves the
 // per-thread pending slots (reachable -> clear, else free) and frees every
 // allocated block the structure does not own (nodes and value records of
 // unfinished operations, nodes waiting for their epoch, replaced records).
-// Every unreachable slab slot is free; a slab with none reachable is freed.
+// Every unreachable slab slot is free (its next zeroed if it is an unmarked
+// link: an insert in flight); a slab with none reachable is freed.
 // Its DRAM is bitmaps (per bucket, per slab slot, and per 16 bytes of pool
 // for blocks outside slabs), nothing per record. The walk runs on two
 // threads (Options::recovery_threads), the list split at bucket 1's dummy
@@ -28,10 +32,11 @@
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
 //           the initial buckets' dummies linked in split order (the head
 //           first), persisted -> root persisted -> magic, persisted.
-//   recover: the walk's link repairs (flushed) -> fence -> bucket slots
-//           reset (flushed) -> fence -> pending slots resolved, unowned
-//           blocks freed (allocator transactions) -> fence -> empty slabs
-//           unlinked (persisted) and freed, each in turn -> fence.
+//   recover: the walk's or the scan's link repairs (flushed) -> fence ->
+//           bucket slots reset (flushed) -> fence -> pending slots resolved,
+//           unowned blocks freed (allocator transactions) -> fence ->
+//           unreachable unmarked slab slots zeroed (flushed) -> fence ->
+//           empty slabs unlinked (persisted) and freed, each in turn -> fence.
 //   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
 //           fence -> count, persisted -> clean = 1, persisted.
 //
