@@ -217,7 +217,7 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
     st.slabs.push_back(off);
   }
   const size_t ns = st.slabs.size();
-  if (ns >= (uint64_t(1) << 32)) return Status::OK();
+  if (ns >= UINT32_MAX) return Status::OK();  // slab numbers are 32-bit in the lookup table: walk
   const uint64_t chunks = (pool_->size() >> kSlabShift) + 1;
   st.cover.assign(chunks, 0);
   st.start_in.assign(chunks, 0);
@@ -241,9 +241,14 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
   std::vector<std::pair<uint64_t, int>> dup[2];
   const int want = recovery_threads_ > 0 ? recovery_threads_ : int(std::thread::hardware_concurrency());
   const size_t mid = want >= 2 ? ns / 2 : ns;
-  std::thread second([&] { st.Pass(1, mid, ns, &dup[1]); });
-  st.Pass(0, 0, mid, &dup[0]);
-  second.join();
+  if (want >= 2) {
+    std::thread second([&] { st.Pass(1, mid, ns, &dup[1]); });
+    st.Pass(0, 0, mid, &dup[0]);
+    second.join();
+  } else {
+    st.Pass(1, ns, ns, &dup[1]);  // the bucket table
+    st.Pass(0, 0, ns, &dup[0]);
+  }
   recovery_walkers_ = want >= 2 ? 2 : 1;
   if (st.thread_anomaly.load()) return Status::OK();
   for (int p = 0; p < 2; p++)
