@@ -23,9 +23,9 @@
 // an edge names it (a remove whose unlink was not durable, or the successor
 // of an in-flight insert); every other marked slot is free.
 //
-// DRAM: per slab, two bitmaps per pass thread (candidates, pointed-to; 256
-// bytes per 32 KiB slab) and a table of 16 bytes per 32 KiB of pool; per
-// bucket, two bits; an exact in-degree only for targets named twice (in a
+// DRAM: per 32 KiB slab, four bitmaps (candidates, kept, and one named-
+// bitmap per pass thread: 512 bytes); a table of 8 bytes per 32 KiB of
+// pool; per bucket, three bits; an exact in-degree only for targets named twice (in a
 // consistent image: one per in-flight insert or claim). Nothing per record.
 //
 // Work: the slabs are read once in address order by two threads (bucket
