@@ -251,6 +251,11 @@ bool RunOpen(const Target& tg, uint64_t n, int rthreads, double* open_s, double*
     std::exit(1);
   }
   *recovery_s = idx->Stats().recovery_seconds;
+  if (idx->Size() != n) {  // every insert of the child was acknowledged
+    std::fprintf(stderr, "%s: %llu records after the crash, %llu loaded\n", tg.label.c_str(), (unsigned long long)idx->Size(),
+                 (unsigned long long)n);
+    std::exit(1);
+  }
   idx.reset();
   pm::Pool::Remove(o.pool_path);
   return true;

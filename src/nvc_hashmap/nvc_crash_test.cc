@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -436,12 +437,14 @@ TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
 }
 
 // Crash recovery walks the list with one thread or, split at bucket 1's
-// dummy, with two (Options::recovery_threads): both give the same index.
-// The pool is closed, marked unclean (a full recovery at open) and copied;
-// each copy is recovered with 1 and with 2 threads: the same records and
-// values, the same allocated blocks, Check and no leak in both, and after a
-// clean close the same pool bytes. A table of one bucket (bucket 1 never
-// published) recovers with one thread whatever the option.
+// dummy, with two (Options::recovery_threads): both give the same index, and
+// so does the slab scan (u64 slab pools) with one or two threads. The pool is
+// closed, marked unclean (a full recovery at open) and copied; each copy is
+// recovered with 1 and with 2 threads, by the scan where it applies and by
+// the walk forced: the same records and values, the same allocated blocks,
+// Check and no leak in all, and after a clean close the same pool bytes. A
+// table of one bucket (bucket 1 never published) is walked by one thread
+// whatever the option.
 TEST(NvcHashmapCrash, RecoveryWithOneOrTwoThreadsAgrees) {
   for (int variant = 0; variant < 3; variant++) {
     SCOPED_TRACE(variant);
@@ -450,9 +453,10 @@ TEST(NvcHashmapCrash, RecoveryWithOneOrTwoThreadsAgrees) {
     const std::string buckets = variant == 2 ? "1" : "16", lf = variant == 2 ? "64" : "2";
     PoolFile pf("rthreads");
     Options o = Opts(pf.path, kk, vk, {{"initial_buckets", buckets}, {"load_factor", lf}, {"node_alloc", variant == 1 ? "allocator" : "slab"}});
+    o.pool_size = 8ull << 20;  // four copies are read back whole
     std::unique_ptr<Index> idx;
     ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
-    const uint64_t n = variant == 2 ? 60 : 20000;  // one bucket holds 64 records
+    const uint64_t n = variant == 2 ? 60 : 4000;  // one bucket holds 64 records
     for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(MakeKey(kk, i), MakeValue(vk, i, 0)).ok());
     for (uint64_t i = 0; i < n; i += 3) ASSERT_TRUE(idx->Remove(MakeKey(kk, i)).ok());
     for (uint64_t i = 1; i < n; i += 5) {
@@ -462,20 +466,26 @@ TEST(NvcHashmapCrash, RecoveryWithOneOrTwoThreadsAgrees) {
     }
     idx.reset();
     nvc_test::MarkUnclean(pf.path);
-    PoolFile copies[2] = {PoolFile("rthreads-1"), PoolFile("rthreads-2")};
-    std::vector<std::string> values[2];
-    std::set<uint64_t> blocks[2];
-    std::vector<char> bytes[2];
-    for (int t = 0; t < 2; t++) {
+    // Runs 0 and 1: 1 and 2 threads, as the pool allows (the slab scan for
+    // u64 slab pools); runs 2 and 3: the list walk forced.
+    PoolFile copies[4] = {PoolFile("rthreads-1"), PoolFile("rthreads-2"), PoolFile("rthreads-3"), PoolFile("rthreads-4")};
+    std::vector<std::string> values[4];
+    std::set<uint64_t> blocks[4];
+    std::vector<char> bytes[4];
+    for (int t = 0; t < 4; t++) {
       std::filesystem::copy_file(pf.path, copies[t].path, std::filesystem::copy_options::overwrite_existing);
       Options ot = o;
       ot.pool_path = copies[t].path;
       ot.create_if_missing = false;
-      ot.recovery_threads = t + 1;
+      ot.recovery_threads = t % 2 + 1;
       std::unique_ptr<Index> rec;
+      nvc_hashmap_testing::SetForceWalkRecovery(t >= 2);
       Status s = OpenIndex("", ot, &rec);
+      nvc_hashmap_testing::SetForceWalkRecovery(false);
       ASSERT_TRUE(s.ok()) << s.ToString();
-      EXPECT_EQ(nvc_hashmap_testing::RecoveryWalkers(rec.get()), variant == 2 ? 1 : t + 1);
+      const bool scanned = variant != 1 && t < 2;
+      EXPECT_EQ(nvc_hashmap_testing::RecoveryScanned(rec.get()), scanned);
+      EXPECT_EQ(nvc_hashmap_testing::RecoveryWalkers(rec.get()), variant == 2 && !scanned ? 1 : t % 2 + 1);
       Status c = rec->Check();
       ASSERT_TRUE(c.ok()) << c.ToString();
       ExpectNoLeak(rec.get());
@@ -488,12 +498,94 @@ TEST(NvcHashmapCrash, RecoveryWithOneOrTwoThreadsAgrees) {
       std::ifstream f(copies[t].path, std::ios::binary);
       bytes[t].assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     }
-    EXPECT_TRUE(values[0] == values[1]);
+    for (int t = 1; t < 4; t++) {
+      SCOPED_TRACE(t);
+      EXPECT_TRUE(values[0] == values[t]);
+      EXPECT_TRUE(blocks[0] == blocks[t]);
+      EXPECT_TRUE(bytes[0] == bytes[t]) << "the pools differ after recovery (1 or 2 threads, scan or walk) and a clean close";
+    }
     for (uint64_t i = 0; i < n; i++) {
       ASSERT_EQ(values[0][i], i % 3 == 0 ? "(absent)" : MakeValue(vk, i, i % 5 == 1 ? 1 : 0)) << i;
     }
-    EXPECT_TRUE(blocks[0] == blocks[1]);
-    EXPECT_TRUE(bytes[0] == bytes[1]) << "the pools differ after recovery with 1 and 2 threads and a clean close";
+  }
+}
+
+// The `next` word of the slab node holding u64 key k in pool bytes [base,
+// base + size) (slots are 32-byte aligned), or ~0 if no slot holds k with
+// its split-order key.
+uint64_t NextOfNodeWithKey(const char* base, uint64_t size, const std::string& k) {
+  const uint64_t so = nvc_hashmap_testing::SplitOrderKey(KeyKind::kU64, k);
+  uint64_t key;
+  std::memcpy(&key, k.data(), 8);
+  for (uint64_t off = 0; off + 32 <= size; off += 32) {
+    uint64_t w[4];
+    std::memcpy(w, base + off, 32);
+    if (w[1] == so && w[3] == key) return w[0];
+  }
+  return ~uint64_t(0);
+}
+
+// Crash recovery by the slab scan (format 7, u64 slab pools), each image
+// taken with a writer held at a hook:
+//  - an insert after its link CAS, before the link's persist: the image holds
+//    its node (written, persisted, unmarked) but no durable link to it. The
+//    scan must drop it (not reachable: not a record, not counted, no leak)
+//    and zero its next, so that no later scan takes the free slot for a node;
+//  - a remove after its mark CAS, a find having made the mark durable: the
+//    marked node is still linked. The scan must unlink it (key absent,
+//    Check clean).
+// The list walk (forced) must leave the same: runs 2 and 3.
+TEST(NvcHashmapCrash, SlabScanDropsInFlightInsertsAndCompletesRemoves) {
+  for (int run = 0; run < 4; run++) {
+    const int scenario = run % 2;
+    const bool walk = run >= 2;  // the list walk forced: it must zero the node too
+    SCOPED_TRACE(run);
+    CrashHarness h("scan", {{"initial_buckets", "16"}});
+    const uint64_t n = 200;
+    for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(h.idx->Insert(nvc_test::U64(i), nvc_test::U64(i)).ok());
+    const std::string k = nvc_test::U64(scenario == 0 ? 1000 : 5);
+    PauseState ps;
+    ps.key = k;
+    g_pause = &ps;
+    std::thread t;
+    if (scenario == 0) {
+      nvc_hashmap_testing::SetAfterLinkHook(&PauseHook);
+      t = std::thread([&] { EXPECT_TRUE(h.idx->Insert(k, nvc_test::U64(7)).ok()); });
+    } else {
+      nvc_hashmap_testing::SetAfterMarkHook(&PauseHook);
+      t = std::thread([&] { EXPECT_TRUE(h.idx->Remove(k).ok()); });
+    }
+    WaitPaused(ps);
+    std::string v;
+    if (scenario == 1) {
+      ASSERT_TRUE(h.idx->Find(k, &v).IsNotFound());  // makes the mark durable
+    }
+    std::vector<char> img = h.Snapshot();
+    ReleaseAndJoin(ps, t);
+    const uint64_t before = NextOfNodeWithKey(img.data(), img.size(), k);
+    ASSERT_NE(before, ~uint64_t(0)) << "the image holds no node of the key";
+    ASSERT_NE(before, 0u);
+    ASSERT_EQ(before & 1, uint64_t(scenario)) << "scenario 0: an unmarked node; 1: a marked one";
+    std::unique_ptr<Index> rec;
+    nvc_hashmap_testing::SetForceWalkRecovery(walk);
+    Status s = h.Crash(img, &rec);
+    nvc_hashmap_testing::SetForceWalkRecovery(false);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(nvc_hashmap_testing::RecoveryScanned(rec.get()), !walk);
+    EXPECT_TRUE(rec->Find(k, &v).IsNotFound());
+    EXPECT_EQ(rec->Size(), scenario == 0 ? n : n - 1);
+    Status c = rec->Check();
+    EXPECT_TRUE(c.ok()) << c.ToString();
+    ExpectNoLeak(rec.get());
+    const uint64_t after = NextOfNodeWithKey(rec->pool()->base(), rec->pool()->size(), k);
+    if (scenario == 0) {
+      EXPECT_EQ(after, 0u) << "the in-flight node's next was not zeroed";
+    }
+    for (uint64_t i = 0; i < n; i++) {
+      if (!(scenario == 1 && nvc_test::U64(i) == k)) {
+        ASSERT_TRUE(rec->Find(nvc_test::U64(i), &v).ok()) << i;
+      }
+    }
   }
 }
 

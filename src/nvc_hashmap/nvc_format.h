@@ -1,4 +1,4 @@
-// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 6; 4 and 5
+// nvc_format.h: the on-PM layout of the NVC-Hashmap (format version 7; 4 to 6
 // are read).
 //
 // Paper: Schwalb et al., IMDM'15, section 3.3 (2) (every PM word an 8-byte
@@ -52,6 +52,9 @@
 //   - a nonzero tag in a link word is a window of the split-order key of the
 //     node the link names (TagMatches); bucket links (and every link of a
 //     version 4 or 5 pool) have tag 0;
+//   - (version 7) a slab slot the list does not reach holds 0 or a marked
+//     link in its `next`; after a crash, also the node of an insert whose
+//     link was not durable (recovery zeroes it);
 //   - Root.max_threads is 0 (version 4: 256 slots) or the number of thread
 //     slots; Root.xslots is nonzero iff max_threads > 256 (both written
 //     once, at creation, before the magic).
@@ -75,8 +78,16 @@ constexpr uint64_t kMagic = 0x50414d482d43564eull;  // "NVC-HMAP"
 // it is read as one and keeps its version. 6: successor tags in bits 48-63
 // of link words; a version 4 or 5 pool is a version 6 pool whose tags are
 // all 0 (unknown), so it is read as one, keeps its version and is written
-// without tags (a version 5 build can still open it).
-constexpr uint32_t kVersion = 6;
+// without tags (a version 5 build can still open it). 7: the layout of 6,
+// plus an invariant crash recovery's slab scan relies on: a slab slot the
+// durable list does not reach holds 0 or a marked link in `next`, or the
+// node of an insert whose link CAS was not durable (a failed insert zeroes
+// its node's next before the slot is reused; recovery zeroes unreachable
+// unmarked slots). A version 6 pool may break it (failed inserts left their
+// nodes as written), so it is recovered by the list walk and keeps its
+// version; a version 6 build refuses a version 7 pool.
+constexpr uint32_t kVersion = 7;
+constexpr uint32_t kFirstScanVersion = 7;
 constexpr uint32_t kFirstTagVersion = 6;
 constexpr uint32_t kOldestReadVersion = 4;
 

@@ -34,6 +34,8 @@ void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order
 void SetFindHook(LinkHook hook) { g_find_hook.store(hook, std::memory_order_release); }
 void SetInitBatchSlotFailHook(BucketFailHook hook) { g_batch_slot_fail_hook.store(hook, std::memory_order_release); }
 int RecoveryWalkers(Index* idx) { return static_cast<internal::nvc::NvcHashmap*>(idx)->RecoveryWalkersForTest(); }
+bool RecoveryScanned(Index* idx) { return static_cast<internal::nvc::NvcHashmap*>(idx)->RecoveryScannedForTest(); }
+void SetForceWalkRecovery(bool on) { internal::nvc::g_force_walk.store(on, std::memory_order_release); }
 void SetCreateFormatVersion(uint32_t version) { internal::nvc::g_create_version.store(version, std::memory_order_release); }
 uint64_t SlabRefillRetries() { return internal::nvc::g_slab_refill_retries.load(std::memory_order_relaxed); }
 

@@ -36,8 +36,9 @@ using BucketFailHook = bool (*)(uint64_t bucket);
 void SetInitBatchSlotFailHook(BucketFailHook hook);
 
 // Pools created after this call are written in format `version`: 5 (links
-// without tags, as a version 5 build writes them) or 0 (the current format,
-// the default). Process-wide; tests of older pools only.
+// without tags, as a version 5 build writes them), 6 (recovered by the list
+// walk) or 0 (the current format, the default). Process-wide; tests of older
+// pools only.
 void SetCreateFormatVersion(uint32_t version);
 
 // How many times (process-wide) a thread found no free slab slot, got
@@ -56,6 +57,12 @@ int MaxThreadSlots();
 // The number of threads that walked the list in the index's crash recovery
 // at open (0: the open found a clean close).
 int RecoveryWalkers(Index* idx);
+// Whether the index's crash recovery at open was the slab scan (nvc_scan.cc)
+// rather than the list walk.
+bool RecoveryScanned(Index* idx);
+// true: crash recovery walks the list even in pools the slab scan could
+// recover (tests comparing the two). Process-wide.
+void SetForceWalkRecovery(bool on);
 // The current bucket count of an nvc_hashmap index (tests of growth).
 uint64_t BucketCount(Index* idx);
 

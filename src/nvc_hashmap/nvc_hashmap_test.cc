@@ -208,12 +208,12 @@ TEST(NvcHashmap, NodeAllocIsSelectableAndKept) {
   }
 }
 
-// Format 6 (8-byte bucket slots, compact 32-byte u64 nodes, thread slots,
-// link tags): a pool of an older format than 4, or a newer one, is refused
+// Format 7 (8-byte bucket slots, compact 32-byte u64 nodes, thread slots,
+// link tags, free slab slots zero or marked): a pool of an older format than 4, or a newer one, is refused
 // with a clear error, not misread. Version 3 included: three incompatible
 // layouts were written as 3.
 TEST(NvcHashmap, OlderFormatVersionIsRefused) {
-  for (uint32_t old : {2u, 3u, 7u}) {
+  for (uint32_t old : {2u, 3u, 8u}) {
     SCOPED_TRACE(old);
     PoolFile pf("version");
     Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
@@ -226,7 +226,7 @@ TEST(NvcHashmap, OlderFormatVersionIsRefused) {
       pm::PoolOptions po;
       ASSERT_TRUE(pm::Pool::Open(pf.path, "", po, &p).ok());
       auto* version = reinterpret_cast<uint32_t*>(p->base() + *p->root_slot() + 8);  // Root::version
-      ASSERT_EQ(*version, 6u);
+      ASSERT_EQ(*version, 7u);
       pm::Store(version, old);
       pm::Persist(version, 4);
       ASSERT_TRUE(p->Close().ok());

@@ -321,7 +321,14 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     break;
   }
   const bool fresh_block = fresh && !IsSlabNode(fresh);
-  if (fresh && !fresh_block) SlabFree(c.st, Off(fresh), SlabClassOf(fresh));  // never linked: free as is
+  if (fresh && !fresh_block) {
+    // Never linked. Format 7: a free slot's next is 0 or marked (recovery's
+    // slab scan takes an unmarked one for a node), durably before the slot
+    // is reused.
+    pm::StoreAtomic(&fresh->next, uint64_t(0));
+    pm::Persist(&fresh->next, 8);
+    SlabFree(c.st, Off(fresh), SlabClassOf(fresh));
+  }
   if (fresh_block) pool_->allocator().FreeOrAbort(&c.ps->pending);
   if (fresh_val) pool_->allocator().FreeOrAbort(&c.ps->pending_val);
   if (fresh_block || fresh_val) pm::Fence();  // Free leaves its lane clear to our next fence

@@ -82,6 +82,7 @@ PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_mark_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::BucketFailHook> g_batch_slot_fail_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<uint64_t> g_slab_refill_retries{0};  // SlabRefill's PoolFull path taken
+PMINDEX_NVC_HIDDEN inline std::atomic<bool> g_force_walk{false};  // tests: crash recovery walks even where it could scan
 PMINDEX_NVC_HIDDEN inline std::atomic<uint32_t> g_create_version{0};  // format of new pools (0: kVersion)
 
 inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
@@ -117,6 +118,12 @@ class SlabBits {
     if (w & m) return false;
     w |= m;
     return true;
+  }
+  void SetWords(uint64_t slab, const std::array<uint64_t, 16>& w) { bits_[slab] = w; }
+  // The slab's bitmap, or nullptr if no slot of it is set.
+  const uint64_t* Words(uint64_t slab) const {
+    auto it = bits_.find(slab);
+    return it == bits_.end() ? nullptr : it->second.data();
   }
   bool Test(uint64_t slab, uint64_t idx) const {
     auto it = bits_.find(slab);
@@ -269,6 +276,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   Status Close() override;
   uint64_t BucketCountForTest() const { return bucket_count_.load(); }
   int RecoveryWalkersForTest() const { return recovery_walkers_; }
+  bool RecoveryScannedForTest() const { return recovery_scanned_; }
 
  private:
   struct Ctx {
@@ -499,6 +507,11 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // The two walkers of Recover (nvc_recovery.cc).
   struct RecoveryPart;
   Status RecoverWalk(RecoveryPart* parts, int nparts);
+  // Recovery by a sequential pass over the slabs (nvc_scan.cc): pools of
+  // format kFirstScanVersion or later with compact slab nodes. *fallback:
+  // the image is not one the pass can recover (nothing was stored); walk.
+  struct ScanState;
+  Status RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t* count, bool* fallback);
 
   std::unique_ptr<pm::Pool> pool_;
   char* base_;
@@ -539,6 +552,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   bool closed_ = false;
   int recovery_threads_ = 1;  // Options::recovery_threads (0: hardware concurrency); the walk uses at most 2
   int recovery_walkers_ = 0;  // walkers of the last crash recovery (tests)
+  bool recovery_scanned_ = false;  // the last crash recovery was RecoverScan's (tests)
   uint32_t late_max_threads_ = 0;  // fault nvc.create.skip_max_threads_persist: stored by Finish, unflushed
   uint64_t tag_mask_ = kTagMask;  // 0 in a version 4 or 5 pool: its links are written without tags
   bool slab_;                // node_alloc=slab (the pool's setting wins on open)

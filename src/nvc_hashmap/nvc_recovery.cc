@@ -7,18 +7,22 @@
 // does not own (the paper leaks them).
 //
 // Open (LoadRoot) validates the root before reading past its first line
-// (block size, magic, version 4 to 6, kinds, segment size, thread slots,
-// the head; pools of version 4 and 5 keep their version and get no link
+// (block size, magic, version 4 to 7, kinds, segment size, thread slots,
+// the head; pools of version 4 to 6 keep their version, 4 and 5 get no link
 // tags). After
 // a clean close (root.clean == 1) it takes the record count and the slabs'
-// free bitmaps as written: O(threads + slabs). Otherwise Recover walks the
-// list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
+// free bitmaps as written: O(threads + slabs). Otherwise Recover, in a
+// version 7 pool of compact slab nodes, reads the slabs once in address
+// order (nvc_scan.cc, RecoverScan) and finds the list's nodes by peeling the
+// unreachable ones off the graph of links; in other pools, or if the scan
+// finds the image inconsistent, it walks the list once (nvc_walk.h): it strips kDirty, publishes every reachable dummy,
 // unlinks marked nodes (their remove had linearized durably), recounts,
 // frees the slot of every bucket whose dummy is unreachable, resolves the
 // per-thread pending slots (reachable -> clear, else free) and frees every
 // allocated block the structure does not own (nodes and value records of
 // unfinished operations, nodes waiting for their epoch, replaced records).
-// Every unreachable slab slot is free; a slab with none reachable is freed.
+// Every unreachable slab slot is free (its next zeroed if it is an unmarked
+// link: an insert in flight); a slab with none reachable is freed.
 // Its DRAM is bitmaps (per bucket, per slab slot, and per 16 bytes of pool
 // for blocks outside slabs), nothing per record. The walk runs on two
 // threads (Options::recovery_threads), the list split at bucket 1's dummy
@@ -28,10 +32,11 @@
 //   create: the root zeroed (allocator) -> configuration and segment 0 ->
 //           the initial buckets' dummies linked in split order (the head
 //           first), persisted -> root persisted -> magic, persisted.
-//   recover: the walk's link repairs (flushed) -> fence -> bucket slots
-//           reset (flushed) -> fence -> pending slots resolved, unowned
-//           blocks freed (allocator transactions) -> fence -> empty slabs
-//           unlinked (persisted) and freed, each in turn -> fence.
+//   recover: the walk's or the scan's link repairs (flushed) -> fence ->
+//           bucket slots reset (flushed) -> fence -> pending slots resolved,
+//           unowned blocks freed (allocator transactions) -> fence ->
+//           unreachable unmarked slab slots zeroed (flushed) -> fence ->
+//           empty slabs unlinked (persisted) and freed, each in turn -> fence.
 //   close:  retired blocks freed -> slab bitmaps -> bucket table flushed ->
 //           fence -> count, persisted -> clean = 1, persisted.
 //
@@ -89,8 +94,10 @@ Status NvcHashmap::InitNew(const Options& o, uint64_t initial_buckets, uint32_t 
   compact_ = kk_ == KeyKind::kU64 && vk_ == ValueKind::kU64;
   seg0_ = std::max<uint64_t>(256, initial_buckets);
   log_seg0_ = 63 - __builtin_clzll(seg0_);
-  // Format 5 (tests of older pools): the same layout, links without tags.
-  const uint32_t version = g_create_version.load(std::memory_order_acquire) == 5 ? 5 : kVersion;
+  // Formats 5 and 6 (tests of older pools): the same layout; 5 writes links
+  // without tags, 6 is recovered by the walk.
+  const uint32_t want_version = g_create_version.load(std::memory_order_acquire);
+  const uint32_t version = want_version == 5 || want_version == 6 ? want_version : kVersion;
   tag_mask_ = version >= kFirstTagVersion ? kTagMask : 0;
   pm::Store(&root_->version, version);
   pm::Store(&root_->key_kind, uint8_t(kk_));
@@ -275,20 +282,32 @@ Status NvcHashmap::Recover() {
   if (root_->xslots) owned.push_back(root_->xslots);
   PMINDEX_RETURN_IF_ERROR(LoadSlabs(/*use_bitmaps=*/false));
   for (auto& [off, cls] : slab_cls_) owned.push_back(off);
-  // The walk: one part, or two at once (the list split at bucket 1's dummy,
-  // see RecoverWalk), each with its own bitmaps, merged here.
-  const int want = recovery_threads_ > 0 ? recovery_threads_ : int(std::thread::hardware_concurrency());
-  const bool split = want >= 2 && IsPublished(*BucketSlot(1, false));
+  // Pools of format 7 with compact slab nodes: one sequential pass over the
+  // slabs (nvc_scan.cc); otherwise, or if the pass finds the image
+  // inconsistent, the walk: one part, or two at once (the list split at
+  // bucket 1's dummy, see RecoverWalk), each with its own bitmaps, merged
+  // here.
   std::vector<RecoveryPart> parts;
   parts.reserve(2);
   parts.emplace_back(this, pool_->size());
-  if (split) {
-    parts.emplace_back(this, pool_->size());
-    parts[0].range.stop = 1;
-    parts[1].range.start = 1;
+  bool walk = true;
+  recovery_scanned_ = false;
+  if (compact_ && slab_ && root_->version >= kFirstScanVersion && !g_force_walk.load(std::memory_order_acquire)) {
+    PMINDEX_RETURN_IF_ERROR(RecoverScan(&parts[0].live_slab, &parts[0].linked, &parts[0].count, &walk));
+    recovery_scanned_ = !walk;
+    if (walk) parts[0] = RecoveryPart(this, pool_->size());
   }
-  PMINDEX_RETURN_IF_ERROR(RecoverWalk(parts.data(), int(parts.size())));
-  recovery_walkers_ = int(parts.size());
+  if (walk) {
+    const int want = recovery_threads_ > 0 ? recovery_threads_ : int(std::thread::hardware_concurrency());
+    const bool split = want >= 2 && IsPublished(*BucketSlot(1, false));
+    if (split) {
+      parts.emplace_back(this, pool_->size());
+      parts[0].range.stop = 1;
+      parts[1].range.start = 1;
+    }
+    PMINDEX_RETURN_IF_ERROR(RecoverWalk(parts.data(), int(parts.size())));
+    recovery_walkers_ = int(parts.size());
+  }
   RecoveryPart& all = parts[0];
   bool twice = all.twice;
   for (size_t i = 1; i < parts.size(); i++) {
@@ -358,11 +377,28 @@ Status NvcHashmap::Recover() {
     PMINDEX_RETURN_IF_ERROR(a.Free(&root_->scratch));
   }
   pm::Fence();
+  // An unreachable slot whose next is an unmarked link (an insert in flight
+  // at the crash) is zeroed (format 7's invariant, nvc_format.h) before its
+  // slab may go back to the allocator. Then every unreachable slot is free.
+  for (auto& [off, cls] : slab_cls_) {
+    const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
+    const uint64_t* live = live_slab.Words(off);
+    for (uint64_t i = 0; i < n; i++) {
+      if (live && (live[i / 64] >> (i % 64) & 1)) continue;
+      uint64_t* next = &reinterpret_cast<Node*>(base_ + SlabSlot(off, cls, i))->next;
+      if (*next && !(*next & kMark)) {
+        pm::StoreAtomic(next, uint64_t(0));
+        pm::Flush(next, 8);
+      }
+    }
+  }
+  pm::Fence();
   FreeEmptySlabs([&](uint64_t off, const SlabHdr*) { return live_slab.Empty(off); });
   for (auto& [off, cls] : slab_cls_) {
     const uint64_t n = (kSlabSize - kSlabHeader) / kClassSize[cls];
+    const uint64_t* live = live_slab.Words(off);
     for (uint64_t i = 0; i < n; i++)
-      if (!live_slab.Test(off, i)) gfree_[cls].push_back(SlabSlot(off, cls, i));
+      if (!live || !(live[i / 64] >> (i % 64) & 1)) gfree_[cls].push_back(SlabSlot(off, cls, i));
   }
   base_count_ = count;
   recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

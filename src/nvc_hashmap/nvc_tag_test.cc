@@ -175,7 +175,7 @@ TEST_P(Tags, EveryLinkToANodeCarriesItsTag) {
     ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
     idx.reset();
   }
-  EXPECT_EQ(VersionOf(pf.path), 6u);
+  EXPECT_EQ(VersionOf(pf.path), 7u);
 }
 
 // A format 5 pool (links without tags) opens clean and after a crash,
@@ -204,6 +204,29 @@ TEST_P(Tags, Version5PoolOpensAndStaysUntagged) {
     EXPECT_EQ(c.tagged + c.wrong + c.bucket_tagged, 0u);
     EXPECT_GT(c.untagged, kRecords / 3);
   }
+}
+
+// A format 6 pool (whose free slab slots may hold unlinked unmarked nodes)
+// is recovered by the list walk, never the slab scan, works after it and
+// keeps its version (a version 6 build can still open it).
+TEST(NvcHashmapTags, Version6PoolIsWalkedAndKeepsItsVersion) {
+  PoolFile pf("v6walk");
+  Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {});
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(CreateWithVersion(o, 6, &idx).ok());
+  Exercise(idx.get(), ValueKind::kU64, 0, kRecords / 3);
+  const uint64_t size = idx->Size();
+  idx.reset();
+  o.create_if_missing = false;
+  MarkUnclean(pf.path);
+  ASSERT_TRUE(OpenIndex("", o, &idx).ok());
+  EXPECT_GT(idx->Stats().recovery_seconds, 0);
+  EXPECT_FALSE(nvc_hashmap_testing::RecoveryScanned(idx.get()));
+  EXPECT_EQ(idx->Size(), size);
+  ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+  Exercise(idx.get(), ValueKind::kU64, kRecords / 3, 2 * kRecords / 3);
+  idx.reset();
+  EXPECT_EQ(VersionOf(pf.path), 6u);
 }
 
 // A format 6 pool whose links all have tag 0 (unknown): searches load the
@@ -250,7 +273,7 @@ uint64_t* FirstTaggedLink(RawPool& rp, nvc::CompactNode** node) {
 
 // A tag whose window is above its node's makes searches stop before the node
 // (it is not loaded: the key is not found); Check reports the tag, and so
-// does crash recovery. A tag on a bucket link, and any tag in a format 5
+// does crash recovery by the list walk (the slab scan reads no tags). A tag on a bucket link, and any tag in a format 5
 // pool, are reported too.
 TEST(NvcHashmapTags, WrongTagsAreReported) {
   PoolFile pf("wrongtag");
@@ -269,7 +292,9 @@ TEST(NvcHashmapTags, WrongTagsAreReported) {
     EXPECT_NE(s.ToString().find(what), std::string::npos) << s.ToString();
     idx.reset();
     MarkUnclean(pf.path);
+    nvc_hashmap_testing::SetForceWalkRecovery(true);
     s = OpenIndex("", o, &idx);
+    nvc_hashmap_testing::SetForceWalkRecovery(false);
     EXPECT_TRUE(s.IsCorrupt()) << s.ToString();
     EXPECT_NE(s.ToString().find(what), std::string::npos) << s.ToString();
     idx.reset();
