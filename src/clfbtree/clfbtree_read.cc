@@ -41,6 +41,17 @@ Status ClfBTree::ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* fo
     return Status::OK();
   }
   const uint64_t* bm = Bitmap(leaf);
+  if (!bk()) {
+    const uint64_t k = SliceToU64(key);
+    for (uint32_t w = 0; w < bm_words_; w++)
+      for (uint64_t b = Ld(&bm[w]); b; b &= b - 1) {
+        const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(b));
+        if (LdR(Ent(leaf, i)) != k) continue;
+        *found = true;
+        return ValueString(LdR(Ent(leaf, i) + 1), value) ? Status::OK() : Status::Busy();
+      }
+    return Status::OK();
+  }
   for (uint32_t i = 0; i < cap_; i++) {
     if (!((Ld(&bm[i / 64]) >> (i % 64)) & 1)) continue;
     int c;
@@ -87,6 +98,12 @@ Status ClfBTree::Find(Slice key, std::string* value) {
         restart = true;
         break;
       }
+      if (!bk()) {
+        uint32_t idx;
+        uint64_t sep;
+        if (!RouteU64(img, SliceToU64(key), &idx, &off, &sep, &leaf)) return Status::Corrupt("clfbtree: inner node does not decode");
+        continue;
+      }
       Decoded d;
       uint32_t idx;
       if (!Decode(img, bk(), &d) || d.leaf || !ChildIndex(d, key, &idx)) {
@@ -108,10 +125,109 @@ Status ClfBTree::Find(Slice key, std::string* value) {
   return Status::Busy("clfbtree: find restarted too often");
 }
 
+Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size_t* count) {
+  size_t done = 0;
+  EpochManager::Guard g(epoch_);
+  kit::Backoff backoff;
+  int restarts = 0;
+  struct Ent2 {
+    uint64_t k, v;
+  };
+  Ent2 got[kMaxN + 128];  // an append leaf holds at most 127 entries, an encoded one kMaxN
+  std::vector<std::string> vals;
+  while (done < n) {
+    if (++restarts > kMaxRestarts) return Status::Busy("clfbtree: scan restarted too often");
+    const uint64_t w = Ld(&meta_->root);
+    uint64_t off = w & ~63ull, ub = 0;
+    bool leaf = w & 1, has_ub = false, restart = false;
+    uint32_t m = 0;
+    size_t emit = 0;
+    for (int depth = 0;; depth++) {
+      if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
+      kit::VersionLock& vl = VL(off);
+      uint64_t v;
+      if (!vl.ReadBegin(&v)) {
+        restart = true;
+        break;
+      }
+      if (!leaf) {
+        Line img;
+        ReadLine(off, img);
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        uint32_t idx;
+        uint64_t sep;
+        bool kl;
+        if (!RouteU64(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
+        if (idx < (img[0] & kCountMask)) {
+          has_ub = true;
+          ub = sep;
+        }
+        leaf = kl;
+        continue;
+      }
+      // The leaf's entries at or above the cursor, the smallest `emit` of
+      // them sorted; byte values are copied before the validation.
+      bool bad = false;
+      if (encoded()) {
+        Line img;
+        ReadLine(off, img);
+        Decoded d;
+        if (!Decode(img, false, &d)) {
+          bad = true;
+        } else {
+          for (uint32_t i = 0; i < d.n; i++)
+            if (d.k[i] >= cursor) got[m++] = {d.k[i], d.p[i]};
+        }
+      } else {
+        const uint64_t* bm = Bitmap(off);
+        for (uint32_t bw = 0; bw < bm_words_; bw++)
+          for (uint64_t b = Ld(&bm[bw]); b; b &= b - 1) {
+            const uint32_t i = 64 * bw + uint32_t(__builtin_ctzll(b));
+            const uint64_t k = LdR(Ent(off, i));
+            if (k >= cursor) got[m++] = {k, LdR(Ent(off, i) + 1)};
+          }
+      }
+      auto less = [](const Ent2& a, const Ent2& b) { return a.k < b.k; };
+      emit = std::min<size_t>(m, n - done);
+      if (emit < m)
+        std::partial_sort(got, got + emit, got + m, less);
+      else
+        std::sort(got, got + m, less);
+      if (vb()) {
+        vals.resize(emit);
+        for (size_t i = 0; i < emit && !bad; i++) bad = !ValueString(got[i].v, &vals[i]);
+      }
+      if (!vl.Validate(v)) {
+        restart = true;
+        break;
+      }
+      if (bad) return Status::Corrupt("clfbtree: leaf unreadable");
+      break;
+    }
+    if (restart) {
+      backoff.Wait();
+      continue;
+    }
+    for (size_t i = 0; i < emit; i++) {
+      done++;
+      if (count) *count = done;
+      const Slice val = vb() ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&got[i].v), 8);
+      if (!cb(Slice(reinterpret_cast<const char*>(&got[i].k), 8), val)) return Status::OK();
+    }
+    if (!has_ub) break;
+    cursor = ub;
+  }
+  return Status::OK();
+}
+
 Status ClfBTree::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   if (count) *count = 0;
   if (closed()) return IndexClosed();
   if (!start.empty()) PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, start));
+  if (!bk()) return ScanU64(start.empty() ? 0 : SliceToU64(start), n, cb, count);
   std::string cursor(start.data(), start.size());
   if (!bk() && cursor.empty()) cursor.assign(8, '\0');
   size_t done = 0;
