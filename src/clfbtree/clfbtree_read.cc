@@ -135,14 +135,34 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
   };
   Ent2 got[kMaxN + 128];  // an append leaf holds at most 127 entries, an encoded one kMaxN
   std::vector<std::string> vals;
+  // Per depth of the current path: the inner node there, its version, and
+  // its separator above the path if it has one (cand[d].has). The cursor
+  // moves to the deepest such separator; the next descent starts at that
+  // node while its version still validates (the node is unchanged and
+  // linked, and a node's range only shrinks by replacing it; the entries
+  // above it stay valid the same way), else from the root.
+  struct Cand {
+    uint64_t off, v, sep;
+    bool has;
+  };
+  Cand cand[kMaxDepth + 2];
+  int resume_depth = -1;
   while (done < n) {
     if (++restarts > kMaxRestarts) return Status::Busy("clfbtree: scan restarted too often");
     const uint64_t w = Ld(&meta_->root);
-    uint64_t off = w & ~63ull, ub = 0;
-    bool leaf = w & 1, has_ub = false, restart = false;
+    uint64_t off = w & ~63ull;
+    bool leaf = w & 1, restart = false;
+    int depth0 = 0;
+    if (resume_depth >= 0 && VL(cand[resume_depth].off).Validate(cand[resume_depth].v)) {
+      off = cand[resume_depth].off;
+      leaf = false;
+      depth0 = resume_depth;
+    }
+    resume_depth = -1;
     uint32_t m = 0;
     size_t emit = 0;
-    for (int depth = 0;; depth++) {
+    int leaf_depth = 0;
+    for (int depth = depth0;; depth++) {
       if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
       kit::VersionLock& vl = VL(off);
       uint64_t v;
@@ -151,6 +171,7 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
         break;
       }
       if (!leaf) {
+        const uint64_t vl_off = off;
         Line img;
         ReadLine(off, img);
         if (!vl.Validate(v)) {
@@ -161,15 +182,13 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
         uint64_t sep;
         bool kl;
         if (!RouteU64(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
-        if (idx < (img[0] & kCountMask)) {
-          has_ub = true;
-          ub = sep;
-        }
+        cand[depth] = Cand{vl_off, v, sep, idx < (img[0] & kCountMask)};
         leaf = kl;
         continue;
       }
       // The leaf's entries at or above the cursor, the smallest `emit` of
       // them sorted; byte values are copied before the validation.
+      leaf_depth = depth;
       bool bad = false;
       if (encoded()) {
         Line img;
@@ -217,8 +236,14 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       const Slice val = vb() ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&got[i].v), 8);
       if (!cb(Slice(reinterpret_cast<const char*>(&got[i].k), 8), val)) return Status::OK();
     }
-    if (!has_ub) break;
-    cursor = ub;
+    for (int d = leaf_depth - 1; d >= 0; d--)
+      if (cand[d].has) {
+        resume_depth = d;
+        break;
+      }
+    if (resume_depth < 0) break;
+    cursor = cand[resume_depth].sep;
+    cand[resume_depth].has = false;  // the descent from there sets it again
   }
   return Status::OK();
 }
