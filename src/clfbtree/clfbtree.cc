@@ -44,7 +44,7 @@ IndexStats ClfBTree::Stats() {
   if (closed()) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes();
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + sort_cache_.ResidentBytes();
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
@@ -55,6 +55,7 @@ Status ClfBTree::Close() {
   Status s = pool_->Close();
   pool_.reset();
   locks_.Unmap();
+  sort_cache_.Unmap();
   return s;
 }
 

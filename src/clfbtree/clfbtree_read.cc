@@ -125,15 +125,34 @@ Status ClfBTree::Find(Slice key, std::string* value) {
   return Status::Busy("clfbtree: find restarted too often");
 }
 
+bool ClfBTree::CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
+                               const SortCacheEntry* e) const {
+  uint8_t perm[127];
+  uint32_t pn;
+  if (!e->Get(v, perm, &pn)) return false;
+  for (uint32_t i = 0; i < pn; i++)
+    if (perm[i] >= cap_) return false;
+  uint32_t lo = 0, hi = pn;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (LdR(Ent(leaf, perm[mid])) < cursor)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  size_t m = 0;
+  for (uint32_t j = lo; j < pn && m < want; j++) out[m++] = {LdR(Ent(leaf, perm[j])), LdR(Ent(leaf, perm[j]) + 1), perm[j]};
+  *n = m;
+  return true;
+}
+
 Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size_t* count) {
   size_t done = 0;
   EpochManager::Guard g(epoch_);
   kit::Backoff backoff;
   int restarts = 0;
-  struct Ent2 {
-    uint64_t k, v;
-  };
-  Ent2 got[kMaxN + 128];  // an append leaf holds at most 127 entries, an encoded one kMaxN
+  ScanEnt got[kMaxN + 128];  // an append leaf holds at most 127 entries, an encoded one kMaxN
+  uint8_t perm[127];
   std::vector<std::string> vals;
   // Per depth of the current path: the inner node there, its version, and
   // its separator above the path if it has one (cand[d].has). The cursor
@@ -159,9 +178,10 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       depth0 = resume_depth;
     }
     resume_depth = -1;
-    uint32_t m = 0;
+    uint32_t m = 0, first = 0;
     size_t emit = 0;
     int leaf_depth = 0;
+    bool publish = false;
     for (int depth = depth0;; depth++) {
       if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
       kit::VersionLock& vl = VL(off);
@@ -190,6 +210,7 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       // them sorted; byte values are copied before the validation.
       leaf_depth = depth;
       bool bad = false;
+      SortCacheEntry* cached = sort_cache_.mapped() ? sort_cache_.At(At(off)) : nullptr;
       if (encoded()) {
         Line img;
         ReadLine(off, img);
@@ -198,32 +219,41 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
           bad = true;
         } else {
           for (uint32_t i = 0; i < d.n; i++)
-            if (d.k[i] >= cursor) got[m++] = {d.k[i], d.p[i]};
+            if (d.k[i] >= cursor) got[m++] = {d.k[i], d.p[i], i};
         }
-      } else {
+        auto less = [](const ScanEnt& a, const ScanEnt& b) { return a.k < b.k; };
+        emit = std::min<size_t>(m, n - done);
+        if (emit < m)
+          std::partial_sort(got, got + emit, got + m, less);
+        else
+          std::sort(got, got + m, less);
+      } else if (!cached || !CachedLeafRange(off, v, cursor, n - done, got, &emit, cached)) {
+        // Every valid entry sorted (the permutation is published below once
+        // the read validates), then the part at or above the cursor.
         const uint64_t* bm = Bitmap(off);
         for (uint32_t bw = 0; bw < bm_words_; bw++)
           for (uint64_t b = Ld(&bm[bw]); b; b &= b - 1) {
             const uint32_t i = 64 * bw + uint32_t(__builtin_ctzll(b));
-            const uint64_t k = LdR(Ent(off, i));
-            if (k >= cursor) got[m++] = {k, LdR(Ent(off, i) + 1)};
+            got[m++] = {LdR(Ent(off, i)), LdR(Ent(off, i) + 1), i};
           }
+        std::sort(got, got + m, [](const ScanEnt& a, const ScanEnt& b) { return a.k < b.k; });
+        if (cached) {
+          publish = true;
+          for (uint32_t i = 0; i < m; i++) perm[i] = uint8_t(got[i].slot);
+        }
+        while (first < m && got[first].k < cursor) first++;
+        emit = std::min<size_t>(m - first, n - done);
       }
-      auto less = [](const Ent2& a, const Ent2& b) { return a.k < b.k; };
-      emit = std::min<size_t>(m, n - done);
-      if (emit < m)
-        std::partial_sort(got, got + emit, got + m, less);
-      else
-        std::sort(got, got + m, less);
       if (vb()) {
         vals.resize(emit);
-        for (size_t i = 0; i < emit && !bad; i++) bad = !ValueString(got[i].v, &vals[i]);
+        for (size_t i = 0; i < emit && !bad; i++) bad = !ValueString(got[first + i].v, &vals[i]);
       }
       if (!vl.Validate(v)) {
         restart = true;
         break;
       }
       if (bad) return Status::Corrupt("clfbtree: leaf unreadable");
+      if (publish) cached->Put(v, perm, m);
       break;
     }
     if (restart) {
@@ -233,8 +263,9 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
     for (size_t i = 0; i < emit; i++) {
       done++;
       if (count) *count = done;
-      const Slice val = vb() ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&got[i].v), 8);
-      if (!cb(Slice(reinterpret_cast<const char*>(&got[i].k), 8), val)) return Status::OK();
+      const ScanEnt& e = got[first + i];
+      const Slice val = vb() ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&e.v), 8);
+      if (!cb(Slice(reinterpret_cast<const char*>(&e.k), 8), val)) return Status::OK();
     }
     for (int d = leaf_depth - 1; d >= 0; d--)
       if (cand[d].has) {

@@ -35,6 +35,7 @@
 
 #include "clfbtree/clfbtree_format.h"
 #include "clfbtree/clfbtree_node.h"
+#include "clfbtree/clfbtree_sort_cache.h"
 #include "core/index_util.h"
 #include "kit/epoch.h"
 #include "kit/lock_table.h"
@@ -192,11 +193,20 @@ class ClfBTree final : public Index {
 
   // clfbtree_read.cc
   Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
+  struct ScanEnt {
+    uint64_t k, v;
+    uint32_t slot;
+  };
   Status ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size_t* count);
+  // Up to `want` entries of append leaf `leaf` at or above cursor, in key
+  // order, from the sort cache entry e for leaf version v; false on a miss.
+  bool CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
+                       const SortCacheEntry* e) const;
 
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
+  void MapSortCache();
   Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
 
   Config c_;
@@ -207,6 +217,7 @@ class ClfBTree final : public Index {
   uint32_t cap_ = 0, bm_words_ = 1;
   size_t max_key_, max_value_;
   kit::LockTable<kit::VersionLock> locks_;
+  kit::LockTable<SortCacheEntry> sort_cache_;  // append leaves, u64 keys (unmapped: no cache)
   EpochManager epoch_;
   bool fast_writes_ = false;  // FastWrite applies: append leaves, u64 keys and values
   std::mutex write_mu_;
