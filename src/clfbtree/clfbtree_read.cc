@@ -6,12 +6,16 @@
 // each node it reads the node's version (DRAM lock table), copies the node
 // with atomic loads, and validates the version; a busy or changed version
 // restarts the descent from Meta::root. An append-only leaf's entries are
-// unsorted: a scan sorts a leaf's matching entries before handing them on.
+// unsorted: a scan sorts a leaf's matching entries before handing them on
+// (u64 keys: through the sort cache, clfbtree_sort_cache.h).
 // The next leaf of a scan is found by descending again from the smallest
 // separator above the current leaf (no sibling pointers: a leaf split
-// replaces one leaf by two new ones without touching a neighbour).
+// replaces one leaf by two new ones without touching a neighbour); a u64
+// scan starts that descent at the inner node holding the separator while
+// that node's version validates.
 //
-// Thread safety: any number of readers concurrently with one writer.
+// Thread safety: any number of readers concurrently with the writers
+// (clfbtree_tree.h, "Concurrency").
 #include <algorithm>
 
 #include "clfbtree/clfbtree_tree.h"

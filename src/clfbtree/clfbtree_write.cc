@@ -15,9 +15,11 @@
 // Encoded leaf: the leaf's new image is written with the parent-update
 // method (clfbtree_smo.cc, UpdateNode), or split when it does not fit.
 //
-// Thread safety: every function here runs under write_mu_; the leaf is
-// locked (its DRAM version lock) from before its first store until after
-// the fence of the commit.
+// Thread safety: FastWrite runs without write_mu_ (any number of threads):
+// it changes one append leaf under that leaf's DRAM version lock, taken by
+// try-lock, and hands anything else to the functions below, which run
+// under write_mu_ and lock the append leaf before reading it. A leaf is
+// locked from before its first store until after the fence of the commit.
 #include <algorithm>
 
 #include "clfbtree/clfbtree_tree.h"
