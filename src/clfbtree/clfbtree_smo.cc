@@ -88,6 +88,9 @@ void ClfBTree::LogOld(uint64_t off, bool node, bool held) {
       }
       return;
     }
+  // No slot (a change larger than the log): a held lock is still released
+  // by FinishSmo or AbortSmo.
+  if (node && held) locked_old_.push_back(off);
 }
 
 void ClfBTree::Arm(uint64_t anchor, uint64_t probe, Expect e) {
