@@ -30,7 +30,8 @@ ClfBTree::ClfBTree(std::unique_ptr<pm::Pool> pool, const Options& o, const Confi
       base_(pool_->base()),
       alloc_(&pool_->allocator()),
       max_key_(std::max<size_t>(o.max_key_size, 8)),
-      max_value_(std::max<size_t>(o.max_value_size, 8)) {
+      max_value_(std::max<size_t>(o.max_value_size, 8)),
+      fast_writes_(c.leaf == kAppendLeaf && c.kk == KeyKind::kU64 && c.vk == ValueKind::kU64) {
   if (c_.leaf == kAppendLeaf) {
     cap_ = AppendCap(c_.leaf_size);
     bm_words_ = AppendBitmapWords(c_.leaf_size);
@@ -43,7 +44,7 @@ IndexStats ClfBTree::Stats() {
   if (closed()) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes();
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + sort_cache_.ResidentBytes();
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
@@ -54,6 +55,7 @@ Status ClfBTree::Close() {
   Status s = pool_->Close();
   pool_.reset();
   locks_.Unmap();
+  sort_cache_.Unmap();
   return s;
 }
 

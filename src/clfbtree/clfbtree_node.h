@@ -20,6 +20,7 @@
 // Thread safety: none needed (pure functions on caller-owned buffers).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -67,6 +68,24 @@ inline void PutBytes(uint8_t* out, uint64_t v, uint8_t w) {
 inline uint64_t GetBytes(const uint8_t* in, uint8_t w) {
   uint64_t v = 0;
   for (uint8_t i = 0; i < w; i++) v |= uint64_t(in[i]) << (8 * i);
+  return v;
+}
+
+// The decoders read a field with one unaligned 8-byte load and a mask; the
+// image is first copied into a Padded buffer so that a field in the last
+// bytes of the line does not read past it. The layout is little-endian.
+static_assert(std::endian::native == std::endian::little, "clfbtree: the line codec assumes a little-endian CPU");
+struct Padded {
+  uint8_t b[72];
+  explicit Padded(const uint8_t in[64]) {
+    std::memcpy(b, in, 64);
+    std::memset(b + 64, 0, 8);
+  }
+};
+inline uint64_t WidthMask(uint8_t w) { return w >= 8 ? ~0ull : (1ull << (8 * w)) - 1; }
+inline uint64_t Load8(const uint8_t* in) {
+  uint64_t v;
+  std::memcpy(&v, in, 8);
   return v;
 }
 
@@ -124,14 +143,56 @@ inline bool Decode(const uint8_t in[64], bool ksigned, Decoded* d) {
   if (d->kw < 1 || d->kw > 8 || d->pw < 1 || d->pw > 8) return false;
   const uint32_t np = d->np();
   if (EncodedBytes(d->n, np, d->kw, d->pw) > 64) return false;
-  d->p[0] = GetBytes(in + 2, 8);
-  d->k[0] = GetBytes(in + 10, 8);
-  const uint8_t* q = in + kHdr;
-  for (uint32_t i = 1; i < d->n; i++, q += d->kw) {
-    const uint64_t raw = GetBytes(q, d->kw);
-    d->k[i] = d->k[0] + (ksigned ? DecSigned(raw, d->kw) : raw);
+  const Padded buf(in);
+  d->p[0] = Load8(buf.b + 2);
+  d->k[0] = Load8(buf.b + 10);
+  const uint8_t* q = buf.b + kHdr;
+  const uint64_t km = WidthMask(d->kw), pm = WidthMask(d->pw);
+  if (ksigned) {
+    for (uint32_t i = 1; i < d->n; i++, q += d->kw) d->k[i] = d->k[0] + DecSigned(Load8(q) & km, d->kw);
+  } else {
+    for (uint32_t i = 1; i < d->n; i++, q += d->kw) d->k[i] = d->k[0] + (Load8(q) & km);
   }
-  for (uint32_t i = 1; i < np; i++, q += d->pw) d->p[i] = d->p[0] + DecSigned(GetBytes(q, d->pw), d->pw);
+  for (uint32_t i = 1; i < np; i++, q += d->pw) d->p[i] = d->p[0] + DecSigned(Load8(q) & pm, d->pw);
+  return true;
+}
+
+// The route of u64 key through an inner node image with unsigned key
+// differences (u64 keys), searching while decoding: only the key
+// differences up to the first key above `key` and the one pointer taken are
+// decoded. *idx = the number of keys <= key, *child = pointer idx, *sep =
+// key idx when idx < n (the next key above the route). False if the header
+// is impossible or the image is a leaf.
+inline bool RouteU64(const uint8_t in[64], uint64_t key, uint32_t* idx, uint64_t* child, uint64_t* sep,
+                     bool* kids_leaves) {
+  const uint32_t n = in[0] & kCountMask;
+  const uint8_t kw = in[1] >> 4, pw = in[1] & 15;
+  if ((in[0] & kLeafBit) || kw < 1 || kw > 8 || pw < 1 || pw > 8) return false;
+  if (EncodedBytes(n, n + 1, kw, pw) > 64) return false;
+  *kids_leaves = in[0] & kKidsLeafBit;
+  const Padded buf(in);
+  const uint64_t k0 = Load8(buf.b + 10), p0 = Load8(buf.b + 2);
+  uint32_t i = 0;
+  uint64_t ki = k0;
+  if (n > 0 && key >= k0) {
+    const uint64_t d = key - k0, km = WidthMask(kw);
+    const uint8_t* q = buf.b + kHdr;
+    for (i = 1; i < n; i++, q += kw) {
+      const uint64_t di = Load8(q) & km;
+      if (di > d) {
+        ki = k0 + di;
+        break;
+      }
+    }
+  }
+  *idx = i;
+  *sep = i < n ? ki : 0;
+  if (i == 0) {
+    *child = p0;
+  } else {
+    const uint8_t* q = buf.b + kHdr + (n ? n - 1 : 0) * kw + (i - 1) * pw;
+    *child = p0 + DecSigned(Load8(q) & WidthMask(pw), pw);
+  }
   return true;
 }
 

@@ -6,12 +6,16 @@
 // each node it reads the node's version (DRAM lock table), copies the node
 // with atomic loads, and validates the version; a busy or changed version
 // restarts the descent from Meta::root. An append-only leaf's entries are
-// unsorted: a scan sorts a leaf's matching entries before handing them on.
+// unsorted: a scan sorts a leaf's matching entries before handing them on
+// (u64 keys: through the sort cache, clfbtree_sort_cache.h).
 // The next leaf of a scan is found by descending again from the smallest
 // separator above the current leaf (no sibling pointers: a leaf split
-// replaces one leaf by two new ones without touching a neighbour).
+// replaces one leaf by two new ones without touching a neighbour); a u64
+// scan starts that descent at the inner node holding the separator while
+// that node's version validates.
 //
-// Thread safety: any number of readers concurrently with one writer.
+// Thread safety: any number of readers concurrently with the writers
+// (clfbtree_tree.h, "Concurrency").
 #include <algorithm>
 
 #include "clfbtree/clfbtree_tree.h"
@@ -41,6 +45,17 @@ Status ClfBTree::ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* fo
     return Status::OK();
   }
   const uint64_t* bm = Bitmap(leaf);
+  if (!bk()) {
+    const uint64_t k = SliceToU64(key);
+    for (uint32_t w = 0; w < bm_words_; w++)
+      for (uint64_t b = Ld(&bm[w]); b; b &= b - 1) {
+        const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(b));
+        if (LdR(Ent(leaf, i)) != k) continue;
+        *found = true;
+        return ValueString(LdR(Ent(leaf, i) + 1), value) ? Status::OK() : Status::Busy();
+      }
+    return Status::OK();
+  }
   for (uint32_t i = 0; i < cap_; i++) {
     if (!((Ld(&bm[i / 64]) >> (i % 64)) & 1)) continue;
     int c;
@@ -87,6 +102,12 @@ Status ClfBTree::Find(Slice key, std::string* value) {
         restart = true;
         break;
       }
+      if (!bk()) {
+        uint32_t idx;
+        uint64_t sep;
+        if (!RouteU64(img, SliceToU64(key), &idx, &off, &sep, &leaf)) return Status::Corrupt("clfbtree: inner node does not decode");
+        continue;
+      }
       Decoded d;
       uint32_t idx;
       if (!Decode(img, bk(), &d) || d.leaf || !ChildIndex(d, key, &idx)) {
@@ -108,10 +129,165 @@ Status ClfBTree::Find(Slice key, std::string* value) {
   return Status::Busy("clfbtree: find restarted too often");
 }
 
+bool ClfBTree::CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
+                               const SortCacheEntry* e) const {
+  uint8_t perm[127];
+  uint32_t pn;
+  if (!e->Get(v, perm, &pn)) return false;
+  for (uint32_t i = 0; i < pn; i++)
+    if (perm[i] >= cap_) return false;
+  uint32_t lo = 0, hi = pn;
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (LdR(Ent(leaf, perm[mid])) < cursor)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  size_t m = 0;
+  for (uint32_t j = lo; j < pn && m < want; j++) out[m++] = {LdR(Ent(leaf, perm[j])), LdR(Ent(leaf, perm[j]) + 1), perm[j]};
+  *n = m;
+  return true;
+}
+
+Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size_t* count) {
+  size_t done = 0;
+  EpochManager::Guard g(epoch_);
+  kit::Backoff backoff;
+  int restarts = 0;
+  ScanEnt got[kMaxN + 128];  // an append leaf holds at most 127 entries, an encoded one kMaxN
+  uint8_t perm[127];
+  std::vector<std::string> vals;
+  // Per depth of the current path: the inner node there, its version, and
+  // its separator above the path if it has one (cand[d].has). The cursor
+  // moves to the deepest such separator; the next descent starts at that
+  // node while its version still validates (the node is unchanged and
+  // linked, and a node's range only shrinks by replacing it; the entries
+  // above it stay valid the same way), else from the root.
+  struct Cand {
+    uint64_t off, v, sep;
+    bool has;
+  };
+  Cand cand[kMaxDepth + 2];
+  int resume_depth = -1;
+  while (done < n) {
+    if (++restarts > kMaxRestarts) return Status::Busy("clfbtree: scan restarted too often");
+    const uint64_t w = Ld(&meta_->root);
+    uint64_t off = w & ~63ull;
+    bool leaf = w & 1, restart = false;
+    int depth0 = 0;
+    if (resume_depth >= 0 && VL(cand[resume_depth].off).Validate(cand[resume_depth].v)) {
+      off = cand[resume_depth].off;
+      leaf = false;
+      depth0 = resume_depth;
+    }
+    resume_depth = -1;
+    uint32_t m = 0, first = 0;
+    size_t emit = 0;
+    int leaf_depth = 0;
+    bool publish = false;
+    for (int depth = depth0;; depth++) {
+      if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
+      kit::VersionLock& vl = VL(off);
+      uint64_t v;
+      if (!vl.ReadBegin(&v)) {
+        restart = true;
+        break;
+      }
+      if (!leaf) {
+        const uint64_t vl_off = off;
+        Line img;
+        ReadLine(off, img);
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        uint32_t idx;
+        uint64_t sep;
+        bool kl;
+        if (!RouteU64(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
+        cand[depth] = Cand{vl_off, v, sep, idx < (img[0] & kCountMask)};
+        leaf = kl;
+        continue;
+      }
+      // The leaf's entries at or above the cursor, the smallest `emit` of
+      // them sorted; byte values are copied before the validation.
+      leaf_depth = depth;
+      bool bad = false;
+      SortCacheEntry* cached = sort_cache_.mapped() ? sort_cache_.At(At(off)) : nullptr;
+      if (encoded()) {
+        Line img;
+        ReadLine(off, img);
+        Decoded d;
+        if (!Decode(img, false, &d)) {
+          bad = true;
+        } else {
+          for (uint32_t i = 0; i < d.n; i++)
+            if (d.k[i] >= cursor) got[m++] = {d.k[i], d.p[i], i};
+        }
+        auto less = [](const ScanEnt& a, const ScanEnt& b) { return a.k < b.k; };
+        emit = std::min<size_t>(m, n - done);
+        if (emit < m)
+          std::partial_sort(got, got + emit, got + m, less);
+        else
+          std::sort(got, got + m, less);
+      } else if (!cached || !CachedLeafRange(off, v, cursor, n - done, got, &emit, cached)) {
+        // Every valid entry sorted (the permutation is published below once
+        // the read validates), then the part at or above the cursor.
+        const uint64_t* bm = Bitmap(off);
+        for (uint32_t bw = 0; bw < bm_words_; bw++)
+          for (uint64_t b = Ld(&bm[bw]); b; b &= b - 1) {
+            const uint32_t i = 64 * bw + uint32_t(__builtin_ctzll(b));
+            got[m++] = {LdR(Ent(off, i)), LdR(Ent(off, i) + 1), i};
+          }
+        std::sort(got, got + m, [](const ScanEnt& a, const ScanEnt& b) { return a.k < b.k; });
+        if (cached) {
+          publish = true;
+          for (uint32_t i = 0; i < m; i++) perm[i] = uint8_t(got[i].slot);
+        }
+        while (first < m && got[first].k < cursor) first++;
+        emit = std::min<size_t>(m - first, n - done);
+      }
+      if (vb()) {
+        vals.resize(emit);
+        for (size_t i = 0; i < emit && !bad; i++) bad = !ValueString(got[first + i].v, &vals[i]);
+      }
+      if (!vl.Validate(v)) {
+        restart = true;
+        break;
+      }
+      if (bad) return Status::Corrupt("clfbtree: leaf unreadable");
+      if (publish) cached->Put(v, perm, m);
+      break;
+    }
+    if (restart) {
+      backoff.Wait();
+      continue;
+    }
+    for (size_t i = 0; i < emit; i++) {
+      done++;
+      if (count) *count = done;
+      const ScanEnt& e = got[first + i];
+      const Slice val = vb() ? Slice(vals[i]) : Slice(reinterpret_cast<const char*>(&e.v), 8);
+      if (!cb(Slice(reinterpret_cast<const char*>(&e.k), 8), val)) return Status::OK();
+    }
+    for (int d = leaf_depth - 1; d >= 0; d--)
+      if (cand[d].has) {
+        resume_depth = d;
+        break;
+      }
+    if (resume_depth < 0) break;
+    cursor = cand[resume_depth].sep;
+    cand[resume_depth].has = false;  // the descent from there sets it again
+  }
+  return Status::OK();
+}
+
 Status ClfBTree::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
   if (count) *count = 0;
   if (closed()) return IndexClosed();
   if (!start.empty()) PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, start));
+  if (!bk()) return ScanU64(start.empty() ? 0 : SliceToU64(start), n, cb, count);
   std::string cursor(start.data(), start.size());
   if (!bk() && cursor.empty()) cursor.assign(8, '\0');
   size_t done = 0;

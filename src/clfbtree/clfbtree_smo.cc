@@ -27,8 +27,11 @@
 // (clfbtree_recovery.cc) decides committed or not from the armed probe.
 //
 // Thread safety: under write_mu_ only. Old nodes are locked before the
-// commit and marked obsolete after it; new nodes are born locked and
-// unlocked after it; the anchor is locked around its store.
+// commit and marked obsolete after it (an append leaf being split or freed
+// is locked by the caller before it reads the leaf); new nodes are born
+// locked and unlocked after it; the anchor is locked around its store. No
+// lock is held across FinishSmo's epoch wait (a reader spins on a locked
+// node inside its epoch guard).
 #include <algorithm>
 
 #include "clfbtree/clfbtree_tree.h"
@@ -71,7 +74,7 @@ Status ClfBTree::AllocNode(uint64_t bytes, uint64_t* off) {
   return Status::OK();
 }
 
-void ClfBTree::LogOld(uint64_t off, bool node) {
+void ClfBTree::LogOld(uint64_t off, bool node, bool held) {
   Exclude x(this);
   SmoLog& l = meta_->log;
   for (int i = 0; i < kLogSlots; i++)
@@ -80,11 +83,14 @@ void ClfBTree::LogOld(uint64_t off, bool node) {
       pm::Flush(&l.oldn[i], 8);
       log_used_ = true;
       if (node) {
-        Lock(off);
+        if (!held) Lock(off);
         locked_old_.push_back(off);
       }
       return;
     }
+  // No slot (a change larger than the log): a held lock is still released
+  // by FinishSmo or AbortSmo.
+  if (node && held) locked_old_.push_back(off);
 }
 
 void ClfBTree::Arm(uint64_t anchor, uint64_t probe, Expect e) {
@@ -394,6 +400,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
 
 Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_t vw) {
   const Mark before = Now();
+  LogOld(leaf, true, true);  // the caller's lock on the leaf: released by FinishSmo or AbortSmo
   std::vector<std::pair<uint64_t, uint64_t>> ents;
   const uint64_t* bm = Bitmap(leaf);
   for (uint32_t i = 0; i < cap_; i++)
@@ -442,16 +449,16 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
   }
   TallyAdd(&tally_.leaf_split, before);
   tally_.leaf_splits++;
-  LogOld(leaf, true);
   return ReplaceChild(path, int(path.size()) - 1, {half[0], half[1]}, {sep}, true);
 }
 
-Status ClfBTree::FreeEmptyLeaf(Path& path, uint64_t leaf) {
+Status ClfBTree::FreeEmptyLeaf(Path& path, uint64_t leaf, bool held) {
   if (path.empty() || path.back().d.np() <= 1) {
+    if (held) Unlock(leaf);
     if (log_used_) FinishSmo();
     return Status::OK();
   }
-  LogOld(leaf, true);
+  LogOld(leaf, true, held);
   return ReplaceChild(path, int(path.size()) - 1, {}, {}, true);
 }
 

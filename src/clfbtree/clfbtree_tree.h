@@ -6,16 +6,25 @@
 // (lock-free Find, Scan, Size), clfbtree_recovery.cc (Format, open, Check,
 // ForEachOwnedBlock) and clfbtree.cc (options, factory, registration).
 //
-// Concurrency: writers run one at a time under write_mu_ (the paper's tree
-// is single-threaded; one structure change at a time is also why one SmoLog
-// and one LineLog in Meta suffice). Readers take no lock: every node has a
-// version lock (kit/version_lock.h) in a DRAM lock table (kit/lock_table.h),
-// never in PM; a reader copies a node with atomic loads and validates its
-// version. A writer locks a node from before its first store to it until
+// Concurrency: every node has a version lock (kit/version_lock.h) in a
+// DRAM lock table (kit/lock_table.h), never in PM. Readers take no lock: a
+// reader copies a node with atomic loads and validates its version. Writers
+// on append leaves with u64 keys and values first try FastWrite without
+// write_mu_: an optimistic descent, then the leaf's lock by try-lock from
+// the version read after its parent validated; a change that stays inside
+// the leaf (insert into a free slot, update, delete that leaves an entry)
+// is done under that lock alone, so writers on different leaves run in
+// parallel. Everything else (a split, a leaf that becomes empty, byte keys
+// or values, encoded leaves, a busy node) runs one at a time under
+// write_mu_, which is why one SmoLog and one LineLog in Meta suffice: such a
+// writer locks the append leaf before reading it and keeps it to the end of
+// the change, waiting for a FastWrite holder (which never waits while
+// holding). A writer locks a node from before its first store to it until
 // after the fence that makes the change durable (so a validated read saw
-// only durable state), and marks a node it unlinks obsolete. Unlinked nodes
-// and blocks are freed after an epoch grace period (kit/epoch.h), owned by
-// the SmoLog until then. write_mu_ is taken outside every epoch guard.
+// only durable state), and marks a node it unlinks obsolete. Unlinked
+// nodes and blocks are freed after an epoch grace period (kit/epoch.h),
+// owned by the SmoLog until then; no lock is held across that wait and
+// write_mu_ is taken outside every epoch guard.
 #pragma once
 
 #include <atomic>
@@ -26,6 +35,7 @@
 
 #include "clfbtree/clfbtree_format.h"
 #include "clfbtree/clfbtree_node.h"
+#include "clfbtree/clfbtree_sort_cache.h"
 #include "core/index_util.h"
 #include "kit/epoch.h"
 #include "kit/lock_table.h"
@@ -128,6 +138,16 @@ class ClfBTree final : public Index {
   Status AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode);
   Status EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode, bool remove);
   Status AppendLeafRemove(Path& path, uint64_t leaf, Slice key);
+  // A write or remove on an append leaf without write_mu_ (u64 keys and
+  // values): true if it completed (*st its answer), false if the locked
+  // path must run it (a split, a leaf that becomes empty, a busy node).
+  bool FastWrite(Slice key, Slice value, Mode mode, bool remove, Status* st);
+  // An append leaf's slot of key (*found, -1 if absent), its first free
+  // slot (-1 if full) and its number of valid entries.
+  bool LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_slot, uint32_t* live) const;
+  Status FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const;
+  // The append commit: entry, flush, fence, bitmap bit, persist.
+  void StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw);
   Status NewWord(Slice s, bool is_key, int* slot, uint64_t* word);
   void Lock(uint64_t off);
   void Unlock(uint64_t off) { VL(off).Unlock(); }
@@ -147,11 +167,12 @@ class ClfBTree final : public Index {
   Status Pack(const std::vector<uint64_t>& k, const std::vector<uint64_t>& p, bool leaf, bool kids_leaves,
               std::vector<uint64_t>* out, std::vector<uint64_t>* seps);
   Status SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_t vw);
-  Status FreeEmptyLeaf(Path& path, uint64_t leaf);
+  Status FreeEmptyLeaf(Path& path, uint64_t leaf, bool held);
   // The SmoLog: new blocks owned until commit, old ones freed after it.
   int LogNew();
   Status AllocNode(uint64_t bytes, uint64_t* off);
-  void LogOld(uint64_t off, bool node);
+  // held: the node is already locked by this writer (an append leaf).
+  void LogOld(uint64_t off, bool node, bool held = false);
   void Arm(uint64_t anchor, uint64_t probe, Expect e);
   void FinishSmo();
   void AbortSmo();  // nothing was committed: frees newn, forgets oldn
@@ -172,10 +193,20 @@ class ClfBTree final : public Index {
 
   // clfbtree_read.cc
   Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
+  struct ScanEnt {
+    uint64_t k, v;
+    uint32_t slot;
+  };
+  Status ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size_t* count);
+  // Up to `want` entries of append leaf `leaf` at or above cursor, in key
+  // order, from the sort cache entry e for leaf version v; false on a miss.
+  bool CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
+                       const SortCacheEntry* e) const;
 
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
+  void MapSortCache();
   Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
 
   Config c_;
@@ -186,7 +217,9 @@ class ClfBTree final : public Index {
   uint32_t cap_ = 0, bm_words_ = 1;
   size_t max_key_, max_value_;
   kit::LockTable<kit::VersionLock> locks_;
+  kit::LockTable<SortCacheEntry> sort_cache_;  // append leaves, u64 keys (unmapped: no cache)
   EpochManager epoch_;
+  bool fast_writes_ = false;  // FastWrite applies: append leaves, u64 keys and values
   std::mutex write_mu_;
   std::vector<uint64_t> locked_old_;  // nodes of the SMO in flight to mark obsolete
   bool repair_ = false;    // WalkNodes restores invalid nodes (open only)

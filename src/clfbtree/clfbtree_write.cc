@@ -15,12 +15,15 @@
 // Encoded leaf: the leaf's new image is written with the parent-update
 // method (clfbtree_smo.cc, UpdateNode), or split when it does not fit.
 //
-// Thread safety: every function here runs under write_mu_; the leaf is
-// locked (its DRAM version lock) from before its first store until after
-// the fence of the commit.
+// Thread safety: FastWrite runs without write_mu_ (any number of threads):
+// it changes one append leaf under that leaf's DRAM version lock, taken by
+// try-lock, and hands anything else to the functions below, which run
+// under write_mu_ and lock the append leaf before reading it. A leaf is
+// locked from before its first store until after the fence of the commit.
 #include <algorithm>
 
 #include "clfbtree/clfbtree_tree.h"
+#include "kit/backoff.h"
 #include "kit/pm_block.h"
 #include "pmindex/pm/fault.h"
 
@@ -80,6 +83,10 @@ void ClfBTree::WriteLine(uint64_t off, const uint8_t img[64]) {
 }
 
 bool ClfBTree::ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const {
+  if (!bk()) {
+    *idx = uint32_t(std::upper_bound(d.k, d.k + d.n, SliceToU64(key)) - d.k);
+    return true;
+  }
   uint32_t lo = 0, hi = d.n;
   while (lo < hi) {
     const uint32_t mid = (lo + hi) / 2;
@@ -96,10 +103,15 @@ bool ClfBTree::ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const {
 
 void ClfBTree::Lock(uint64_t off) {
   kit::VersionLock& l = VL(off);
+  kit::Backoff backoff;
   for (;;) {
-    uint64_t v = l.Load();
+    const uint64_t v = l.Load();
+    if (v & kit::VersionLock::kLocked) {  // a leaf writer's short hold (FastWrite)
+      backoff.Wait();
+      continue;
+    }
     if (kit::VersionLock::Busy(v)) {
-      l.ClearLockBits();  // only write_mu_'s holder locks: a stale bit is ours
+      l.ClearLockBits();  // an obsolete mark left in a reused word by an unlinked node
       continue;
     }
     if (l.TryLock(v)) return;
@@ -143,10 +155,113 @@ Status ClfBTree::DescendW(Slice key, Path* path, uint64_t* leaf) {
   return Status::OK();
 }
 
+bool ClfBTree::LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_slot, uint32_t* live) const {
+  // The caller holds the leaf's lock: no one else stores to it, so plain
+  // loads suffice, and the compare runs over every slot without branches
+  // (stale keys of free slots are masked out by the bitmap).
+  const uint64_t* bm = Bitmap(leaf);
+  const uint64_t* e = Ent(leaf, 0);
+  *found = *free_slot = -1;
+  *live = 0;
+  for (uint32_t w = 0; w < bm_words_; w++) {
+    const uint32_t slots = std::min(64u, cap_ - 64 * w);
+    const uint64_t* ew = e + 128 * w;
+    uint64_t eq = 0;
+    for (uint32_t j = 0; j < slots; j++) eq |= uint64_t(ew[2 * j] == key) << j;
+    const uint64_t bits = bm[w];
+    *live += uint32_t(__builtin_popcountll(bits));
+    const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
+    if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
+    if (*found < 0 && (eq & bits)) *found = int(64 * w + uint32_t(__builtin_ctzll(eq & bits)));
+  }
+  return *found >= 0;
+}
+
+bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status* st) {
+  if (!fast_writes_) return false;
+  EpochManager::Guard g(epoch_);
+  const uint64_t k = SliceToU64(key);
+  const uint64_t w = Ld(&meta_->root);
+  uint64_t off = w & ~63ull;
+  bool leaf = w & 1;
+  for (int depth = 0; !leaf; depth++) {
+    if (depth > kMaxDepth || !NodeOk(off, 64)) return false;  // the locked path reports it
+    kit::VersionLock& vl = VL(off);
+    uint64_t v;
+    if (!vl.ReadBegin(&v)) return false;
+    Line img;
+    ReadLine(off, img);
+    if (!vl.Validate(v)) return false;
+    uint32_t idx;
+    uint64_t sep;
+    if (!RouteU64(img, k, &idx, &off, &sep, &leaf)) return false;
+  }
+  if (!NodeOk(off, LeafBytes())) return false;
+  // The leaf's lock from the version read after its parent validated: an
+  // unlinked leaf is obsolete, one being split is locked; either fails here.
+  kit::VersionLock& vl = VL(off);
+  uint64_t v;
+  if (!vl.ReadBegin(&v) || !vl.TryLock(v)) return false;
+  int found, free_slot;
+  uint32_t live;
+  LeafScanU64(off, k, &found, &free_slot, &live);
+  const uint64_t vw = remove ? 0 : SliceToU64(value);
+  if (remove) {
+    if (found >= 0 && live <= 1) {  // the leaf would become empty: freed by the locked path
+      vl.Unlock();
+      return false;
+    }
+    *st = found < 0 ? Status::NotFound() : Status::OK();
+    if (found >= 0) {
+      uint64_t* bw = &Bitmap(off)[uint32_t(found) / 64];
+      pm::FetchAnd(bw, uint64_t(~(1ull << (uint32_t(found) % 64))), __ATOMIC_RELEASE);
+      pm::Persist(bw, 8);
+    }
+    vl.Unlock();
+    return true;
+  }
+  if (found >= 0) {
+    *st = mode == kInsert ? Status::AlreadyExists() : Status::OK();
+    if (mode != kInsert) {
+      uint64_t* vword = Ent(off, uint32_t(found)) + 1;
+      pm::StoreAtomic(vword, vw);
+      pm::Persist(vword, 8);
+    }
+    vl.Unlock();
+    return true;
+  }
+  if (mode == kUpdate || free_slot < 0) {
+    vl.Unlock();
+    if (mode != kUpdate) return false;  // full: the locked path splits
+    *st = Status::NotFound();
+    return true;
+  }
+  // The tally is single-threaded (figures only): its marks read counters
+  // the write_mu_ holder updates.
+  const Mark before = c_.tally ? Now() : Mark{0, 0};
+  StoreEntry(off, uint32_t(free_slot), k, vw);
+  vl.Unlock();
+  TallyAdd(&tally_.leaf_plain, before);
+  *st = Status::OK();
+  return true;
+}
+
+void ClfBTree::StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw) {
+  uint64_t* e = Ent(leaf, i);
+  pm::StoreAtomic(e, kw, __ATOMIC_RELAXED);
+  pm::StoreAtomic(e + 1, vw, __ATOMIC_RELAXED);
+  if (!PMINDEX_FAULT("clfbtree.append.skip_entry_flush")) pm::Flush(e, 16);
+  pm::Fence();
+  uint64_t* bw = &Bitmap(leaf)[i / 64];
+  pm::FetchOr(bw, uint64_t(1ull << (i % 64)), __ATOMIC_RELEASE);
+  pm::Persist(bw, 8);
+}
+
 Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
   PMINDEX_RETURN_IF_ERROR(ValidateValue(c_.vk, max_value_, value));
+  if (Status st; FastWrite(key, value, mode, false, &st)) return st;
   std::lock_guard<std::mutex> g(write_mu_);
   Path path;
   uint64_t leaf;
@@ -158,6 +273,7 @@ Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
 Status ClfBTree::Remove(Slice key) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
+  if (Status st; FastWrite(key, Slice(), kUpdate, true, &st)) return st;
   std::lock_guard<std::mutex> g(write_mu_);
   Path path;
   uint64_t leaf;
@@ -166,62 +282,84 @@ Status ClfBTree::Remove(Slice key) {
   return AppendLeafRemove(path, leaf, key);
 }
 
-Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode) {
-  uint64_t* bm = Bitmap(leaf);
-  int found = -1, free_slot = -1;
+Status ClfBTree::FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const {
+  if (!bk()) {
+    LeafScanU64(leaf, SliceToU64(key), found, free_slot, live);
+    return Status::OK();
+  }
+  const uint64_t* bm = Bitmap(leaf);
+  *found = *free_slot = -1;
+  *live = 0;
   for (uint32_t i = 0; i < cap_; i++) {
     const bool valid = (LdR(&bm[i / 64]) >> (i % 64)) & 1;
     if (!valid) {
-      if (free_slot < 0) free_slot = int(i);
+      if (*free_slot < 0) *free_slot = int(i);
       continue;
     }
+    ++*live;
     int c;
-    if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
-    if (c == 0) {
-      found = int(i);
-      break;
+    if (*found < 0) {
+      if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
+      if (c == 0) *found = int(i);
     }
   }
+  return Status::OK();
+}
+
+// The leaf stays locked from before its scan until its change is durable
+// (a FastWrite on it waits for the unlock by failing its try-lock); a split
+// or free takes the lock over (LogOld with held).
+Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode) {
+  Lock(leaf);
+  int found, free_slot;
+  uint32_t live;
+  if (Status s = FindInLeaf(leaf, key, &found, &free_slot, &live); !s.ok()) {
+    Unlock(leaf);
+    return s;
+  }
   if (found >= 0) {
-    if (mode == kInsert) return Status::AlreadyExists();
+    if (mode == kInsert) {
+      Unlock(leaf);
+      return Status::AlreadyExists();
+    }
     uint64_t* vword = Ent(leaf, uint32_t(found)) + 1;
     int slot;
     uint64_t vw;
-    PMINDEX_RETURN_IF_ERROR(NewWord(value, false, &slot, &vw));
+    if (Status s = NewWord(value, false, &slot, &vw); !s.ok()) {
+      Unlock(leaf);
+      return s;
+    }
     if (vb()) {
       LogOld(LdR(vword), false);
       Arm(uint64_t(reinterpret_cast<char*>(vword) - base_), vw, kWordEq);
     }
-    Lock(leaf);
     pm::StoreAtomic(vword, vw);
     pm::Persist(vword, 8);
     Unlock(leaf);
     if (vb()) FinishSmo();
     return Status::OK();
   }
-  if (mode == kUpdate) return Status::NotFound();
+  if (mode == kUpdate) {
+    Unlock(leaf);
+    return Status::NotFound();
+  }
   int ks, vs;
   uint64_t kw, vw;
-  PMINDEX_RETURN_IF_ERROR(NewWord(key, true, &ks, &kw));
+  if (Status s = NewWord(key, true, &ks, &kw); !s.ok()) {
+    Unlock(leaf);
+    return s;
+  }
   if (Status s = NewWord(value, false, &vs, &vw); !s.ok()) {
+    Unlock(leaf);
     AbortSmo();
     return s;
   }
   if (free_slot < 0) return SplitAppendLeaf(path, leaf, kw, vw);
   const uint32_t i = uint32_t(free_slot);
   const bool logged = ks >= 0 || vs >= 0;
-  uint64_t* bw = &bm[i / 64];
-  const uint64_t bit = 1ull << (i % 64);
-  if (logged) Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsSet);
-  Lock(leaf);
+  if (logged) Arm(uint64_t(reinterpret_cast<char*>(&Bitmap(leaf)[i / 64]) - base_), 1ull << (i % 64), kBitsSet);
   const Mark before = Now();
-  uint64_t* e = Ent(leaf, i);
-  pm::StoreAtomic(e, kw, __ATOMIC_RELAXED);
-  pm::StoreAtomic(e + 1, vw, __ATOMIC_RELAXED);
-  if (!PMINDEX_FAULT("clfbtree.append.skip_entry_flush")) pm::Flush(e, 16);
-  pm::Fence();
-  pm::FetchOr(bw, bit, __ATOMIC_RELEASE);
-  pm::Persist(bw, 8);
+  StoreEntry(leaf, i, kw, vw);
   Unlock(leaf);
   TallyAdd(&tally_.leaf_plain, before);
   if (logged) FinishSmo();
@@ -229,17 +367,15 @@ Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice val
 }
 
 Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
-  uint64_t* bm = Bitmap(leaf);
-  int found = -1;
-  for (uint32_t i = 0; i < cap_ && found < 0; i++) {
-    if (!((LdR(&bm[i / 64]) >> (i % 64)) & 1)) continue;
-    int c;
-    if (!CmpKey(LdR(Ent(leaf, i)), key, &c)) return Status::Corrupt("clfbtree: leaf key unreadable");
-    if (c == 0) found = int(i);
+  Lock(leaf);
+  int found, free_slot;
+  uint32_t live;
+  if (Status s = FindInLeaf(leaf, key, &found, &free_slot, &live); !s.ok() || found < 0) {
+    Unlock(leaf);
+    return s.ok() ? Status::NotFound() : s;
   }
-  if (found < 0) return Status::NotFound();
   const uint32_t i = uint32_t(found);
-  uint64_t* bw = &bm[i / 64];
+  uint64_t* bw = &Bitmap(leaf)[i / 64];
   const uint64_t bit = 1ull << (i % 64);
   const bool logged = bk() || vb();
   if (logged) {
@@ -247,14 +383,21 @@ Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
     if (vb()) LogOld(LdR(Ent(leaf, i) + 1), false);
     Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsClear);
   }
-  Lock(leaf);
   pm::FetchAnd(bw, ~bit, __ATOMIC_RELEASE);
   pm::Persist(bw, 8);
-  Unlock(leaf);
-  if (logged) FinishSmo();
-  for (uint32_t w = 0; w < bm_words_; w++)
-    if (LdR(&bm[w])) return Status::OK();
-  return FreeEmptyLeaf(path, leaf);
+  if (live > 1) {
+    Unlock(leaf);
+    if (logged) FinishSmo();
+    return Status::OK();
+  }
+  if (logged) {
+    // FinishSmo waits for an epoch grace period: no lock is held across it.
+    // Logged configurations have no FastWrite, so the leaf stays empty.
+    Unlock(leaf);
+    FinishSmo();
+    return FreeEmptyLeaf(path, leaf, false);
+  }
+  return FreeEmptyLeaf(path, leaf, true);
 }
 
 Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice value, Mode mode, bool remove) {
@@ -286,7 +429,7 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     k.erase(k.begin() + pos);
     p.erase(p.begin() + pos);
     if (k.empty() && !path.empty() && path.back().d.np() > 1) {
-      return FreeEmptyLeaf(path, leaf);  // the entry's blocks go with the leaf
+      return FreeEmptyLeaf(path, leaf, false);  // the entry's blocks go with the leaf
     }
   } else if (eq) {
     if (mode == kInsert) return Status::AlreadyExists();
