@@ -65,10 +65,42 @@ BzTree::BzTree(std::unique_ptr<pm::Pool> pool) : pool_(std::move(pool)) {
   base_ = pool_->base();
 }
 
+// u64 keys: BuildNode lays record i of a node's sorted records (every
+// entry of an inner node but its last, +infinity; a leaf's sorted prefix) at
+// bytes - 16 (i + 1), and those bytes never change while the node lives. So
+// a binary search over them reads the key words alone, one line a probe;
+// the entry it ends on is checked against its metadata (and on a mismatch
+// the search runs again through the metadata).
+namespace {
+inline uint64_t SortedKeyU64(const char* n, uint32_t bytes, uint64_t i) {
+  uint64_t k;
+  std::memcpy(&k, n + bytes - 16 * (i + 1), 8);
+  return k;
+}
+inline bool AtSortedSlot(uint64_t m, uint32_t bytes, uint64_t i) {
+  return meta::KeyLen(m) == 8 && meta::Offset(m) == bytes - 16 * (i + 1);
+}
+}  // namespace
+
 int BzTree::RouteInner(char* n, uint64_t s, Slice key, bool after, uint64_t* meta_out) {
   const uint64_t c = status::Count(s);
   const uint32_t bytes = nodeword::Bytes(NodeWord(n));
   if (c == 0 || kNodeHeader + 8 * c > bytes) return -1;
+  if (kk_ == KeyKind::kU64 && 16 * c <= bytes - kNodeHeader - 8 * c) {
+    const uint64_t x = SliceToU64(key);
+    uint64_t lo = 0, hi = c - 1;  // entry c - 1 is +infinity
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) / 2;
+      const uint64_t k = SortedKeyU64(n, bytes, mid);
+      if (after ? k <= x : k < x) lo = mid + 1;
+      else hi = mid;
+    }
+    const uint64_t m = __atomic_load_n(Meta(n, lo), __ATOMIC_RELAXED);
+    if (MetaOk(m, bytes, c) && (lo + 1 == c ? meta::KeyLen(m) == 0 : AtSortedSlot(m, bytes, lo))) {
+      *meta_out = m;
+      return int(lo);
+    }
+  }
   // First entry whose key is >= key (after: > key); +infinity, key length
   // 0, is last.
   int64_t lo = 0, hi = int64_t(c) - 1;
@@ -128,6 +160,24 @@ int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
       *m_out = m;
       return int64_t(j);
     }
+  }
+  if (kk_ == KeyKind::kU64 && 16 * sorted <= bytes - kNodeHeader - 8 * c) {
+    const uint64_t x = SliceToU64(key);
+    uint64_t lo = 0, hi = sorted;
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) / 2;
+      const uint64_t k = SortedKeyU64(n, bytes, mid);
+      if (k == x) {
+        const uint64_t m = Read(Meta(n, mid));
+        if (!MetaOk(m, bytes, c) || !AtSortedSlot(m, bytes, mid)) break;  // not BuildNode's layout: search by metadata
+        if (!meta::Visible(m)) return -1;
+        *m_out = m;
+        return int64_t(mid);
+      }
+      if (k < x) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo >= hi) return -1;
   }
   int64_t lo = 0, hi = int64_t(sorted);
   while (lo < hi) {
