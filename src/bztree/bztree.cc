@@ -13,12 +13,14 @@
 //              leaf was searched is waited for (the reserve's expected
 //              status proves no other slot appeared since);
 //           4. publish: status (unchanged: not frozen) and metadata
-//              in-flight -> visible, one 2-word PMwCAS; an out-of-line value
-//              is a third word, its block allocated by the PMwCAS itself
-//              (owned by the descriptor until it succeeds).
-//   update  status (unchanged), metadata (unchanged, or out-of-line set),
-//           payload: one 3-word PMwCAS; an old out-of-line block is freed by
-//           the PMwCAS's recycling after a grace period.
+//              in-flight -> visible (with a u64 value's top 3 bits), one
+//              2-word PMwCAS; a byte value is out of line: a third word, its
+//              block allocated by the PMwCAS itself (owned by the
+//              descriptor until it succeeds).
+//   update  status (unchanged), metadata (version + 1, the new value's top
+//           bits) and payload (its low 61 bits, or a new block): one 3-word
+//           PMwCAS; an old out-of-line block is freed by the PMwCAS's
+//           recycling after a grace period.
 //   delete  status (delete size += rec) and metadata visible -> deleted: one
 //           2-word PMwCAS (3 with an out-of-line value, freed on success).
 // A crash between reserve and publish leaves an in-flight slot of an old
@@ -27,7 +29,9 @@
 // Reads return only durable data: every metadata, status and payload word
 // is read through PMwCAS::Read, which helps an operation in flight to its
 // durable end and persists a dirty word before returning it; record blocks
-// were flushed before the PMwCAS that made them visible.
+// were flushed before the PMwCAS that made them visible. A reader pairs a
+// payload word with the metadata word read before and after it (equal: no
+// update in between, since every update moves the version).
 //
 // Thread safety: bztree_tree.h.
 #include "bztree/bztree_tree.h"
@@ -61,10 +65,42 @@ BzTree::BzTree(std::unique_ptr<pm::Pool> pool) : pool_(std::move(pool)) {
   base_ = pool_->base();
 }
 
+// u64 keys: BuildNode lays record i of a node's sorted records (every
+// entry of an inner node but its last, +infinity; a leaf's sorted prefix) at
+// bytes - 16 (i + 1), and those bytes never change while the node lives. So
+// a binary search over them reads the key words alone, one line a probe;
+// the entry it ends on is checked against its metadata (and on a mismatch
+// the search runs again through the metadata).
+namespace {
+inline uint64_t SortedKeyU64(const char* n, uint32_t bytes, uint64_t i) {
+  uint64_t k;
+  std::memcpy(&k, n + bytes - 16 * (i + 1), 8);
+  return k;
+}
+inline bool AtSortedSlot(uint64_t m, uint32_t bytes, uint64_t i) {
+  return meta::KeyLen(m) == 8 && meta::Offset(m) == bytes - 16 * (i + 1);
+}
+}  // namespace
+
 int BzTree::RouteInner(char* n, uint64_t s, Slice key, bool after, uint64_t* meta_out) {
   const uint64_t c = status::Count(s);
   const uint32_t bytes = nodeword::Bytes(NodeWord(n));
   if (c == 0 || kNodeHeader + 8 * c > bytes) return -1;
+  if (kk_ == KeyKind::kU64 && 16 * c <= bytes - kNodeHeader - 8 * c) {
+    const uint64_t x = SliceToU64(key);
+    uint64_t lo = 0, hi = c - 1;  // entry c - 1 is +infinity
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) / 2;
+      const uint64_t k = SortedKeyU64(n, bytes, mid);
+      if (after ? k <= x : k < x) lo = mid + 1;
+      else hi = mid;
+    }
+    const uint64_t m = __atomic_load_n(Meta(n, lo), __ATOMIC_RELAXED);
+    if (MetaOk(m, bytes, c) && (lo + 1 == c ? meta::KeyLen(m) == 0 : AtSortedSlot(m, bytes, lo))) {
+      *meta_out = m;
+      return int(lo);
+    }
+  }
   // First entry whose key is >= key (after: > key); +infinity, key length
   // 0, is last.
   int64_t lo = 0, hi = int64_t(c) - 1;
@@ -125,6 +161,24 @@ int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
       return int64_t(j);
     }
   }
+  if (kk_ == KeyKind::kU64 && 16 * sorted <= bytes - kNodeHeader - 8 * c) {
+    const uint64_t x = SliceToU64(key);
+    uint64_t lo = 0, hi = sorted;
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) / 2;
+      const uint64_t k = SortedKeyU64(n, bytes, mid);
+      if (k == x) {
+        const uint64_t m = Read(Meta(n, mid));
+        if (!MetaOk(m, bytes, c) || !AtSortedSlot(m, bytes, mid)) break;  // not BuildNode's layout: search by metadata
+        if (!meta::Visible(m)) return -1;
+        *m_out = m;
+        return int64_t(mid);
+      }
+      if (k < x) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo >= hi) return -1;
+  }
   int64_t lo = 0, hi = int64_t(sorted);
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
@@ -145,7 +199,7 @@ int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
 Status BzTree::Find(Slice key, std::string* value) {
   if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
-  std::vector<Step> path;
+  static thread_local std::vector<Step> path;  // reused: no allocation per operation
   kit::Backoff b;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     {
@@ -164,7 +218,8 @@ Status BzTree::Find(Slice key, std::string* value) {
           if (m2 == m) {
             if (!value) return Status::OK();
             if (meta::OutOfLine(m)) return kit::ReadBlock(base_, PoolSize(), p, max_value_, value);
-            value->assign(reinterpret_cast<const char*>(&p), 8);
+            const uint64_t v = meta::Value(m, p);
+            value->assign(reinterpret_cast<const char*>(&v), 8);
             return Status::OK();
           }
           if (!meta::Visible(m2)) return Status::NotFound();
@@ -204,14 +259,16 @@ Status BzTree::Insert(Slice key, Slice value) {
   return Status::Busy("bztree: insert retried too often");
 }
 
-// Out-of-line values: AddAllocation into the payload word, block filled and
-// flushed here (the PMwCAS's descriptor fence orders it).
+// Byte values go out of line: AddAllocation into the payload word, block
+// filled and flushed here (the PMwCAS's descriptor fence orders it). A u64
+// value is inline: its low 61 bits into the payload word here, its top 3
+// bits into the metadata word by the caller (*inline_value).
 Status BzTree::WriteValue(pm::PMwCAS::Op* op, uint64_t* payload_word, uint64_t old, bool old_ool, Slice value,
                           bool* ool, uint64_t* inline_value) {
-  *ool = vk_ == ValueKind::kBytes || old_ool || !pm::pmwcas::IsValue(SliceToU64(value));
+  *ool = vk_ == ValueKind::kBytes || old_ool;
   if (!*ool) {
     *inline_value = SliceToU64(value);
-    return op->AddWord(payload_word, old, *inline_value, pm::Recycle::kNone);
+    return op->AddWord(payload_word, old, *inline_value & pm::pmwcas::kValueMask, pm::Recycle::kNone);
   }
   void* blk = nullptr;
   PMINDEX_RETURN_IF_ERROR(op->AddAllocation(payload_word, old, 8 + value.size(), &blk,
@@ -233,7 +290,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   for (auto& op : ops) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
   bool spare_used = false;
   pm::PMwCAS::Guard g(*pmw_);
-  std::vector<Step> path;
+  static thread_local std::vector<Step> path;  // reused: no allocation per operation
   const Status st = Descend(key, &path);
   if (!st.ok()) return IsRetry(st) ? Status::OK() : st;
   char* n = N(path.back().node);
@@ -282,8 +339,8 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   pm::Copy(r, key.data(), key.size());
   if (Pad8(key.size()) != key.size()) pm::Set(r + key.size(), 0, Pad8(key.size()) - key.size());
   uint64_t* pw = reinterpret_cast<uint64_t*>(r + Pad8(key.size()));
-  const bool inl = vk_ == ValueKind::kU64 && pm::pmwcas::IsValue(SliceToU64(value));
-  pm::StoreAtomic(pw, inl ? SliceToU64(value) : uint64_t(0), __ATOMIC_RELAXED);
+  const bool inl = vk_ == ValueKind::kU64;
+  pm::StoreAtomic(pw, inl ? SliceToU64(value) & pm::pmwcas::kValueMask : uint64_t(0), __ATOMIC_RELAXED);
   if (!PMINDEX_FAULT("bztree.insert.skip_record_flush")) pm::Flush(r, rec);
   if (hooks.after_reserve) hooks.after_reserve(this);
   const uint64_t mine = meta::Reserved(epoch_);
@@ -297,7 +354,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
         if (meta::Visible(m) && MetaOk(m, node_size_, c) && meta::KeyLen(m) == key.size() && Cmp(KeyOf(n, m), key) == 0) {
           // Our slot dies (kept out of every rebuild); the unused publish
           // descriptor marks it.
-          PMINDEX_RETURN_IF_ERROR(ops[1].AddWord(mw, mine, meta::Make(false, false, off, key.size(), rec)));
+          PMINDEX_RETURN_IF_ERROR(ops[1].AddWord(mw, mine, meta::Make(false, false, off, key.size())));
           PMINDEX_RETURN_IF_ERROR(ops[1].Execute(&ok));
           *dup = true;
           return Status::OK();
@@ -309,7 +366,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       if (status::Frozen(Read(Status_(n))) || Read(mw) != mine) return Status::OK();
       if (++rounds > kWaitRounds && spare_used) {
         // A second stalled slot: give ours up and start over with a fresh spare.
-        (void)ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size(), rec));
+        (void)ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size()));
         (void)ops[3].Execute(&ok);
         return Status::OK();
       }
@@ -337,7 +394,8 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       uint64_t unused = 0;
       PMINDEX_RETURN_IF_ERROR(WriteValue(&op, pw, 0, false, value, &ool, &unused));
     }
-    PMINDEX_RETURN_IF_ERROR(op.AddWord(mw, mine, meta::Make(true, ool, off, key.size(), rec)));
+    const uint64_t pub = meta::Make(true, ool, off, key.size());
+    PMINDEX_RETURN_IF_ERROR(op.AddWord(mw, mine, inl ? meta::WithHigh(pub, SliceToU64(value)) : pub));
     PMINDEX_RETURN_IF_ERROR(op.Execute(&ok));
     if (ok) {
       *done = true;
@@ -346,7 +404,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   }
   // Out of publish attempts: our slot dies (best effort; a waiter kills it
   // otherwise) and the insert starts over.
-  if (ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size(), rec)).ok()) (void)ops[3].Execute(&ok);
+  if (ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size())).ok()) (void)ops[3].Execute(&ok);
   return Status::OK();
 }
 
@@ -355,7 +413,7 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   if (mode == Mode::kUpdate) PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, max_value_, value));
   kit::Backoff b;
-  std::vector<Step> path;
+  static thread_local std::vector<Step> path;  // reused: no allocation per operation
   int pool_full = 0;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     bool frozen = false, merge = false;
@@ -404,7 +462,9 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
             bool ool = false;
             uint64_t v = 0;
             PMINDEX_RETURN_IF_ERROR(WriteValue(&op, pw, p, old_ool, value, &ool, &v));
-            PMINDEX_RETURN_IF_ERROR(op.AddWord(Meta(n, uint64_t(j)), m, ool ? (m | meta::kOutOfLine) : m));
+            // The version moves on every update (readers' pair check).
+            PMINDEX_RETURN_IF_ERROR(
+                op.AddWord(Meta(n, uint64_t(j)), m, ool ? (meta::Updated(m, 0) | meta::kOutOfLine) : meta::Updated(m, v)));
             PMINDEX_RETURN_IF_ERROR(op.Execute(&ok));
           }
           if (ok && !merge) return Status::OK();
@@ -454,17 +514,26 @@ bool BzTree::Records(char* n, std::vector<Rec>* out, bool* bad) const {
     return false;
   }
   for (uint64_t j = 0; j < c; j++) {
-    const uint64_t m = pmw_->Read(Meta(n, j));
-    if (leaf && !meta::Visible(m)) continue;
-    if (!MetaOk(m, node_size_, c)) {
-      *bad = true;
-      return false;
+    uint64_t m = pmw_->Read(Meta(n, j)), p = 0;
+    // A leaf that is not frozen may see updates: the metadata read again
+    // around the payload gives a consistent pair (format.h).
+    for (;;) {
+      if (leaf && !meta::Visible(m)) break;
+      if (!MetaOk(m, node_size_, c)) {
+        *bad = true;
+        return false;
+      }
+      p = pmw_->Read(Payload(n, m));
+      const uint64_t m2 = pmw_->Read(Meta(n, j));
+      if (m2 == m || !leaf) break;
+      m = m2;
     }
+    if (leaf && !meta::Visible(m)) continue;
     Rec r;
     r.inf = !leaf && meta::KeyLen(m) == 0;
     r.key.assign(n + meta::Offset(m), meta::KeyLen(m));
-    r.payload = pmw_->Read(Payload(n, m));
     r.ool = meta::OutOfLine(m);
+    r.payload = leaf && !r.ool && vk_ == ValueKind::kU64 ? meta::Value(m, p) : p;
     out->push_back(std::move(r));
   }
   if (leaf && nodeword::Sorted(nw) < c)

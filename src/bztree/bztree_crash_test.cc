@@ -29,7 +29,8 @@ class BzTreeCrash : public testutil::MixedCrashTest {
   }
 };
 
-TEST_P(BzTreeCrash, EveryFenceRecovers) { ExpectEveryFenceRecovers(180, 150); }
+// About 4 fences per operation: 200 clean operations give 700+ crash images.
+TEST_P(BzTreeCrash, EveryFenceRecovers) { ExpectEveryFenceRecovers(200, 150, 700); }
 
 std::vector<testutil::CrashCase> Cases() {
   const std::vector<std::string> faults(std::begin(internal::bztree::kFaultSwitches), std::end(internal::bztree::kFaultSwitches));

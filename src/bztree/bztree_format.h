@@ -27,6 +27,8 @@
 //     is +infinity, every child word is a node of the level below, and all
 //     leaves are at the same depth;
 //   - no reachable node is frozen once no structure change is running;
+//   - a leaf's u64 values are inline: payload word = low 61 bits, the
+//     metadata's high field = top 3 bits (byte values are out of line);
 //   - a metadata word with kInFlight holds the index epoch of its reserve
 //     in its low 32 bits: once the epoch has moved on (every open bumps it)
 //     the slot is dead.
@@ -43,7 +45,9 @@
 namespace pmindex::internal::bztree {
 
 inline constexpr uint64_t kMagic = 0x45455254207a42ull;  // "Bz TREE"
-inline constexpr uint32_t kFormat = 1;
+// 2: u64 values always inline (top 3 bits in the metadata word, which also
+// carries a version instead of the record's total length).
+inline constexpr uint32_t kFormat = 2;
 inline constexpr size_t kNodeHeader = 16;
 inline constexpr uint32_t kMinNodeSize = 256;
 inline constexpr uint32_t kMaxNodeSize = 1u << 20;  // block size and offsets fit 22 bits
@@ -89,23 +93,45 @@ inline constexpr uint32_t Sorted(uint64_t w) { return uint32_t((w >> 32) & 0xfff
 inline constexpr bool Leaf(uint64_t w) { return ((w >> 48) & 0xff) == 1; }
 }  // namespace nodeword
 
-// ---- metadata word: visible(1) in-flight(1) out-of-line(1) | total(16)
-// key length(16) offset(22); an in-flight word holds the epoch instead.
+// ---- metadata word: visible(1) in-flight(1) out-of-line(1) | value
+// high(3) version(16) key length(16) offset(22); an in-flight word holds the
+// epoch instead. A record's block bytes follow from its key length
+// (RecordBytes). An inline u64 value is split: its low 61 bits in the
+// payload word (a PMwCAS target, whose top 3 bits are PMwCAS's), its top 3
+// bits here; an update changes both words in one PMwCAS and bumps the
+// version, so a reader that reads the metadata, the payload and the
+// metadata again and sees one word twice has a consistent pair.
 namespace meta {
 inline constexpr uint64_t kVisible = uint64_t(1) << 60;
 inline constexpr uint64_t kInFlight = uint64_t(1) << 59;
 inline constexpr uint64_t kOutOfLine = uint64_t(1) << 58;
+inline constexpr int kHighShift = 54;
+inline constexpr uint64_t kHighMask = uint64_t(7) << kHighShift;
+inline constexpr int kVersionShift = 38;
+inline constexpr uint64_t kVersionMask = uint64_t(0xffff) << kVersionShift;
 inline constexpr uint64_t Offset(uint64_t m) { return m & 0x3fffff; }
 inline constexpr uint64_t KeyLen(uint64_t m) { return (m >> 22) & 0xffff; }
-inline constexpr uint64_t Total(uint64_t m) { return (m >> 38) & 0xffff; }
+inline constexpr uint64_t Total(uint64_t m) { return (KeyLen(m) + 7) / 8 * 8 + 8; }
 inline constexpr bool Visible(uint64_t m) { return (m & kVisible) != 0; }
 inline constexpr bool InFlight(uint64_t m) { return (m & kInFlight) != 0; }
 inline constexpr bool OutOfLine(uint64_t m) { return (m & kOutOfLine) != 0; }
 inline constexpr uint32_t Epoch(uint64_t m) { return uint32_t(m); }
 inline constexpr uint64_t Reserved(uint32_t epoch) { return kInFlight | epoch; }
-inline constexpr uint64_t Make(bool visible, bool ool, uint64_t off, uint64_t klen, uint64_t total) {
-  return (visible ? kVisible : 0) | (ool ? kOutOfLine : 0) | (total << 38) | (klen << 22) | off;
+inline constexpr uint64_t Make(bool visible, bool ool, uint64_t off, uint64_t klen) {
+  return (visible ? kVisible : 0) | (ool ? kOutOfLine : 0) | (klen << 22) | off;
 }
+// The top 3 bits of an inline value (kept in the metadata word).
+inline constexpr uint64_t High(uint64_t m) { return (m & kHighMask) >> kHighShift; }
+inline constexpr uint64_t WithHigh(uint64_t m, uint64_t value) {
+  return (m & ~kHighMask) | ((value >> 61) << kHighShift);
+}
+// m with its version advanced (wrapping) and the value's top bits: the
+// metadata an update installs.
+inline constexpr uint64_t Updated(uint64_t m, uint64_t value) {
+  return WithHigh((m & ~kVersionMask) | ((m + (uint64_t(1) << kVersionShift)) & kVersionMask), value);
+}
+// The inline value of a record: payload word p (low 61 bits) and m's high bits.
+inline constexpr uint64_t Value(uint64_t m, uint64_t p) { return (High(m) << 61) | (p & pm::pmwcas::kValueMask); }
 // A deleted or dead record: its block stays until the node is rebuilt.
 inline constexpr uint64_t Deleted(uint64_t m) { return m & ~(kVisible | kInFlight | kOutOfLine); }
 }  // namespace meta

@@ -77,7 +77,9 @@ Status BzTree::Open() {
   if (state != kit::RootState::kInitialized) return Status::NotFound("bztree: no initialised index");
   hdr_ = pool_->root<Header>();
   const Header* h = hdr_;
-  if (h->format != kFormat) return Bad("header format " + Num(h->format) + ", expected " + Num(kFormat));
+  if (h->format != kFormat)
+    return Status::Unsupported("bztree: the pool holds index format " + Num(h->format) + "; this build reads format " +
+                               Num(kFormat) + " only (recreate the pool)");
   if (h->key_kind > 1 || h->value_kind > 1) return Bad("header key/value kind out of range");
   if (h->node_size < kMinNodeSize || h->node_size > kMaxNodeSize || h->node_size % 64)
     return Bad("header node size " + Num(h->node_size) + " out of range");
@@ -147,7 +149,7 @@ Status BzTree::CheckNode(uint64_t off, int depth, int* leaf_depth, const std::st
       if (j < nodeword::Sorted(nw) || !leaf) return fail("in-flight slot outside a leaf's unsorted suffix");
       continue;
     }
-    if (meta::Total(m) == 0 && meta::KeyLen(m) == 0 && meta::Offset(m) == 0 && leaf) continue;  // killed slot
+    if (meta::KeyLen(m) == 0 && meta::Offset(m) == 0 && leaf) continue;  // killed slot
     if (!MetaOk(m, node_size_, c)) return fail("metadata " + Num(j) + " out of range");
     sum += meta::Total(m);
     const std::string key(n + meta::Offset(m), meta::KeyLen(m));

@@ -65,8 +65,13 @@ std::vector<uint64_t*> BzTree::BuildNode(char* blk, const std::vector<Rec>& recs
     end -= tot;
     total += tot;
     std::memcpy(buf.data() + end, r.key.data(), klen);
-    std::memcpy(buf.data() + end + Pad8(klen), &r.payload, 8);
-    const uint64_t m = meta::Make(true, leaf && r.ool, end, klen, tot);
+    // A leaf's inline u64 value: low 61 bits in the payload word, the top
+    // 3 in the metadata (bztree_format.h).
+    const bool split = leaf && !r.ool && vk_ == ValueKind::kU64;
+    const uint64_t pw = split ? r.payload & pm::pmwcas::kValueMask : r.payload;
+    std::memcpy(buf.data() + end + Pad8(klen), &pw, 8);
+    uint64_t m = meta::Make(true, leaf && r.ool, end, klen);
+    if (split) m = meta::WithHigh(m, r.payload);
     std::memcpy(buf.data() + kNodeHeader + 8 * i, &m, 8);
     payloads.push_back(reinterpret_cast<uint64_t*>(blk + end + Pad8(klen)));
   }

@@ -49,7 +49,7 @@ class BzTreeTest : public testing::TestWithParam<Cfg>, protected testutil::Index
   std::string Val(uint64_t i, uint64_t ver) {
     if (GetParam().vk == ValueKind::kU64) {
       uint64_t v = i * 31 + ver;
-      if ((i + ver) % 5 == 0) v |= uint64_t(7) << 61;  // reserved bits set: stored out of line
+      if ((i + ver) % 5 == 0) v |= uint64_t(7) << 61;  // PMwCAS's reserved bits set: top bits in the metadata
       return std::string(U64Slice(v));
     }
     return testutil::MixedVal(GetParam().vk, i, ver);
@@ -200,6 +200,63 @@ TEST_P(BzTreeTest, BadInput) {
 
 // The pool grows under the tree: node and block offsets beyond the size at
 // open are valid (a cached pool size made them "out of range").
+// u64 values are inline whatever their top 3 bits (those live in the
+// metadata word): the pool holds nodes only, and updates that change the
+// top bits, in both directions, read back exactly.
+TEST(BzTreeValues, U64ValuesWithReservedBitsAreInline) {
+  const std::string path = PoolPath();
+  Options o;
+  o.pool_path = path;
+  o.params = {{"node_size", "256"}};
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("bztree", o, &idx).ok());
+  auto val = [](uint64_t i, uint64_t ver) { return (i * 0x9E3779B97F4A7C15ull) ^ (ver << 61) ^ ver; };
+  const uint64_t n = 400;
+  for (uint64_t i = 0; i < n; i++) ASSERT_TRUE(idx->Insert(U64Slice(i), U64Slice(val(i, 0))).ok());
+  for (uint64_t ver = 1; ver < 9; ver++)
+    for (uint64_t i = 0; i < n; i += 3) ASSERT_TRUE(idx->Update(U64Slice(i), U64Slice(val(i, ver))).ok());
+  std::string v;
+  for (uint64_t i = 0; i < n; i++) {
+    ASSERT_TRUE(idx->Find(U64Slice(i), &v).ok());
+    EXPECT_EQ(SliceToU64(v), val(i, i % 3 == 0 ? 8 : 0)) << i;
+  }
+  size_t scanned = 0;
+  ASSERT_TRUE(idx->Scan(U64Slice(0), SIZE_MAX, [&](Slice k, Slice sv) {
+                const uint64_t i = SliceToU64(k);
+                EXPECT_EQ(SliceToU64(sv), val(i, i % 3 == 0 ? 8 : 0)) << i;
+                scanned++;
+                return true;
+              }).ok());
+  EXPECT_EQ(scanned, n);
+  ASSERT_TRUE(idx->Check().ok());
+  BzTree::Shape sh;
+  ASSERT_TRUE(static_cast<BzTree*>(idx.get())->GetShape(&sh).ok());
+  size_t blocks = 0;
+  idx->pool()->allocator().ForEachAllocated([&](uint64_t, size_t) { blocks++; });
+  EXPECT_EQ(blocks, sh.leaves + sh.inner + 1) << "nodes and the header only: no out-of-line value block";
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+// A pool written by another index format is refused with a clear error.
+TEST(BzTreeFormat, OtherFormatIsRefused) {
+  const std::string path = PoolPath();
+  Options o;
+  o.pool_path = path;
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("bztree", o, &idx).ok());
+  ASSERT_TRUE(idx->Insert(U64Slice(1), U64Slice(2)).ok());
+  auto* h = idx->pool()->root<internal::bztree::Header>();
+  pm::StorePersist(&h->format, uint32_t(1));  // the format before inline u64 values
+  ASSERT_TRUE(idx->Close().ok());
+  idx.reset();
+  const Status s = OpenIndex("bztree", o, &idx);
+  EXPECT_TRUE(s.IsUnsupported()) << s.ToString();
+  EXPECT_NE(s.ToString().find("format 1"), std::string::npos) << s.ToString();
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
 TEST(BzTreeGrowth, OffsetsBeyondTheInitialPoolSize) {
   const std::string path = PoolPath();
   Options o;

@@ -9,7 +9,8 @@
 //      undecided; flush the descriptor's lines; fence.
 //   2. for each target in address order: RDCSS old -> RDCSS pointer ->
 //      descriptor pointer (installed only while the status is undecided).
-//   3. flush every target word; fence (every descriptor pointer durable).
+//   3. flush every target word (each cache line once); fence (every
+//      descriptor pointer durable).
 //   4. CAS status undecided -> succeeded|dirty; flush it; fence: the commit
 //      point. (A failed decision is a CasVolatile, never persisted: recovery
 //      treats undecided and failed alike.) Clear the status's dirty bit
@@ -17,7 +18,7 @@
 //      itself, whatever it reads afterwards.
 //   5. each target: CAS descriptor pointer -> final value|dirty (and take
 //      back any RDCSS pointer of this descriptor left in it); flush them
-//      all; fence; clear the dirty bits (never flushed).
+//      all (each line once); fence; clear the dirty bits (never flushed).
 //   6. retire the descriptor; after a grace period it is recycled
 //      (pmwcas_recovery.cc): its policies run, then status = free, persisted.
 // Any thread that meets a descriptor pointer helps: steps 2-5 on its behalf.
@@ -98,6 +99,20 @@ uint64_t NextRdcssTag() {
 }
 
 enum class Installed { kYes, kMismatch, kDecided };
+
+// Flushes the target words of descriptor d, each cache line once: the
+// entries are visited in address order (ord), so words sharing a line are
+// adjacent, and one flush of a line writes back every store to it.
+void FlushTargets(const PMwCAS::State* s, uint32_t d, const uint8_t* ord, uint32_t n) {
+  const Entry* es = s->Entries(d);
+  uintptr_t last = ~uintptr_t(0);
+  for (uint32_t j = 0; j < n; j++) {
+    uint64_t* w = s->Target(&es[ord[j]]);
+    const uintptr_t line = reinterpret_cast<uintptr_t>(w) / kCacheLine;
+    if (line != last) Flush(w, 8);
+    last = line;
+  }
+}
 
 }  // namespace
 
@@ -202,9 +217,7 @@ static void Finalize(PMwCAS::State* s, uint32_t d, uint64_t state) {
       break;
     }
   }
-  const bool skip = PMINDEX_FAULT("pmwcas.skip_dirty_flush");
-  for (uint32_t j = 0; j < n; j++)
-    if (!skip) Flush(s->Target(&es[ord[j]]), 8);
+  if (!PMINDEX_FAULT("pmwcas.skip_dirty_flush")) FlushTargets(s, d, ord, n);
   Fence();
   for (uint32_t j = 0; j < n; j++) {
     const Entry* e = &es[ord[j]];
@@ -235,8 +248,7 @@ uint64_t PMwCAS::State::Help(uint32_t d) {
     }
     if (all) {
       // Every descriptor pointer durable before the commit point.
-      const Entry* es = Entries(d);
-      for (uint32_t j = 0; j < n; j++) Flush(Target(&es[ord[j]]), 8);
+      FlushTargets(this, d, ord, n);
       Fence();
     }
     uint64_t expect = kUndecided;

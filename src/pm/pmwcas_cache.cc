@@ -46,8 +46,10 @@
 // RetireList is reclaimed only under the lock it was added under (the
 // cache's mu, or State::mu), as RetireList requires.
 //
-// Persist order: none here; Recycle (pmwcas_recovery.cc) makes a descriptor
-// free durably before it enters a free list.
+// Persist order: a batch of descriptors past their grace period is recycled
+// (Recycle, pmwcas_recovery.cc: policies run, status free stored and
+// flushed), then one fence makes every free status of the batch durable
+// before any of them enters a free list.
 //
 // Thread safety: every function may run from any thread. Lock order:
 // the registry mutex, then State::mu, then one DescCache::mu; recycling runs
@@ -62,6 +64,7 @@
 #include <unordered_map>
 
 #include "pm/pmwcas_internal.h"
+#include "pmindex/pm/persist.h"
 
 namespace pmindex::pm {
 
@@ -240,7 +243,8 @@ void PMwCAS::State::ReclaimShared(bool all) {
       retired.Reclaim(epoch, [&](uint32_t d) { ready.push_back(d); });
   }
   if (ready.empty()) return;
-  for (uint32_t d : ready) Recycle(d);
+  for (uint32_t d : ready) Recycle(d, /*fence=*/false);
+  Fence();  // the batch's free statuses durable before any of them is reused
   std::lock_guard<std::mutex> g(mu);
   free_list.insert(free_list.end(), ready.begin(), ready.end());
 }
@@ -258,7 +262,8 @@ bool PMwCAS::State::ReclaimCache(DescCache* c, DescCache* into, bool all) {
       c->retired.Reclaim(epoch, [&](uint32_t d) { ready.push_back(d); });
   }
   if (ready.empty()) return false;
-  for (uint32_t d : ready) Recycle(d);
+  for (uint32_t d : ready) Recycle(d, /*fence=*/false);
+  Fence();  // the batch's free statuses durable before any of them is reused
   AddFree(into, ready);
   return true;
 }

@@ -198,7 +198,9 @@ struct PMwCAS::State {
   Status Recover();
   // Applies the recycle policies of a finished (or abandoned) descriptor
   // and makes it free (durable); single owner, outside any helper's reach.
-  void Recycle(uint32_t d);
+  // fence = false: the caller recycles a batch and fences once after it,
+  // before any descriptor of the batch is reused.
+  void Recycle(uint32_t d, bool fence = true);
 };
 
 }  // namespace pmindex::pm

@@ -49,7 +49,7 @@ using namespace pmwcas_format;
 using pmwcas::kDirtyBit;
 using pmwcas::kRdcssBit;
 
-void PMwCAS::State::Recycle(uint32_t d) {
+void PMwCAS::State::Recycle(uint32_t d, bool fence) {
   Header* h = Desc(d);
   Entry* es = Entries(d);
   const uint64_t st = __atomic_load_n(&h->status, __ATOMIC_ACQUIRE) & kStateMask;
@@ -75,7 +75,7 @@ void PMwCAS::State::Recycle(uint32_t d) {
     StoreAtomic(&h->status, kFree);
     Flush(&h->status, 8);
   }
-  Fence();
+  if (fence) Fence();
 }
 
 Status PMwCAS::State::Recover() {

@@ -262,6 +262,32 @@ TEST(Pmwcas, PersistCostPerOperation) {
   }
 }
 
+// Targets that share a cache line are flushed once per line at install and
+// at finalisation: k words in one line cost D(k) + 3 lines. The durability
+// lint (EveryStoreIsFlushedAndFenced) and the crash tests check that one
+// flush of the line covers every target in it.
+TEST(Pmwcas, TargetsSharingALineAreFlushedOnce) {
+  TestPool t("sameline", 8 * 8);
+  for (uint32_t k = 1; k <= 8; k++) {
+    PMwCAS::Op op;
+    ASSERT_TRUE(t.pm()->Begin(&op).ok());
+    std::vector<uint64_t> cur(k);
+    for (uint32_t i = 0; i < k; i++) cur[i] = t.pm()->Read(&t.words[i]);
+    t.pm()->Reclaim();
+    Counters before = ThreadCounters();
+    for (uint32_t i = 0; i < k; i++) ASSERT_TRUE(op.AddWord(&t.words[i], cur[i], cur[i] + 1).ok());
+    bool ok = false;
+    ASSERT_TRUE(op.Execute(&ok).ok());
+    ASSERT_TRUE(ok);
+    Counters d = ThreadCounters() - before;
+    const uint64_t desc_lines = (32 + 32 * k + 63) / 64;
+    const uint64_t word_lines = (reinterpret_cast<uintptr_t>(&t.words[k - 1]) / 64) -
+                                (reinterpret_cast<uintptr_t>(&t.words[0]) / 64) + 1;
+    EXPECT_EQ(d.lines_flushed, desc_lines + 2 * word_lines + 1) << k;
+    for (uint32_t i = 0; i < k; i++) EXPECT_EQ(t.pm()->Read(&t.words[i]), cur[i] + 1);
+  }
+}
+
 // Durability lint: during an operation, every (non-volatile) store's line is
 // flushed after the store and a fence follows, before Execute returns.
 // The allocator's lane clear is ordered by the thread's next fence or left
