@@ -363,6 +363,7 @@ nvc_hashmap 12 NvcHashmap::AllocNode
 nvtree 8 NVTree::Append
 wbtree 8 WBTree::InsertEntry
 wbtree_slot 8 WBTree::InsertEntry
+pmwcas 8 PMwCAS::Op::Execute
 "
 while read -r idx k fn; do
   [ -z "$idx" ] && continue
