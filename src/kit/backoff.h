@@ -5,6 +5,9 @@
 // preempted gets the CPU: with more threads than cores (96 threads on 2 cores
 // under TSan) waiters that only pause convoy behind preempted holders for
 // minutes. An uncontended operation never waits, so it never yields.
+// Every wait also tells the persist observer (pm::Observer::OnSpin), so that
+// pmcheck's PCT scheduler hands the token to the thread being waited for
+// instead of declaring a stall after a timeout.
 //
 // Thread safety: a Backoff is a local of one waiting loop.
 #pragma once
@@ -12,6 +15,8 @@
 #include <immintrin.h>
 
 #include <thread>
+
+#include "pmindex/pm/persist.h"
 
 namespace pmindex::internal::kit {
 
@@ -21,6 +26,7 @@ template <int kSpins>
 struct BasicBackoff {
   int n = 0;
   void Wait() {
+    PMINDEX_OBSERVE(OnSpin());
     if (++n > kSpins) std::this_thread::yield();
     else CpuRelax();
   }

@@ -172,6 +172,32 @@ TEST(PmcheckSchedule, UnloggedStoreFoundAtAFlushWithTwoThreads) {
   EXPECT_FALSE(at_flush(off)) << FormatReport(c, off);
 }
 
+// The spin hook: wBTree's writers and readers wait for a locked node in a
+// kit::Backoff loop, whose OnSpin call hands the token on at once under a
+// PCT schedule. With --no-spin-hook the same waits end only by stalls
+// (20 ms without a step), which make a schedule depend on timing.
+TEST(PmcheckSchedule, BackoffWaitsHandTheTokenOnThroughTheSpinHook) {
+  Config c;
+  c.index = "wbtree";
+  c.params = {{"leaf_size", "4"}, {"inner_size", "3"}};
+  c.threads = 2;
+  c.ops = 100;
+  c.keys = 24;
+  c.shared_keys = true;
+  c.points = 0;
+  c.pct = 4;
+  c.schedules = 5;
+  Report on;
+  ASSERT_TRUE(pmcheck::Run(c, &on).ok());
+  EXPECT_EQ(on.total_failures(), 0u) << FormatReport(c, on);
+  EXPECT_GT(on.schedule_spins, 0u) << FormatReport(c, on);
+  EXPECT_EQ(on.schedule_stalls, 0u) << FormatReport(c, on);
+  c.spin_hook = false;
+  Report off;
+  ASSERT_TRUE(pmcheck::Run(c, &off).ok());
+  EXPECT_GT(off.schedule_stalls, 0u) << FormatReport(c, off);
+}
+
 // A 64 KiB fake PM region observed by a Recorder.
 class RecorderTest : public ::testing::Test {
  protected:

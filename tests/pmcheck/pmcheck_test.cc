@@ -10,11 +10,13 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "pmcheck.h"
+#include "workload.h"
 #include "pmindex/index.h"
 
 namespace pmcheck {
@@ -307,6 +309,45 @@ TEST(PmcheckToy, SiteCountsAndDroppedSites) {
   Report none = MustRun(c);
   EXPECT_EQ(none.named_drops, 0u);
   EXPECT_EQ(none.total_failures(), 0u) << Describe(c, none);
+}
+
+// --sweep: whole-range key runs in key order (insert ascending, remove
+// descending, upsert descending, remove ascending), for u64 and byte keys.
+TEST(PmcheckWorkload, SweepRunsOverTheWholeRangeInKeyOrder) {
+  for (auto kk : {pmindex::KeyKind::kU64, pmindex::KeyKind::kBytes}) {
+    Config c;
+    c.sweep = true;
+    c.keys = 7;
+    c.key_kind = kk;
+    c.value_kind = pmindex::ValueKind::kU64;
+    Workload w(c, 2, 7 * 5, 1);
+    for (int t = 0; t < 2; ++t) {
+      const auto& ops = w.ops()[size_t(t)];
+      ASSERT_EQ(ops.size(), 35u);
+      const OpType want[4] = {OpType::kInsert, OpType::kRemove, OpType::kUpsert, OpType::kRemove};
+      for (size_t i = 0; i < ops.size(); ++i) {
+        EXPECT_EQ(ops[i].type, want[(i / 7) % 4]) << i;
+        EXPECT_EQ(w.Owner(ops[i].kid), t);
+        if (i % 7 == 0) continue;
+        const std::string& prev = w.key(ops[i - 1].kid);
+        const std::string& cur = w.key(ops[i].kid);
+        auto less = [&](const std::string& a, const std::string& b) {
+          if (kk == pmindex::KeyKind::kBytes) return a < b;
+          uint64_t x, y;
+          std::memcpy(&x, a.data(), 8);
+          std::memcpy(&y, b.data(), 8);
+          return x < y;
+        };
+        const bool ascending = (i / 7) % 4 == 0 || (i / 7) % 4 == 3;
+        EXPECT_TRUE(ascending ? less(prev, cur) : less(cur, prev)) << "op " << i << " thread " << t;
+      }
+    }
+  }
+  Config bad = Toy();
+  bad.sweep = true;
+  bad.drain = true;
+  Report r;
+  EXPECT_TRUE(pmcheck::Run(bad, &r).IsInvalidArgument());
 }
 
 TEST(PmcheckBadInput, ClearStatus) {

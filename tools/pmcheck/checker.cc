@@ -85,6 +85,7 @@ Status Run(const Config& c, Report* report) {
   if (c.threads < 1 || c.threads > 64) return Status::InvalidArgument("--threads must be in [1, 64]");
   if (c.images_per_point < 1) return Status::InvalidArgument("--images-per-point must be >= 1");
   if (c.timeout_s <= 0) return Status::InvalidArgument("--timeout must be > 0");
+  if (c.sweep && (c.drain || c.shared_keys)) return Status::InvalidArgument("--sweep takes neither --drain nor --shared-keys");
   std::unique_ptr<Target> target;
   PMINDEX_RETURN_IF_ERROR(MakeTarget(c, &target));
   if (c.threads > 1 && !target->concurrent())
@@ -146,8 +147,10 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (c.drop_fence) s += " --drop-fence " + std::to_string(c.drop_fence);
   if (!c.drop_site.empty()) s += " --drop-site " + c.drop_site;
   if (f.schedule_seed) s += " --pct " + std::to_string(c.pct) + " --schedule-seed " + std::to_string(f.schedule_seed);
+  if (f.schedule_seed && !c.spin_hook) s += " --no-spin-hook";
   if (c.shared_keys) s += " --shared-keys";
   if (c.drain) s += " --drain";
+  if (c.sweep) s += " --sweep";
   if (!c.read_rule) s += " --no-read-rule";
   if (!c.unfenced_image) s += " --no-unfenced-image";
   if (c.recovery_crashes && f.point >= 0) {

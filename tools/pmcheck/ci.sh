@@ -36,7 +36,8 @@
 # fence, read-rule and recovery faults prove the unfenced image, the read
 # rule and the recovery crashes, each with the capability it needs only. Exit status 0 only if all
 # clean runs pass and all faults are caught. Set PMCHECK_CI_SCALE=N to
-# multiply the budgets (long mode). Runs go PMCHECK_CI_JOBS at a time
+# multiply the budgets (scripts/pmcheck-ci.sh --long: 12, at least 100,000
+# crash images per index; the totals are printed at the end). Runs go PMCHECK_CI_JOBS at a time
 # (default: the number of CPUs).
 set -uo pipefail
 dir=${1:-build}
@@ -97,6 +98,8 @@ run() {  # run <label> <expected exit status> <pmcheck args...>
     else
       stamp "ok: $label ($(echo "$out" | grep -oE 'tried [0-9]+, crash images [0-9]+|double-crash images [0-9]+|process kills [0-9]+' | tr '\n' ' ' | sed 's/ $//'))"
     fi
+    # Crash images per index (the summary at the end).
+    echo "${label%% *} $(echo "$out" | grep -oE 'crash images [0-9]+' | head -1 | grep -oE '[0-9]+' || echo 0)" > "$results/$nrun.images"
   ) &
 }
 
@@ -363,6 +366,7 @@ nvc_hashmap 12 NvcHashmap::AllocNode
 nvtree 8 NVTree::Append
 wbtree 8 WBTree::InsertEntry
 wbtree_slot 8 WBTree::InsertEntry
+pmwcas 8 PMwCAS::Op::Execute
 "
 while read -r idx k fn; do
   [ -z "$idx" ] && continue
@@ -377,6 +381,9 @@ failed=()
 for f in "$results"/*.failed; do
   [ -e "$f" ] && failed+=("$(cat "$f")")
 done
+# Crash images per index over every line (long mode: at least 100,000).
+cat "$results"/*.images 2>/dev/null | awk '{ n[$1] += $2 } END { for (i in n) printf "%s %d\n", i, n[i] }' | sort |
+  while read -r idx n; do stamp "crash images: $idx $n"; done
 stamp "done: ${#failed[@]} failure(s)"
 for f in "${failed[@]}"; do echo "  $f" >&2; done
 [ ${#failed[@]} -eq 0 ]

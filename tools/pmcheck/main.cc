@@ -54,6 +54,8 @@ int main(int argc, char** argv) {
   app.add_flag("--no-unfenced-image", no_unfenced,
                "do not build the per-point image that drops every flushed-but-unfenced store and keeps the others");
   app.add_flag("--drain", c.drain, "first half of each thread's ops mostly inserts, second half mostly removes");
+  app.add_flag("--sweep", c.sweep,
+               "ops are whole-range key runs: insert ascending, remove descending, upsert descending, remove ascending, repeated");
   app.add_flag("--shared-keys", c.shared_keys, "finds and scans read every thread's keys (writes stay with the owner thread)");
   app.add_flag("--no-read-rule", no_read_rule, "do not require a version a completed read returned to survive later crashes");
   app.add_option("--recovery-crashes", c.recovery_crashes,
@@ -69,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--pct", c.pct,
                  "multi-threaded runs: record under a PCT schedule with D priority change points (a seed names one interleaving)")
       ->check(CLI::Range(0, 100000));
+  bool no_spin_hook = false;
+  app.add_flag("--no-spin-hook", no_spin_hook,
+               "with --pct: a thread waiting in a backoff loop keeps the token until a stall (default: it hands the token on)");
   app.add_option("--schedule-seed", c.schedule_seed, "the PCT schedule to record (default: --seed)");
   app.add_option("--schedules", c.schedules, "record and replay N PCT schedules (seeds S, S+1, ...) sharing the image budget")
       ->check(CLI::Range(uint64_t(1), uint64_t(100000)));
@@ -105,6 +110,7 @@ int main(int argc, char** argv) {
       return usage("--fault " + f + ": no fault switch has this name (the names are in docs/<index>.md and docs/pmcheck.md)");
   c.unfenced_image = !no_unfenced;
   c.read_rule = !no_read_rule;
+  c.spin_hook = !no_spin_hook;
   c.key_kind = key_kind == "u64" ? pmindex::KeyKind::kU64 : pmindex::KeyKind::kBytes;
   c.value_kind = value_kind == "u64" ? pmindex::ValueKind::kU64 : pmindex::ValueKind::kBytes;
   c.pool_size = pool_mb << 20;

@@ -73,6 +73,13 @@ struct Config {
   // and a drain phase (second half: mostly removes), so that nodes thin
   // out and a recovery finds sparse ones (FPTree merges leaves at open).
   bool drain = false;
+  // Key sweeps: each thread's ops are whole-range runs over its keys in key
+  // order: insert ascending, remove descending, upsert descending, remove
+  // ascending, again and again. Ascending and descending runs split at the
+  // right and left edges and grow the root; each remove run empties the
+  // whole range, so leaves are deleted, nodes merge and the root collapses.
+  // --sweep (not with --shared-keys or --drain).
+  bool sweep = false;
   // The read rule: a version a completed Find/Scan returned must survive
   // every later crash (that version or a later one). --no-read-rule.
   bool read_rule = true;
@@ -100,6 +107,10 @@ struct Config {
   int pct = -1;
   uint64_t schedule_seed = 0;
   uint64_t schedules = 1;
+  // Under --pct: a wait in a kit::Backoff loop (pm::Observer::OnSpin) hands
+  // the token to another thread at once; off, such a wait ends only by a
+  // stall (kStallMs of no progress). --no-spin-hook turns it off.
+  bool spin_hook = true;
   // Persist-site coverage: append "flush|fence SITE COUNT" lines (SITE is
   // object+0xoffset of the call's return address) for the recorded run to
   // this file. --site-counts FILE (scripts/pmcheck-coverage.sh).

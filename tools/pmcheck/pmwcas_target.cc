@@ -17,7 +17,9 @@
 //     success, after the grace period). Remove: record -> kTomb (freed),
 //     count - 1. Upsert: Update, else Insert.
 // Invariants: no key in two slots; count == live records; each record block
-// owned by exactly one slot.
+// owned by exactly one slot; after recovery no slot and not count holds a
+// descriptor or RDCSS pointer (Open checks it: such a word would make every
+// Read of it help a free descriptor forever).
 // Thread safety: every operation may run concurrently; Check and
 // ForEachOwnedBlock need quiescence.
 
@@ -75,6 +77,16 @@ class PwMap final : public pmindex::Index {
     if (!pool->pmwcas()) return Status::Unsupported("pool has no PMwCAS (format 1)");
     Root* r = pool->root<Root>();
     if (!r || r->magic != kMagic || r->nslots != kSlots) return Status::Corrupt("pmwcas map: bad root (creation interrupted?)");
+    // Recovery (at Pool::Open) took every pointer of a descriptor in flight
+    // out of its target words. A word that still holds one names a
+    // descriptor recovery found free: its pointer reached PM before the
+    // descriptor did (H3 broken, e.g. a dropped phase-1 fence). A Read of
+    // it would help that free descriptor and read the word again, forever.
+    for (uint64_t i = 0; i <= kSlots; i++) {
+      const uint64_t v = i < kSlots ? r->slots[i] : r->count;
+      if (v & (pm::pmwcas::kDescriptorBit | pm::pmwcas::kRdcssBit))
+        return Status::Corrupt("pmwcas map: word " + std::to_string(i) + " still points to a descriptor after recovery");
+    }
     out->reset(new PwMap(std::move(pool)));
     return Status::OK();
   }

@@ -294,6 +294,10 @@ void Recorder::FenceLocked(uintptr_t site) {
   ts.unfenced = false;
 }
 
+void Recorder::OnSpin() {
+  if (sched_ && spin_hook_) sched_->Spin(tl_tid);
+}
+
 void Recorder::OnLoad(const void* addr, size_t size) {
   LoadLocked(addr, size);
   SchedulePoint(true);

@@ -84,6 +84,11 @@ class Recorder final : public pmindex::pm::Observer {
   // store, flush, fence, acting load and op boundary of a workload thread is
   // a scheduling point (after it is logged); PerturbSchedule is then unused.
   void SetScheduler(PctScheduler* s) { sched_ = s; }
+  // Whether a spin hook call (pm::Observer::OnSpin, from kit::Backoff) is a
+  // scheduling point that lets the other threads run first (default); off,
+  // a thread waiting in a backoff loop for a thread without the token is
+  // resolved by a stall only.
+  void SetSpinHook(bool on) { spin_hook_ = on; }
 
   // Ignore every fence issued from the k-th fence call site (1-based, in
   // first-recorded order): the fence is neither logged nor seen by the lint.
@@ -113,6 +118,7 @@ class Recorder final : public pmindex::pm::Observer {
   __attribute__((noinline)) void OnFlush(const void* line) override;
   void OnFence() override;
   void OnLoad(const void* addr, size_t size) override;
+  void OnSpin() override;
 
   size_t BeginOp(const Op& op);
   // reads: the (key id, version) pairs a Find or Scan returned.
@@ -177,6 +183,7 @@ class Recorder final : public pmindex::pm::Observer {
   std::vector<uintptr_t> fence_sites_;  // call sites of fences, first-recorded order
   void MaybeYield(bool shared_line);
   PctScheduler* sched_ = nullptr;
+  bool spin_hook_ = true;
   void SchedulePoint(bool load);
   void FenceLocked(uintptr_t site);
   void NonTemporalLocked(const void* addr, size_t size);

@@ -111,6 +111,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     // Change points are drawn over about the run's scheduling points.
     sched = std::make_unique<PctScheduler>(c.threads, c.pct, out->schedule_seed, c.ops * uint64_t(c.threads) * kPointsPerOp);
     rec.SetScheduler(sched.get());
+    rec.SetSpinHook(c.spin_hook);
   }
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);

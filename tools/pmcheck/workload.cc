@@ -66,9 +66,36 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
   ops_.resize(threads);
   for (int t = 0; t < threads; ++t) {
     std::mt19937_64 rng(seed * 1000003 + uint64_t(t) * 7919 + 17);
+    // Key sweeps (Config::sweep): the thread's key ids in key order (byte
+    // keys compare as bytes, u64 keys as numbers).
+    std::vector<uint32_t> ord;
+    if (c.sweep && !shared) {
+      for (uint64_t i = 0; i < nkeys; ++i) ord.push_back(uint32_t(t * nkeys + i));
+      std::sort(ord.begin(), ord.end(), [&](uint32_t a, uint32_t b) {
+        if (kk_ == pmindex::KeyKind::kU64) {
+          uint64_t x, y;
+          std::memcpy(&x, keys_[a].data(), 8);
+          std::memcpy(&y, keys_[b].data(), 8);
+          return x < y;
+        }
+        return keys_[a] < keys_[b];
+      });
+    }
     for (uint64_t i = 0; i < ops_per_thread; ++i) {
       Op op;
       op.tid = t;
+      if (!ord.empty()) {
+        const uint64_t p = i % nkeys;
+        switch ((i / nkeys) % 4) {
+          case 0: op.type = OpType::kInsert, op.kid = ord[p]; break;
+          case 1: op.type = OpType::kRemove, op.kid = ord[nkeys - 1 - p]; break;
+          case 2: op.type = OpType::kUpsert, op.kid = ord[nkeys - 1 - p]; break;
+          default: op.type = OpType::kRemove, op.kid = ord[p]; break;
+        }
+        if (op.type != OpType::kRemove) op.version = ++ver[op.kid];
+        ops_[t].push_back(op);
+        continue;
+      }
       op.kid = uint32_t(t * nkeys + rng() % nkeys);
       unsigned r = unsigned(rng() % 100);
       if (shared) {

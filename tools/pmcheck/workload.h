@@ -9,7 +9,9 @@
 // the state of a key is one number (0: absent) and per-key histories are
 // totally ordered even when threads run concurrently. With shared keys
 // (Config::shared_keys) Finds and Scans pick keys of every thread, so
-// threads read what other threads write; writes stay with the owner.
+// threads read what other threads write; writes stay with the owner. With
+// key sweeps (Config::sweep) each thread runs over its whole key range in
+// key order, ascending and descending, alternately filling and emptying it.
 #pragma once
 
 #include <cstdint>

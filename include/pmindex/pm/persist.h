@@ -111,6 +111,10 @@ class Observer {
   // pmcheck logs it like any store (it may reach PM at a crash) but its lint
   // does not report it as a missing flush. Default: an ordinary store.
   virtual void OnVolatileStore(const void* addr, size_t size) { OnStore(addr, size); }
+  // The calling thread waits for another in a retry loop (kit::Backoff):
+  // a scheduling observer (pmcheck's PCT scheduler) lets the other threads
+  // run first. Default: nothing.
+  virtual void OnSpin() {}
 };
 namespace detail {
 extern std::atomic<Observer*> g_observer;
