@@ -244,6 +244,15 @@ Status BzTree::FreezeLeafForTest(Slice key) {
   return ok ? Status::OK() : Status::Busy("bztree: the leaf changed meanwhile");
 }
 
+Status BzTree::PathForTest(Slice key, std::vector<std::pair<uint64_t, uint64_t>>* nodes) {
+  pm::PMwCAS::Guard g(*pmw_);
+  std::vector<Step> path;
+  PMINDEX_RETURN_IF_ERROR(Descend(key, &path));
+  nodes->clear();
+  for (const Step& x : path) nodes->push_back({x.node, status::Count(x.status)});
+  return Status::OK();
+}
+
 IndexStats BzTree::Stats() {
   IndexStats s;
   if (closed_) return s;

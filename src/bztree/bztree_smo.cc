@@ -13,7 +13,8 @@
 //            re-laid: a frozen leaf is consolidated, split in two when its
 //            records fill more than 3/4 of a node, merged with an adjacent
 //            frozen leaf when both fit in one, dropped when empty; a frozen
-//            inner child is copied, or split in two when nearly full). The
+//            inner child is copied, or split in two when it lacks room for
+//            kAbsorb more entries, what its own rebuild may add). The
 //            new nodes are written and persisted (fault
 //            bztree.smo.skip_node_flush), then ONE PMwCAS installs them: the
 //            word that points to X changes to the new top node
@@ -227,8 +228,14 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
         }
         flush_run();
         last_dropped = false;
+        // Split unless the copy has room for its own rebuild, which absorbs
+        // up to kAbsorb frozen children, each adding at most one entry (a
+        // leaf split in two, an inner node split in two). A copy without
+        // that room overflows in its own rebuild, freezes this node's
+        // replacement, is copied again, and so on: its frozen children are
+        // never replaced and every operation on them ends Busy.
         const uint64_t cb = LiveBytes(cr);
-        const bool split = cb + 8 + RecordBytes(max_key_) > Capacity();
+        const bool split = cb + kAbsorb * (8 + RecordBytes(max_key_)) > Capacity();
         AddNodes(&plan, std::move(cr), false, entry, split ? (cb + 1) / 2 + 1 : Capacity());
         continue;
       }

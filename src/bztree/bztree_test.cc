@@ -6,6 +6,7 @@
 // and the persist cost per operation (PiBench table 2).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <random>
@@ -234,6 +235,77 @@ TEST(BzTreeValues, U64ValuesWithReservedBitsAreInline) {
   size_t blocks = 0;
   idx->pool()->allocator().ForEachAllocated([&](uint64_t, size_t) { blocks++; });
   EXPECT_EQ(blocks, sh.leaves + sh.inner + 1) << "nodes and the header only: no out-of-line value block";
+  idx.reset();
+  pm::Pool::Remove(path);
+}
+
+// An inner node X with room for one more entry but not two, and two of its
+// leaves frozen, both needing a split (two threads each froze one): X's
+// rebuild overflows and freezes X's parent, whose rebuild must split X. A
+// copy of X (it has room for one entry) keeps both leaves frozen under it,
+// and every operation on them went round freeze X, freeze the parent, copy
+// X, until it gave up Busy after kMaxRetries rounds (pmbench with 2 threads:
+// tens of node allocations per operation, failed operations).
+TEST(BzTreeSmo, InnerNodeOverTwoSplittingLeavesIsSplit) {
+  const std::string path = PoolPath();
+  Options o;
+  o.pool_path = path;
+  o.params = {{"node_size", "256"}};
+  std::unique_ptr<Index> idx;
+  ASSERT_TRUE(OpenIndex("bztree", o, &idx).ok());
+  auto* t = static_cast<BzTree*>(idx.get());
+  std::vector<uint64_t> keys(3000);
+  for (uint64_t i = 0; i < keys.size(); i++) keys[i] = 1000 * (i + 1);
+  std::shuffle(keys.begin(), keys.end(), std::mt19937_64(7));
+  for (uint64_t k : keys) ASSERT_TRUE(idx->Insert(U64Slice(k), U64Slice(k)).ok());
+  std::sort(keys.begin(), keys.end());
+  // 256-byte nodes hold 240 bytes of entries, 24 a u64 entry and 16 the
+  // +infinity one: 9 entries (208 bytes) leave room for one more, not two.
+  using Path = std::vector<std::pair<uint64_t, uint64_t>>;
+  std::vector<uint64_t> leaves, firsts;  // X's leaves and the smallest key of each
+  uint64_t x = 0;
+  for (uint64_t k : keys) {
+    Path p;
+    ASSERT_TRUE(t->PathForTest(U64Slice(k), &p).ok());
+    if (p.size() < 3 || p[p.size() - 2].second != 9 || (x && p[p.size() - 2].first != x)) {
+      if (x) break;
+      continue;
+    }
+    if (leaves.empty() || leaves.back() != p.back().first) {
+      leaves.push_back(p.back().first);
+      firsts.push_back(k);
+    }
+    x = p[p.size() - 2].first;
+  }
+  ASSERT_GE(firsts.size(), 2u) << "no inner node below the root with 9 entries";
+  // Two of X's leaves filled to 9 records (216 bytes: more than 3/4 of 240, a
+  // split), then frozen.
+  for (size_t l = 0; l < 2; l++) {
+    for (uint64_t j = 1;; j++) {
+      Path p;
+      ASSERT_TRUE(t->PathForTest(U64Slice(firsts[l]), &p).ok());
+      ASSERT_EQ(p[p.size() - 2].first, x);
+      ASSERT_EQ(p[p.size() - 2].second, 9u);
+      if (p.back().second >= 9) break;
+      ASSERT_TRUE(idx->Insert(U64Slice(firsts[l] + j), U64Slice(firsts[l] + j)).ok());
+      keys.push_back(firsts[l] + j);
+    }
+  }
+  ASSERT_TRUE(t->FreezeLeafForTest(U64Slice(firsts[0])).ok());
+  ASSERT_TRUE(t->FreezeLeafForTest(U64Slice(firsts[1])).ok());
+  Status st = idx->Update(U64Slice(firsts[0]), U64Slice(1));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  st = idx->Update(U64Slice(firsts[1]), U64Slice(2));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  BzTree::Shape sh;
+  ASSERT_TRUE(t->GetShape(&sh).ok());
+  EXPECT_EQ(sh.frozen, 0u);
+  ASSERT_TRUE(idx->Check().ok());
+  std::string v;
+  for (uint64_t k : keys) {
+    ASSERT_TRUE(idx->Find(U64Slice(k), &v).ok()) << k;
+    EXPECT_EQ(SliceToU64(v), k == firsts[0] ? 1 : k == firsts[1] ? 2 : k) << k;
+  }
   idx.reset();
   pm::Pool::Remove(path);
 }

@@ -26,6 +26,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bztree/bztree_format.h"
@@ -92,6 +93,8 @@ class BzTree final : public Index {
   // Freezes the leaf holding key, as a structure change that stopped after
   // its freeze would leave it (tests: operations must help, not spin).
   Status FreezeLeafForTest(Slice key);
+  // The nodes on key's path, root first: offset and record count (tests).
+  Status PathForTest(Slice key, std::vector<std::pair<uint64_t, uint64_t>>* nodes);
   uint32_t epoch() const { return epoch_; }
   uint32_t node_size() const { return node_size_; }
 
