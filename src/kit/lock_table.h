@@ -82,6 +82,26 @@ class LockTable {
     return n * page;
   }
 
+  // The same, counting only the words of nodes in [lo, hi) (for example the
+  // pool's used part of its reservation): the table spans the whole
+  // reservation, and a mincore over all of it costs one vector entry per
+  // page, called from Stats() while writers run.
+  uint64_t ResidentBytes(const void* lo, const void* hi) const {
+    if (!words_ || !(lo < hi)) return 0;
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = uintptr_t(words_), end = first + bytes_;
+    uintptr_t a = uintptr_t(At(lo)) & ~(page - 1);
+    uintptr_t b = uintptr_t(At(hi)) + sizeof(Word);
+    if (a < first) a = first;
+    if (b > end) b = end;
+    if (a >= b) return 0;
+    std::vector<unsigned char> in((b - a + page - 1) / page);
+    if (::mincore(reinterpret_cast<void*>(a), b - a, in.data()) != 0) return b - a;
+    uint64_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n * page;
+  }
+
  private:
   Word* words_ = nullptr;
   size_t bytes_ = 0;

@@ -54,6 +54,23 @@ TEST(LockTable, WordsPersistWhileMappedAndResidentBytesGrow) {
   EXPECT_EQ(t.ResidentBytes(), 0u);
 }
 
+TEST(LockTable, ResidentBytesOfARangeCountOnlyItsPages) {
+  Arena a(1 << 20);
+  LockTable<VersionLock> t;
+  ASSERT_TRUE(t.Map(a.p, 64ull << 20, 256).ok());
+  for (uint64_t off = 0; off < a.bytes; off += 256) ASSERT_TRUE(t.At(a.p + off)->TryLock(0));
+  const uint64_t whole = t.ResidentBytes();
+  ASSERT_GT(whole, 0u);
+  // The touched words all lie over [a.p, a.p + a.bytes): the range sees them all.
+  EXPECT_EQ(t.ResidentBytes(a.p, a.p + a.bytes), whole);
+  // A range of the reservation no node touched has nothing resident.
+  EXPECT_EQ(t.ResidentBytes(a.p + (32ull << 20), a.p + (48ull << 20)), 0u);
+  // Empty and reversed ranges count nothing; a range past the table is clamped.
+  EXPECT_EQ(t.ResidentBytes(a.p, a.p), 0u);
+  EXPECT_EQ(t.ResidentBytes(a.p + a.bytes, a.p), 0u);
+  EXPECT_EQ(t.ResidentBytes(a.p, a.p + (128ull << 20)), whole);
+}
+
 TEST(LockTable, RefusesAMisalignedBase) {
   Arena a(1 << 16);
   LockTable<VersionLock> t;

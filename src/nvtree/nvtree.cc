@@ -369,8 +369,11 @@ IndexStats NVTree<kBytes>::Stats() {
   s.records = count_.load();
   s.pm_bytes = pool_->allocator().BytesInUse();
   s.recovery_seconds = recovery_seconds_;
+  // The lock table's pages over the pool's current size only, and outside
+  // smo_mu_ (a structure change waits for that mutex).
+  s.dram_bytes = vtab_.ResidentBytes(base_, base_ + pool_->size());
   std::lock_guard<std::mutex> lk(smo_mu_);
-  s.dram_bytes = inner_.load()->Bytes() + vtab_.ResidentBytes();
+  s.dram_bytes += inner_.load()->Bytes();
   return s;
 }
 
