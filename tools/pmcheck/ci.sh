@@ -348,9 +348,14 @@ for idx in $(printf '%s\nallocator' "$indexes"); do
   grep -q "is not concurrent" <<< "$probe" && continue
   p=$(params "$idx")
   [ "$idx" = allocator ] && p="--keys 24"
+  # bztree: no erratum lint, for the line-granular false sharing described at
+  # its 2-thread lines above (a scan's read of a PMwCAS word on a line that
+  # holds another thread's unflushed record).
+  pct_lint=--lint
+  [ "$idx" = bztree ] && pct_lint=
   # shellcheck disable=SC2086
   run "$idx pct schedules" 0 --index "$idx" --threads 2 --ops $((100 * scale)) --pct 4 --schedules $((20 * scale)) \
-    --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    --images $((400 * scale)) --images-per-point 3 $pct_lint --timeout 10 $p
 done
 # A dropped fence on a persist path of every index (--drop-fence K, the
 # K-th fence call site in first-recorded order of the clean line's
