@@ -375,6 +375,44 @@ TEST(NvcHashmapCrash, EveryAcknowledgedOperationIsDurable) {
 }
 
 // Each fault switch breaks durability in a way a crash image shows.
+// A failed insert (its node written, its link CAS lost to an insert of the
+// same key, the key then found) zeroes its slab node's next, persisted,
+// before the slot goes back to the free list (format 7's invariant, which
+// the slab scan relies on). Thread A is held before its link CAS while B
+// inserts the same key; A then answers AlreadyExists. With the fault
+// nvc.insert.skip_failed_zero_persist the zeroing is not durable when A
+// returns (the durable image differs from the pool); in both cases a crash
+// image recovers with the key once, checked and leak-free.
+TEST(NvcHashmapCrash, FailedInsertZeroesItsNodeDurably) {
+  for (bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "fault" : "control");
+    CrashHarness h(fault ? "f-zero" : "f-zero-ctl", {{"initial_buckets", "1"}});
+    const std::string k = nvc_test::U64(21);
+    ASSERT_TRUE(h.idx->Insert(nvc_test::U64(22), nvc_test::U64(2)).ok());
+    if (fault) pm::EnableFault("nvc.insert.skip_failed_zero_persist");
+    PauseState ps;
+    ps.key = k;
+    g_pause = &ps;
+    nvc_hashmap_testing::SetBeforeLinkHook(&PauseHook);
+    Status sa;
+    std::thread a([&] { sa = h.idx->Insert(k, nvc_test::U64(1)); });
+    WaitPaused(ps);
+    nvc_hashmap_testing::SetBeforeLinkHook(nullptr);  // B passes
+    ASSERT_TRUE(h.idx->Insert(k, nvc_test::U64(3)).ok());
+    ReleaseAndJoin(ps, a);
+    EXPECT_TRUE(sa.IsAlreadyExists()) << sa.ToString();
+    EXPECT_EQ(h.SameAsLive(), !fault) << (fault ? "the fault left nothing undurable" : "a failed insert left undurable bytes");
+    std::unique_ptr<Index> rec;
+    ASSERT_TRUE(h.Crash(h.Snapshot(), &rec).ok());
+    std::string v;
+    ASSERT_TRUE(rec->Find(k, &v).ok());
+    EXPECT_EQ(v, nvc_test::U64(3));
+    EXPECT_EQ(rec->Size(), 2u);
+    EXPECT_TRUE(rec->Check().ok());
+    ExpectNoLeak(rec.get());
+  }
+}
+
 TEST(NvcHashmapCrash, FaultSwitchesAreObservable) {
   for (std::string na : {"allocator", "slab"}) {
   SCOPED_TRACE(na);

@@ -22,12 +22,14 @@
 namespace pmindex {
 namespace nvc_hashmap_testing {
 using internal::nvc::g_batch_slot_fail_hook;
+using internal::nvc::g_before_link_hook;
 using internal::nvc::g_before_value_hook;
 using internal::nvc::g_find_hook;
 using internal::nvc::g_link_hook;
 using internal::nvc::g_mark_hook;
 using internal::nvc::g_value_hook;
 void SetAfterLinkHook(LinkHook hook) { g_link_hook.store(hook, std::memory_order_release); }
+void SetBeforeLinkHook(LinkHook hook) { g_before_link_hook.store(hook, std::memory_order_release); }
 void SetAfterValueStoreHook(LinkHook hook) { g_value_hook.store(hook, std::memory_order_release); }
 void SetBeforeValueStoreHook(LinkHook hook) { g_before_value_hook.store(hook, std::memory_order_release); }
 void SetAfterMarkHook(LinkHook hook) { g_mark_hook.store(hook, std::memory_order_release); }
@@ -136,6 +138,7 @@ PMINDEX_FAULT_SWITCHES(nvc_hashmap,
                        "nvc.create.skip_dummy_persist",
                        "nvc.create.skip_max_threads_persist",
                        "nvc.erratum.no_fix",
+                       "nvc.insert.skip_failed_zero_persist",
                        "nvc.insert.skip_link_persist",
                        "nvc.insert.skip_node_persist",
                        "nvc.open.skip_empty_slab_unlink",

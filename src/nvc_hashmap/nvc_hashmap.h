@@ -16,6 +16,12 @@ namespace pmindex::nvc_hashmap_testing {
 // link is persisted. nullptr removes the hook. Process-wide; tests only.
 using LinkHook = void (*)(Slice key);
 void SetAfterLinkHook(LinkHook hook);
+// Called by an inserting thread (regular nodes only) right before the
+// compare-and-swap that links its node, after the node was persisted: a
+// test may change the predecessor's word meanwhile so that the CAS fails
+// (e.g. insert the same key from another thread: the insert then finds the
+// key and gives its node back). nullptr removes the hook.
+void SetBeforeLinkHook(LinkHook hook);
 // Called by an updating thread right after it stored the new value into a
 // node's value word and before it persisted it. nullptr removes the hook.
 void SetAfterValueStoreHook(LinkHook hook);

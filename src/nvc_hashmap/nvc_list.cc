@@ -305,6 +305,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     // Erratum: we are about to link behind prev; the link to prev must be
     // durable, or a crash could keep our node but lose prev.
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
+    if (auto hook = g_before_link_hook.load(std::memory_order_acquire)) hook(key);
     uint64_t exp = pos.curr_raw;
     const uint64_t desired = Off(fresh) | NewTag(so) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
@@ -326,7 +327,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     // slab scan takes an unmarked one for a node), durably before the slot
     // is reused.
     pm::StoreAtomic(&fresh->next, uint64_t(0));
-    pm::Persist(&fresh->next, 8);
+    if (!PMINDEX_FAULT("nvc.insert.skip_failed_zero_persist")) pm::Persist(&fresh->next, 8);
     SlabFree(c.st, Off(fresh), SlabClassOf(fresh));
   }
   if (fresh_block) pool_->allocator().FreeOrAbort(&c.ps->pending);

@@ -76,6 +76,7 @@ enum class Fix : uint8_t { kDirtyBit, kFlushOnRead, kNone };
 // indirection), as within one file.
 #define PMINDEX_NVC_HIDDEN __attribute__((visibility("hidden")))
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_link_hook{nullptr};
+PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_link_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_before_value_hook{nullptr};
 PMINDEX_NVC_HIDDEN inline std::atomic<nvc_hashmap_testing::LinkHook> g_find_hook{nullptr};

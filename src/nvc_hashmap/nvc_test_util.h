@@ -166,6 +166,7 @@ inline void ReleaseAndJoin(PauseState& ps, std::thread& t) {
   }
   t.join();
   nvc_hashmap_testing::SetAfterLinkHook(nullptr);
+  nvc_hashmap_testing::SetBeforeLinkHook(nullptr);
   nvc_hashmap_testing::SetAfterValueStoreHook(nullptr);
   nvc_hashmap_testing::SetBeforeValueStoreHook(nullptr);
   nvc_hashmap_testing::SetAfterMarkHook(nullptr);
