@@ -218,6 +218,7 @@ bool RunOpen(const Target& tg, uint64_t n, int rthreads, double* open_s, double*
   Options o;
   o.pool_path = "/dev/shm/nvc_bench-open-" + std::to_string(::getpid()) + ".pool";
   o.pool_size = std::max<uint64_t>(256ull << 20, n * 64);
+  if (g_fixed_pool) o.max_pool_size = o.pool_size;
   o.params = tg.params;
   struct statvfs fs;
   if (::statvfs("/dev/shm", &fs) == 0 && uint64_t(fs.f_bavail) * fs.f_frsize < n * 80 + (256ull << 20)) return false;

@@ -94,17 +94,19 @@ inline uint64_t LoadW(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_AC
 class BucketSet {
  public:
   void Insert(uint64_t b) {
-    if (b >= bits_.size()) bits_.resize(std::max<uint64_t>(b + 1, 2 * bits_.size()));
-    bits_[b] = true;
+    if (b / 64 >= words_.size()) words_.resize(std::max<uint64_t>(b / 64 + 1, 2 * words_.size()));
+    words_[b / 64] |= uint64_t(1) << (b % 64);
   }
-  bool Contains(uint64_t b) const { return b < bits_.size() && bits_[b]; }
+  bool Contains(uint64_t b) const { return b / 64 < words_.size() && (words_[b / 64] >> (b % 64) & 1); }
   void Merge(const BucketSet& o) {
-    for (uint64_t b = 0; b < o.bits_.size(); b++)
-      if (o.bits_[b]) Insert(b);
+    if (o.words_.size() > words_.size()) words_.resize(o.words_.size());
+    for (size_t w = 0; w < o.words_.size(); w++) words_[w] |= o.words_[w];
   }
+  // The set whose word w (buckets 64w .. 64w + 63) is words[w].
+  void Assign(std::vector<uint64_t> words) { words_ = std::move(words); }
 
  private:
-  std::vector<bool> bits_;
+  std::vector<uint64_t> words_;
 };
 
 // Slab slots as bits (Check, Recover: the reachable slots), one bitmap of

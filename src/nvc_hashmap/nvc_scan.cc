@@ -28,8 +28,8 @@
 // pool; per bucket, three bits; an exact in-degree only for targets named twice (in a
 // consistent image: one per in-flight insert or claim). Nothing per record.
 //
-// Work: the slabs are read once in address order by two threads (bucket
-// table: the second thread); peeling visits the in-flight nodes only; a
+// Work: the slabs and the bucket table are read once in address order, each
+// halved between two threads; peeling visits the in-flight nodes only; a
 // second pass over the slabs runs only if a reachable node is marked.
 //
 // Persist order (only once the image was found consistent): reachable
@@ -118,8 +118,9 @@ struct NvcHashmap::ScanState {
     return true;
   }
 
-  // Pass 1 over slabs [lo, hi) (and, for p == 1, the bucket table).
-  void Pass(int p, size_t lo, size_t hi, std::vector<std::pair<uint64_t, int>>* dup) {
+  // Pass 1 over slabs [lo, hi) and buckets [blo, bhi) (blo a multiple of 64,
+  // so two threads set disjoint words of bpresent).
+  void Pass(int p, size_t lo, size_t hi, uint64_t blo, uint64_t bhi, std::vector<std::pair<uint64_t, int>>* dup) {
     for (size_t si = lo; si < hi; si++) {
       const CompactNode* n = reinterpret_cast<const CompactNode*>(h->base_ + slabs[si] + kSlabHeader);
       for (uint64_t i = 0; i < nslots_per; i++, n++) {
@@ -132,8 +133,7 @@ struct NvcHashmap::ScanState {
         if (!Edge(p, Target(raw), dup)) thread_anomaly.store(true, std::memory_order_relaxed);
       }
     }
-    if (p != 1) return;
-    for (uint64_t b = 0; b < nbuckets; b++) {
+    for (uint64_t b = blo; b < bhi; b++) {
       const uint64_t* w = h->BucketSlot(b, false);
       if (!w || !*w) continue;
       SetBit(bpresent, b);
@@ -237,17 +237,20 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
   }
   st.bpresent.assign(st.nbuckets / 64 + 1, 0);
 
-  // Pass 1: candidates and their edges, two threads.
+  // Pass 1: candidates and their edges, two threads, each half of the slabs
+  // and half of the bucket table (at 10M records the table holds 8M
+  // buckets: as much work as a third of the slabs), so neither waits for
+  // the other.
   std::vector<std::pair<uint64_t, int>> dup[2];
   const int want = recovery_threads_ > 0 ? recovery_threads_ : int(std::thread::hardware_concurrency());
-  const size_t mid = want >= 2 ? ns / 2 : ns;
   if (want >= 2) {
-    std::thread second([&] { st.Pass(1, mid, ns, &dup[1]); });
-    st.Pass(0, 0, mid, &dup[0]);
+    const size_t mid = ns / 2;
+    const uint64_t bmid = st.nbuckets / 2 / 64 * 64;
+    std::thread second([&] { st.Pass(1, mid, ns, bmid, st.nbuckets, &dup[1]); });
+    st.Pass(0, 0, mid, 0, bmid, &dup[0]);
     second.join();
   } else {
-    st.Pass(1, ns, ns, &dup[1]);  // the bucket table
-    st.Pass(0, 0, ns, &dup[0]);
+    st.Pass(0, 0, ns, 0, st.nbuckets, &dup[0]);
   }
   recovery_walkers_ = want >= 2 ? 2 : 1;
   if (st.thread_anomaly.load()) return Status::OK();
@@ -297,8 +300,9 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
       st.sinks.insert(st.SlotOff(no));
     }
   }
-  for (uint64_t b = 1; b < st.nbuckets; b++)
-    if (ScanState::TestBit(st.bpointed[0], b) && !ScanState::TestBit(st.bpresent, b)) st.sinks.insert(b << 3 | kBucketLink);
+  for (size_t wi = 0; wi < st.bpresent.size(); wi++)
+    for (uint64_t x = st.bpointed[0][wi] & ~st.bpresent[wi] & (wi ? ~uint64_t(0) : ~uint64_t(1)); x; x &= x - 1)
+      st.sinks.insert((wi * 64 + uint64_t(__builtin_ctzll(x))) << 3 | kBucketLink);
   if (st.anomaly) return Status::OK();
 
   // Peel: every graph node no edge names (but the head) is unreachable.
@@ -313,10 +317,14 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
       st.Drop(Target(LoadW(&st.At(no)->next)), &dead);
     }
   }
-  for (uint64_t b = 1; b < st.nbuckets && !st.anomaly; b++) {
-    if (!ScanState::TestBit(st.bpresent, b) || ScanState::TestBit(st.bpointed[0], b)) continue;
-    ScanState::ClearBit(st.bpresent, b);
-    st.Drop(Target(*BucketSlot(b, false) & ~kUnpub), &dead);
+  // Dummies no edge names (but the head), in ascending order; a word is
+  // read again after each peel, which may have peeled its later buckets.
+  for (size_t wi = 0; wi < st.bpresent.size() && !st.anomaly; wi++) {
+    for (uint64_t x; !st.anomaly && (x = st.bpresent[wi] & ~st.bpointed[0][wi] & (wi ? ~uint64_t(0) : ~uint64_t(1)));) {
+      const uint64_t b = wi * 64 + uint64_t(__builtin_ctzll(x));
+      ScanState::ClearBit(st.bpresent, b);
+      st.Drop(Target(*BucketSlot(b, false) & ~kUnpub), &dead);
+    }
   }
   if (st.anomaly) return Status::OK();
   // A consistent image: every reachable node is named exactly once, and no
@@ -357,14 +365,22 @@ Status NvcHashmap::RecoverScan(SlabBits* live_slab, BucketSet* linked, uint64_t*
       pm::Flush(w, 8);
     }
   };
-  for (uint64_t b = 0; b < st.nbuckets; b++) {
-    if (b != 0 && !ScanState::TestBit(st.bpresent, b)) continue;
-    uint64_t* w = BucketSlot(b, false);
-    if (!w) continue;
-    linked->Insert(b);
-    clean(w, kDirty | kUnpub);
-    if (!rm.empty()) relink(w, 0);
+  // The reachable dummies (the head and every bucket still present), a
+  // bitmap word at a time.
+  std::vector<uint64_t> reach = st.bpresent;
+  reach[0] |= 1;
+  for (size_t wi = 0; wi < reach.size(); wi++) {
+    for (uint64_t x = reach[wi]; x; x &= x - 1) {
+      uint64_t* w = BucketSlot(wi * 64 + uint64_t(__builtin_ctzll(x)), false);
+      const uint64_t v = LoadW(w);
+      if (v & (kDirty | kUnpub)) {
+        pm::StoreAtomic(w, v & ~(kDirty | kUnpub));
+        pm::Flush(w, 8);
+      }
+      if (!rm.empty()) relink(w, 0);
+    }
   }
+  linked->Assign(std::move(reach));
   for (size_t si = 0; si < ns; si++) {
     std::array<uint64_t, kWords> words;
     uint64_t any = 0;
