@@ -57,9 +57,11 @@
 
 namespace pmindex::internal::nvc {
 
-// DRAM counters of in-flight value updates (dirty_bit mode), by node: one
-// counter per cache line (128 KiB), so an updater's two RMWs invalidate no
-// other stripe's line for finds and other updaters.
+// DRAM counters of in-flight value updates (dirty_bit mode), by node: 8
+// bytes each, 16 KiB in all, so the line a find loads for its node's stripe
+// is usually in its L1 (at one counter per cache line, 128 KiB, it costs
+// about one L1 miss per find). Eight stripes share a line: two updaters of
+// neighbouring stripes bounce it, which random keys make rare.
 constexpr uint64_t kUpdStripes = 2048;
 constexpr size_t kLocalFreeMax = 4096;  // per-thread free nodes kept before sharing half
 constexpr uint64_t kRetireBatch = 32;
@@ -366,7 +368,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
 
   // Erratum helpers (defined in nvc_list.h, where the rule is stated).
   static void ClearDirty(uint64_t* w, uint64_t v);
-  void EnsureWordDurable(uint64_t* w, uint64_t seen);
+  [[gnu::always_inline]] inline void EnsureWordDurable(uint64_t* w, uint64_t seen);  // inline: on every find and insert
   // The pending slot of a linked node: recovery resolves a stale slot by
   // reachability, so the clear is a volatile store (never flushed).
   static void ClearPending(uint64_t* w) { pm::StoreVolatile(w, uint64_t(0)); }
@@ -547,10 +549,10 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // (DRAM, so nothing stale survives a restart). An updater counts itself in
   // before its store to the value word and out after persisting it; a reader
   // that sees a nonzero count persists the value word before using it.
-  struct alignas(64) UpdCounter {
+  struct UpdCounter {
     std::atomic<uint64_t> n{0};
   };
-  UpdCounter upd_[kUpdStripes];
+  alignas(64) UpdCounter upd_[kUpdStripes];
   double recovery_seconds_ = 0;
   bool closed_ = false;
   int recovery_threads_ = 1;  // Options::recovery_threads (0: hardware concurrency); the walk uses at most 2
