@@ -34,8 +34,9 @@ IndexStats FastFair<BK>::Stats() {
   if (closed_) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + (limbo_ ? limbo_->dram_bytes() : 0) +
-                 (blocks_ ? blocks_->dram_bytes() : 0);
+  // The lock table's resident pages over the pool's used size only.
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes(base_, base_ + pool_->size()) +
+                 (limbo_ ? limbo_->dram_bytes() : 0) + (blocks_ ? blocks_->dram_bytes() : 0);
   s.recovery_seconds = recovery_seconds_;
   return s;
 }

@@ -272,8 +272,9 @@ IndexStats FPTree<kConc, kBytes>::Stats() {
   s.dram_bytes = dram_bytes_.load() + free_leaves_.capacity() * 8 + group_used_.size() * 48;
   // fptree's leaf version table: its resident pages (mincore), i.e. the
   // pages leaves have touched (about 8 bytes per 2^shift bytes of the
-  // pool's used range), not the whole range the pool could grow to.
-  if (kConc && vtab_.mapped()) s.dram_bytes += vtab_.ResidentBytes();
+  // pool's used range), counted over the pool's used size only, not the
+  // whole reservation the table spans.
+  if (kConc && vtab_.mapped()) s.dram_bytes += vtab_.ResidentBytes(base_, base_ + pool_->size());
   s.recovery_seconds = recovery_seconds_;
   return s;
 }

@@ -40,7 +40,8 @@ IndexStats WBTree<BK>::Stats() {
   if (closed()) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes();
+  // The lock table's resident pages over the pool's used size only.
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes(base_, base_ + pool_->size());
   s.recovery_seconds = recovery_seconds_;
   return s;
 }

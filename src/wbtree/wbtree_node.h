@@ -44,16 +44,17 @@ inline void LoadSlots(const Node* n, Slots* s) {
   }
 }
 
-// A slot array read in place: byte i is loaded with the word holding it
-// when it is needed. The lock-free searches read a count and a few indices
-// (one per probe), so they do not copy the whole line; the bytes may change
-// under them, which the caller's version validation catches (indices are
-// range checked before use).
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "slot byte i is bits 8 * (i % 8) of word i / 8");
+// A slot array read in place: byte i is one relaxed byte load when it is
+// needed. The lock-free searches read a count and a few indices (one per
+// probe), so they do not copy the whole line; the bytes may change under
+// them, which the caller's version validation catches (indices are range
+// checked before use).
 struct NodeSlots {
   const Node* n;
   uint32_t count() const { return at(0); }
-  uint32_t at(uint32_t i) const { return uint32_t(LdR(&n->slotw[i >> 3]) >> (8 * (i & 7))) & 0xff; }
+  uint32_t at(uint32_t i) const {
+    return __atomic_load_n(reinterpret_cast<const uint8_t*>(n->slotw) + i, __ATOMIC_RELAXED);
+  }
 };
 
 // The entries a slot array lists (indices >= 63 ignored): the valid
@@ -159,39 +160,75 @@ inline bool ReadKeyWord(const KeyCtx& c, uint64_t kw, std::string* out) {
   }
 }
 
+// The u64 key of a validated key slice (8 bytes: one load; SliceToU64
+// copies a variable length).
+inline uint64_t KeyU64(Slice key) {
+  uint64_t k;
+  if (key.size() == 8) std::memcpy(&k, key.data(), 8);
+  else k = SliceToU64(key);
+  return k;
+}
+
+// The result of SearchU64: ub, the slot position in [0, count] of the last
+// entry with key <= k (0: none); x and kw, the index and key of that entry
+// (when ub > 0).
+struct U64Hit {
+  uint32_t ub, x;
+  uint64_t kw;
+  // Keys in a node are distinct: k is present iff its last entry <= k is k.
+  bool eq(uint64_t k) const { return ub > 0 && kw == k; }
+};
+
+// u64 keys: binary search through the slot array (a copy, Slots, or the
+// node's own, NodeSlots), branch-free. The range [lo, lo + len) of slot
+// positions still in question halves each step by a conditional add, not
+// a branch: a probe's outcome is a coin toss for the predictor, and a
+// branch on it mispredicts about every other step. Positions below lo hold
+// keys <= k, those at lo + len and above keys > k; lo moves only onto a
+// probed key <= k, so the last probe (at lo) decides the result: its key
+// <= k gives ub = lo, else lo never moved and ub = 0. Probes: ceil(log2
+// count) + 1 keys, as a lower-bound search. False if an index is out of
+// range.
+template <class S>
+inline bool SearchU64(const Node* n, const S& s, uint32_t cap, uint64_t k, U64Hit* h) {
+  const uint32_t c = s.count();
+  *h = U64Hit{0, 0, 0};
+  if (c > cap) return false;
+  if (c == 0) return true;
+  const Entry* e = n->ents();
+  uint32_t lo = 1, len = c;
+  while (len > 1) {
+    const uint32_t half = len >> 1;
+    const uint32_t x = s.at(lo + half);
+    if (x >= cap) return false;
+    lo += half & (0u - uint32_t(LdR(&e[x].k) <= k));
+    len -= half;
+  }
+  const uint32_t x = s.at(lo);
+  if (x >= cap) return false;
+  const uint64_t kw = LdR(&e[x].k);
+  if (kw <= k) *h = U64Hit{lo, x, kw};
+  return true;
+}
+
 // Binary search through the slot array (a copy, Slots, or the node's own,
 // NodeSlots): *pos = the number of entries with key < `key` (lower bound),
 // *eq = the entry at slot *pos + 1 equals key. False if an index or block
 // is out of range.
 template <bool BK, class S>
 inline bool LowerBound(const KeyCtx& c, const Node* n, const S& s, uint32_t cap, Slice key, uint32_t* pos, bool* eq) {
-  uint32_t lo = 0, hi = s.count();
   *pos = 0;
   *eq = false;
-  if (hi > cap) return false;
   if constexpr (!BK) {
-    // u64 keys: the key compared as a word, no three-way result. Validated
-    // keys are 8 bytes: one load (SliceToU64 copies a variable length).
-    uint64_t k;
-    if (key.size() == 8) std::memcpy(&k, key.data(), 8);
-    else k = SliceToU64(key);
-    bool found = false;
-    while (lo < hi) {
-      const uint32_t mid = (lo + hi) / 2;
-      const uint32_t x = s.at(mid + 1);
-      if (x >= cap) return false;
-      const uint64_t kw = LdR(&n->ents()[x].k);
-      if (kw < k) {
-        lo = mid + 1;
-      } else {
-        found |= kw == k;
-        hi = mid;
-      }
-    }
-    *pos = lo;
-    *eq = found;
+    const uint64_t k = KeyU64(key);
+    U64Hit h;
+    if (!SearchU64(n, s, cap, k, &h)) return false;
+    *eq = h.eq(k);
+    *pos = h.ub - (*eq ? 1 : 0);
     return true;
   }
+  uint32_t lo = 0, hi = s.count();
+  if (hi > cap) return false;
   while (lo < hi) {
     const uint32_t mid = (lo + hi) / 2;
     const uint32_t x = s.at(mid + 1);
@@ -211,8 +248,15 @@ inline bool LowerBound(const KeyCtx& c, const Node* n, const S& s, uint32_t cap,
 
 // Inner node: the child that holds key (the entry with the largest k <= key,
 // else leftmost); 0 if the search failed.
+template <class S>
+inline uint64_t ChildForU64(const Node* n, const S& s, uint32_t cap, uint64_t k) {
+  U64Hit h;
+  if (!SearchU64(n, s, cap, k, &h)) return 0;
+  return h.ub ? LdR(&n->ents()[h.x].v) : LdR(&n->leftmost);
+}
 template <bool BK, class S>
 inline uint64_t ChildFor(const KeyCtx& c, const Node* n, const S& s, uint32_t cap, Slice key) {
+  if constexpr (!BK) return ChildForU64(n, s, cap, KeyU64(key));
   uint32_t pos;
   bool eq;
   if (!LowerBound<BK>(c, n, s, cap, key, &pos, &eq)) return 0;

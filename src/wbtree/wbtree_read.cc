@@ -27,13 +27,25 @@ template <bool BK>
 Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
   kit::Backoff bo;
   const KeyCtx c = Ctx();
+  const uint64_t k = BK ? 0 : KeyU64(key);
+  // The pool's size, read once per descent: it only grows, so a node that
+  // passes the check against it is inside the pool; one that fails is
+  // checked again against the current size before it counts as damage.
+  uint64_t pool_size = pool_->size();
+  const uint64_t span = NodeBytes(std::max(leaf_cap_, inner_cap_));
+  auto node_ok = [&](uint64_t off) {
+    if (off && off % 64 == 0 && off + span <= pool_size) return true;
+    pool_size = pool_->size();
+    return NodeOk(off);
+  };
   for (;;) {
     const uint64_t off = Ld(&meta_->root);
-    if (!NodeOk(off)) return Status::Corrupt("wbtree root pointer out of the pool");
+    if (!node_ok(off)) return Status::Corrupt("wbtree root pointer out of the pool");
     Node* n = N(off);
-    PMINDEX_RETURN_IF_ERROR(EnsureChecked(n));
+    LockWord* nw = &LW(n);  // the lock word of n (computed once per node)
+    if (!__atomic_load_n(&nw->checked, __ATOMIC_ACQUIRE)) PMINDEX_RETURN_IF_ERROR(EnsureChecked(n));
     uint64_t ver;
-    if (!LW(n).lock.ReadBegin(&ver) || Ld(&meta_->root) != off) {
+    if (!nw->lock.ReadBegin(&ver) || Ld(&meta_->root) != off) {
       bo.Wait();
       continue;
     }
@@ -41,25 +53,34 @@ Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
     for (;;) {
       const uint32_t level = LdR(&n->level);
       if (level == 0) break;
-      const uint64_t child = ChildFor<BK>(c, n, NodeSlots{n}, inner_cap_, key);
-      if (!NodeOk(child) || level >= uint32_t(kMaxLevels)) {
-        if (!LW(n).lock.Validate(ver)) {
+      uint64_t child;
+      if constexpr (!BK) child = ChildForU64(n, NodeSlots{n}, inner_cap_, k);
+      else child = ChildFor<BK>(c, n, NodeSlots{n}, inner_cap_, key);
+      if (!node_ok(child) || level >= uint32_t(kMaxLevels)) {
+        if (!nw->lock.Validate(ver)) {
           restart = true;
           break;
         }
         return Status::Corrupt("wbtree inner node at " + std::to_string(Off(n)) + " has a bad slot array or child");
       }
+      // The child's lines are fetched at once: its binary search touches
+      // its header, its slot array and a few entry lines in a dependent
+      // chain, each of which would otherwise miss on its own.
+      Node* ch = N(child);
+      const char* p = reinterpret_cast<const char*>(ch);
+      const uint64_t bytes = NodeBytes(level == 1 ? leaf_cap_ : inner_cap_);
+      for (uint64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
       // The child's version is read before the parent is validated: one
       // validation covers both the child pointer and the version (a stale
       // pointer inside the pool only reads a lock word of the table).
-      Node* ch = N(child);
+      LockWord* cw = &LW(ch);
       uint64_t cv;
-      const bool readable = LW(ch).lock.ReadBegin(&cv);
-      if (!LW(n).lock.Validate(ver)) {
+      const bool readable = cw->lock.ReadBegin(&cv);
+      if (!nw->lock.Validate(ver)) {
         restart = true;
         break;
       }
-      if (!__atomic_load_n(&LW(ch).checked, __ATOMIC_ACQUIRE)) {
+      if (!__atomic_load_n(&cw->checked, __ATOMIC_ACQUIRE)) {
         // First touch since open: repair, then descend again (the repair
         // may have changed the child under the version just read).
         PMINDEX_RETURN_IF_ERROR(EnsureChecked(ch));
@@ -71,13 +92,14 @@ Status WBTree<BK>::DescendToLeaf(Slice key, Node** leaf, uint64_t* v) {
         break;
       }
       if (LdR(&ch->level) != level - 1) {
-        if (!LW(ch).lock.Validate(cv)) {
+        if (!cw->lock.Validate(cv)) {
           restart = true;
           break;
         }
         return Status::Corrupt("wbtree node at " + std::to_string(child) + " has the wrong level");
       }
       n = ch;
+      nw = cw;
       ver = cv;
     }
     if (restart) {
@@ -106,6 +128,7 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(key_kind(), max_key_, key));
   const KeyCtx c = Ctx();
+  const uint64_t k = BK ? 0 : KeyU64(key);
   std::string tmp;  // read before validation: never into the caller's (maybe null) value
   EpochManager::Guard g(epoch_);
   kit::Backoff bo;
@@ -114,11 +137,20 @@ Status WBTree<BK>::Find(Slice key, std::string* value) {
     uint64_t v;
     PMINDEX_RETURN_IF_ERROR(DescendToLeaf(key, &l, &v));
     const NodeSlots s{l};
-    uint32_t pos;
-    bool eq;
-    bool ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
-    const uint32_t x = ok && eq ? s.at(pos + 1) : 0;
-    ok = ok && x < leaf_cap_;
+    bool ok, eq;
+    uint32_t x = 0;
+    if constexpr (!BK) {
+      // u64 keys: the search's last probe is the entry itself.
+      U64Hit h;
+      ok = SearchU64(l, s, leaf_cap_, k, &h);
+      eq = h.eq(k);
+      x = h.x;
+    } else {
+      uint32_t pos;
+      ok = LowerBound<BK>(c, l, s, leaf_cap_, key, &pos, &eq);
+      x = ok && eq ? s.at(pos + 1) : 0;
+      ok = ok && x < leaf_cap_;
+    }
     Status st = Status::NotFound();
     uint64_t vw = 0;
     if (ok && eq) {
