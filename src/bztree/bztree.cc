@@ -135,11 +135,13 @@ Status BzTree::Descend(Slice key, std::vector<Step>* path, bool after) {
   path->clear();
   uint64_t* slot = &hdr_->tree;
   uint64_t hi_node = 0, hi_meta = 0;
+  uint64_t pool_size = PoolSize();  // read again before an offset is found out of range: the pool grows
   for (int depth = 0;; depth++) {
     if (depth > kMaxDepth) return Bad("tree deeper than " + std::to_string(kMaxDepth));
     const uint64_t off = Read(slot);
     if (off == 0) return Retry();  // the parent is being replaced
-    if (off % 8 || off < 4096 || off > PoolSize() - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
+    if (off > pool_size - node_size_) pool_size = PoolSize();
+    if (off % 8 || off < 4096 || off > pool_size - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
     char* n = N(off);
     const uint64_t s = Read(Status_(n));
     const uint64_t nw = NodeWord(n);
