@@ -435,6 +435,14 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
       bits[slot / 64] |= 1ull << (slot % 64);
     }
     for (uint32_t w = 0; w < bm_words_; w++) pm::StoreAtomic(Bitmap(half[h]) + w, bits[w], __ATOMIC_RELAXED);
+    if (LeafFilter* f = Filter(half[h])) {
+      // The new leaf is born locked (AllocNode): its filter is valid for the
+      // version its unlock after the commit publishes.
+      uint8_t fp[LeafFilter::kSlots];
+      for (size_t i = from; i < to; i++) fp[i - from] = LeafFilter::Fp(ents[i].first);
+      f->Store(fp, uint32_t(to - from));
+      f->SetValid((VL(half[h]).LoadRelaxed() & ~kit::VersionLock::kBusy) + kit::VersionLock::kStep);
+    }
     if (!PMINDEX_FAULT("clfbtree.split.skip_leaf_flush")) pm::Flush(At(half[h]), c_.leaf_size);
   }
   uint64_t sep = ents[m].first;

@@ -28,12 +28,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "clfbtree/clfbtree_format.h"
+#include "clfbtree/clfbtree_leaf_filter.h"
 #include "clfbtree/clfbtree_node.h"
 #include "clfbtree/clfbtree_sort_cache.h"
 #include "core/index_util.h"
@@ -117,9 +119,19 @@ class ClfBTree final : public Index {
   template <typename T = uint8_t>
   T* At(uint64_t off) const { return reinterpret_cast<T*>(base_ + off); }
   kit::VersionLock& VL(uint64_t off) const { return *locks_.At(base_ + off); }
-  bool NodeOk(uint64_t off, uint64_t bytes) const { return off && off % 64 == 0 && off + bytes <= pool_->size(); }
+  // A node inside the pool: checked against the last size seen first (a
+  // pool only grows while open), then against the pool's current size.
+  bool NodeOk(uint64_t off, uint64_t bytes) const {
+    if (!off || off % 64 || off + bytes < off) return false;
+    if (off + bytes <= size_seen_.load(std::memory_order_relaxed)) return true;
+    const uint64_t s = pool_->size();
+    size_seen_.store(s, std::memory_order_relaxed);
+    return off + bytes <= s;
+  }
   uint64_t* Bitmap(uint64_t leaf) const { return At<uint64_t>(leaf + c_.leaf_size - 8 * bm_words_); }
   uint64_t* Ent(uint64_t leaf, uint32_t i) const { return At<uint64_t>(leaf + 16 * i); }
+  // The fingerprint filter of append leaf `leaf` (nullptr: no filters).
+  LeafFilter* Filter(uint64_t leaf) const { return filters_.mapped() ? filters_.At(At(leaf)) : nullptr; }
 
   // Keys and values as words (clfbtree_write.cc).
   bool CmpKey(uint64_t kw, Slice key, int* cmp) const;
@@ -127,7 +139,19 @@ class ClfBTree final : public Index {
   bool ValueString(uint64_t vw, std::string* out) const;
   int CmpWords(uint64_t a, uint64_t b) const;
   // Reads a node line with atomic loads.
-  void ReadLine(uint64_t off, uint8_t out[64]) const;
+  void ReadLine(uint64_t off, uint8_t out[64]) const {
+    const uint64_t* w = At<uint64_t>(off);
+    for (int i = 0; i < 8; i++) {
+      const uint64_t x = LdR(w + i);
+      std::memcpy(out + 8 * i, &x, 8);
+    }
+  }
+  // The same followed by 8 zero bytes, for RouteU64Padded.
+  using PadLine = uint8_t[72];
+  void ReadLinePadded(uint64_t off, PadLine out) const {
+    ReadLine(off, out);
+    std::memset(out + 64, 0, 8);
+  }
   void WriteLine(uint64_t off, const uint8_t img[64]);
   // Upper bound: the index of the child for key in d (keys <= key).
   bool ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const;
@@ -145,6 +169,10 @@ class ClfBTree final : public Index {
   // An append leaf's slot of key (*found, -1 if absent), its first free
   // slot (-1 if full) and its number of valid entries.
   bool LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_slot, uint32_t* live) const;
+  // The same through the leaf's valid filter f (the caller holds the lock).
+  void LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, int* found, int* free_slot, uint32_t* live) const;
+  // Rebuilds the filter f of leaf `leaf` from its entries (the lock holder).
+  void RebuildFilter(uint64_t leaf, LeafFilter* f) const;
   Status FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const;
   // The append commit: entry, flush, fence, bitmap bit, persist.
   void StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw);
@@ -192,7 +220,8 @@ class ClfBTree final : public Index {
   void TallyAdd(uint64_t* field, const Mark& before) const;
 
   // clfbtree_read.cc
-  Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
+  // v: the leaf's version from the caller's ReadBegin.
+  Status ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* value, bool* found) const;
   struct ScanEnt {
     uint64_t k, v;
     uint32_t slot;
@@ -206,7 +235,7 @@ class ClfBTree final : public Index {
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
-  void MapSortCache();
+  void MapHints();  // the sort cache and the leaf filters (DRAM hints)
   Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
 
   Config c_;
@@ -218,6 +247,7 @@ class ClfBTree final : public Index {
   size_t max_key_, max_value_;
   kit::LockTable<kit::VersionLock> locks_;
   kit::LockTable<SortCacheEntry> sort_cache_;  // append leaves, u64 keys (unmapped: no cache)
+  kit::LockTable<LeafFilter> filters_;         // append leaves, FastWrite configurations (unmapped: none)
   EpochManager epoch_;
   bool fast_writes_ = false;  // FastWrite applies: append leaves, u64 keys and values
   std::mutex write_mu_;
@@ -228,6 +258,7 @@ class ClfBTree final : public Index {
   Tally tally_;
   mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
   std::atomic<bool> closed_{false};
+  mutable std::atomic<uint64_t> size_seen_{0};  // NodeOk's cache of pool_->size()
 };
 
 }  // namespace pmindex::internal::clfbtree

@@ -65,14 +65,6 @@ int ClfBTree::CmpWords(uint64_t a, uint64_t b) const {
   return CompareKeys(KeyKind::kBytes, x, y);
 }
 
-void ClfBTree::ReadLine(uint64_t off, uint8_t out[64]) const {
-  const uint64_t* w = At<uint64_t>(off);
-  for (int i = 0; i < 8; i++) {
-    const uint64_t x = LdR(w + i);
-    std::memcpy(out + 8 * i, &x, 8);
-  }
-}
-
 void ClfBTree::WriteLine(uint64_t off, const uint8_t img[64]) {
   uint64_t* w = At<uint64_t>(off);
   for (int i = 0; i < 8; i++) {
@@ -177,6 +169,33 @@ bool ClfBTree::LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_sl
   return *found >= 0;
 }
 
+void ClfBTree::LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, int* found, int* free_slot,
+                            uint32_t* live) const {
+  // Only the slots whose fingerprint matches are read (the caller holds the
+  // lock: plain loads of the leaf suffice).
+  const uint64_t* bm = Bitmap(leaf);
+  uint64_t cand[2];
+  f.Match(LeafFilter::Fp(key), cap_, cand);
+  *found = *free_slot = -1;
+  *live = 0;
+  for (uint32_t w = 0; w < bm_words_; w++) {
+    const uint64_t bits = bm[w];
+    *live += uint32_t(__builtin_popcountll(bits));
+    const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
+    if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
+    for (uint64_t c = cand[w] & bits; c && *found < 0; c &= c - 1) {
+      const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(c));
+      if (*Ent(leaf, i) == key) *found = int(i);
+    }
+  }
+}
+
+void ClfBTree::RebuildFilter(uint64_t leaf, LeafFilter* f) const {
+  uint8_t fp[LeafFilter::kSlots];
+  for (uint32_t i = 0; i < cap_; i++) fp[i] = LeafFilter::Fp(*Ent(leaf, i));
+  f->Store(fp, cap_);
+}
+
 bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status* st) {
   if (!fast_writes_) return false;
   EpochManager::Guard g(epoch_);
@@ -189,12 +208,12 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
     kit::VersionLock& vl = VL(off);
     uint64_t v;
     if (!vl.ReadBegin(&v)) return false;
-    Line img;
-    ReadLine(off, img);
+    PadLine img;
+    ReadLinePadded(off, img);
     if (!vl.Validate(v)) return false;
     uint32_t idx;
     uint64_t sep;
-    if (!RouteU64(img, k, &idx, &off, &sep, &leaf)) return false;
+    if (!RouteU64Padded(img, k, &idx, &off, &sep, &leaf)) return false;
   }
   if (!NodeOk(off, LeafBytes())) return false;
   // The leaf's lock from the version read after its parent validated: an
@@ -204,7 +223,16 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   if (!vl.ReadBegin(&v) || !vl.TryLock(v)) return false;
   int found, free_slot;
   uint32_t live;
-  LeafScanU64(off, k, &found, &free_slot, &live);
+  // The leaf's filter, valid again for the version the unlock publishes
+  // (every path below unlocks once, by vl.Unlock: v + kStep).
+  LeafFilter* f = Filter(off);
+  if (f && f->Valid(v)) {
+    LeafProbeU64(off, *f, k, &found, &free_slot, &live);
+  } else {
+    LeafScanU64(off, k, &found, &free_slot, &live);
+    if (f) RebuildFilter(off, f);
+  }
+  if (f) f->SetValid(v + kit::VersionLock::kStep);
   const uint64_t vw = remove ? 0 : SliceToU64(value);
   if (remove) {
     if (found >= 0 && live <= 1) {  // the leaf would become empty: freed by the locked path
@@ -239,6 +267,7 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   // The tally is single-threaded (figures only): its marks read counters
   // the write_mu_ holder updates.
   const Mark before = c_.tally ? Now() : Mark{0, 0};
+  if (f) f->Set(uint32_t(free_slot), LeafFilter::Fp(k));
   StoreEntry(off, uint32_t(free_slot), k, vw);
   vl.Unlock();
   TallyAdd(&tally_.leaf_plain, before);
