@@ -60,6 +60,8 @@ Status ClfBTree::Close() {
   locks_.Unmap();
   sort_cache_.Unmap();
   filters_.Unmap();
+  PublishRoute(nullptr);  // no reader runs: freed at once
+  FreeRetiredRoutes();
   return s;
 }
 

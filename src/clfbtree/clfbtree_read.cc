@@ -78,7 +78,9 @@ Status ClfBTree::Find(Slice key, std::string* value) {
   EpochManager::Guard g(epoch_);
   kit::Backoff backoff;
   for (int attempt = 0; attempt < kMaxRestarts; attempt++) {
-    const uint64_t w = Ld(&meta_->root);
+    // The first attempt starts at the route table's node (u64 keys); a
+    // restart descends from the root.
+    const uint64_t w = bk() ? Ld(&meta_->root) : StartWord(SliceToU64(key), attempt == 0);
     uint64_t off = w & ~63ull;
     bool leaf = w & 1;
     bool restart = false;

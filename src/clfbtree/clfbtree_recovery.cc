@@ -126,7 +126,9 @@ Status ClfBTree::Recover() {
     repair_ = false;
     PMINDEX_RETURN_IF_ERROR(st);
   }
-  return RecoverSmo();
+  PMINDEX_RETURN_IF_ERROR(RecoverSmo());
+  MaybeRebuildRoute();
+  return Status::OK();
 }
 
 Status ClfBTree::Check() {
@@ -178,7 +180,8 @@ Status ClfBTree::Check() {
     return Status::OK();
   });
   PMINDEX_RETURN_IF_ERROR(st);
-  return CheckRanges(meta_->root & ~63ull, meta_->root & 1, nullptr, nullptr, 0);
+  PMINDEX_RETURN_IF_ERROR(CheckRanges(meta_->root & ~63ull, meta_->root & 1, nullptr, nullptr, 0));
+  return CheckHints();
 }
 
 // Every key of a node lies in the range its parent routes to it: [lo, hi).

@@ -115,10 +115,12 @@ void ClfBTree::FinishSmo() {
   for (uint64_t off : locked_old_) VL(off).UnlockObsolete();
   locked_new_.clear();
   locked_old_.clear();
-  bool any = false;
+  ApplyRouteChange();  // before the grace period that frees the replaced nodes
+  bool any = !route_retired_.empty();
   for (int i = 0; i < kLogSlots; i++) any |= l.oldn[i] != 0;
   if (any) {
     epoch_.Synchronize();
+    FreeRetiredRoutes();
     for (int i = 0; i < kLogSlots; i++)
       if (l.oldn[i]) alloc_->FreeOrAbort(&l.oldn[i]);
   }
@@ -140,6 +142,7 @@ void ClfBTree::AbortSmo() {
   for (uint64_t off : locked_old_) Unlock(off);
   locked_new_.clear();
   locked_old_.clear();
+  route_change_.has = route_change_.bad = false;
   pm::StoreAtomic(&l.probe, uint64_t(0), __ATOMIC_RELAXED);
   pm::Persist(&l.probe, 8);
   log_used_ = false;
@@ -326,6 +329,9 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       kids = std::move(nk);
       seps = std::move(ns);
       kids_leaves = false;
+      // A new root: every node is one level deeper.
+      if (route_depth_ >= 0) route_depth_++;
+      route_dirty_ = true;
       continue;
     }
     PathEnt& P = path[size_t(j)];
@@ -381,6 +387,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       LogOld(P.off, true);
       kids = {s};
       seps.clear();
+      NoteReplaced(j, P.off, kids, seps);
     } else {
       std::vector<uint64_t> nk, ns;
       if (Status s = Pack(k, p, false, P.d.kids_leaves, &nk, &ns); !s.ok()) {
@@ -392,6 +399,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       LogOld(P.off, true);
       kids = std::move(nk);
       seps = std::move(ns);
+      NoteReplaced(j, P.off, kids, seps);
     }
     kids_leaves = false;
     j--;

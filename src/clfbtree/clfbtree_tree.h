@@ -37,6 +37,7 @@
 #include "clfbtree/clfbtree_format.h"
 #include "clfbtree/clfbtree_leaf_filter.h"
 #include "clfbtree/clfbtree_node.h"
+#include "clfbtree/clfbtree_route.h"
 #include "clfbtree/clfbtree_sort_cache.h"
 #include "core/index_util.h"
 #include "kit/epoch.h"
@@ -232,6 +233,30 @@ class ClfBTree final : public Index {
   bool CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
                        const SortCacheEntry* e) const;
 
+  // clfbtree_route.cc (under write_mu_, or before the index is shared)
+  // Builds and publishes a route table when route_dirty_ (or none when the
+  // tree is too shallow for one to help).
+  void MaybeRebuildRoute();
+  // Publishes t (may be null); the old table goes to route_retired_, freed
+  // after the next epoch grace period (FreeRetiredRoutes).
+  void PublishRoute(RouteTable* t);
+  void FreeRetiredRoutes();
+  // Records that path node `from` at depth j is replaced by `to` (seps
+  // between): applied by FinishSmo before its grace period, dropped by
+  // AbortSmo.
+  void NoteReplaced(int j, uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps);
+  void ApplyRouteChange();
+  // Check's part for the DRAM hints: the route table matches the tree, and
+  // every valid leaf filter holds its leaf's keys.
+  Status CheckHints();
+  // The first node of a u64 descent for key: a route table node, else the
+  // root word (bit 0: a leaf).
+  uint64_t StartWord(uint64_t key, bool use_route) const {
+    if (use_route)
+      if (const RouteTable* t = route_.load(std::memory_order_acquire)) return t->Lookup(key);
+    return Ld(&meta_->root);
+  }
+
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
@@ -258,6 +283,18 @@ class ClfBTree final : public Index {
   Tally tally_;
   mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
   std::atomic<bool> closed_{false};
+  // The route table (u64 keys; clfbtree_route.h) and its writer-side state
+  // (write_mu_): the depth of its nodes in the current tree (-1: none),
+  // whether to rebuild it, the replacement to apply at the SMO's end.
+  std::atomic<RouteTable*> route_{nullptr};
+  int route_depth_ = -1;
+  bool route_dirty_ = true;
+  struct {
+    bool has = false, bad = false;
+    uint64_t from = 0;
+    std::vector<uint64_t> to, seps;
+  } route_change_;
+  std::vector<RouteTable*> route_retired_;
   mutable std::atomic<uint64_t> size_seen_{0};  // NodeOk's cache of pool_->size()
 };
 

@@ -200,7 +200,7 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   if (!fast_writes_) return false;
   EpochManager::Guard g(epoch_);
   const uint64_t k = SliceToU64(key);
-  const uint64_t w = Ld(&meta_->root);
+  const uint64_t w = StartWord(k, true);
   uint64_t off = w & ~63ull;
   bool leaf = w & 1;
   for (int depth = 0; !leaf; depth++) {
@@ -295,8 +295,10 @@ Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
   Path path;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
-  if (encoded()) return EncodedLeafWrite(path, leaf, key, value, mode, false);
-  return AppendLeafWrite(path, leaf, key, value, mode);
+  Status s = encoded() ? EncodedLeafWrite(path, leaf, key, value, mode, false)
+                       : AppendLeafWrite(path, leaf, key, value, mode);
+  MaybeRebuildRoute();
+  return s;
 }
 
 Status ClfBTree::Remove(Slice key) {
@@ -307,8 +309,9 @@ Status ClfBTree::Remove(Slice key) {
   Path path;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
-  if (encoded()) return EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true);
-  return AppendLeafRemove(path, leaf, key);
+  Status s = encoded() ? EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true) : AppendLeafRemove(path, leaf, key);
+  MaybeRebuildRoute();
+  return s;
 }
 
 Status ClfBTree::FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const {
