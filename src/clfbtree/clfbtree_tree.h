@@ -27,6 +27,7 @@
 // write_mu_ is taken outside every epoch guard.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -97,6 +98,9 @@ class ClfBTree final : public Index {
   // widths of every encoded node, and the utilisation sum (entries per
   // node over the unencoded capacity). Not concurrent with writers.
   void Widths(uint64_t key_w[9], uint64_t ptr_w[9], uint64_t* nodes, double* utilisation);
+  // Tests: the SmoLog's old-block slots a structure change may use (1 to
+  // kLogSlots), to reach a full log without a tree of kLogSlots levels.
+  void LimitLogSlotsForTest(int n) { log_slots_ = std::max(1, std::min(n, kLogSlots)); }
 
   double recovery_seconds_ = 0;
   std::atomic<uint64_t> restored_lines_{0};
@@ -201,7 +205,8 @@ class ClfBTree final : public Index {
   int LogNew();
   Status AllocNode(uint64_t bytes, uint64_t* off);
   // held: the node is already locked by this writer (an append leaf).
-  void LogOld(uint64_t off, bool node, bool held = false);
+  // Busy when the log has no free slot: the caller aborts the change.
+  [[nodiscard]] Status LogOld(uint64_t off, bool node, bool held = false);
   void Arm(uint64_t anchor, uint64_t probe, Expect e);
   void FinishSmo();
   void AbortSmo();  // nothing was committed: frees newn, forgets oldn
@@ -277,6 +282,7 @@ class ClfBTree final : public Index {
   bool fast_writes_ = false;  // FastWrite applies: append leaves, u64 keys and values
   std::mutex write_mu_;
   std::vector<uint64_t> locked_old_;  // nodes of the SMO in flight to mark obsolete
+  int log_slots_ = kLogSlots;  // SmoLog::oldn slots LogOld may use (fewer only in tests)
   bool repair_ = false;    // WalkNodes restores invalid nodes (open only)
   bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
   std::vector<uint64_t> locked_new_;

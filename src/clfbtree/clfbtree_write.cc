@@ -362,7 +362,11 @@ Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice val
       return s;
     }
     if (vb()) {
-      LogOld(LdR(vword), false);
+      if (Status s = LogOld(LdR(vword), false); !s.ok()) {
+        Unlock(leaf);
+        AbortSmo();
+        return s;
+      }
       Arm(uint64_t(reinterpret_cast<char*>(vword) - base_), vw, kWordEq);
     }
     pm::StoreAtomic(vword, vw);
@@ -411,8 +415,13 @@ Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
   const uint64_t bit = 1ull << (i % 64);
   const bool logged = bk() || vb();
   if (logged) {
-    if (bk()) LogOld(LdR(Ent(leaf, i)), false);
-    if (vb()) LogOld(LdR(Ent(leaf, i) + 1), false);
+    Status s = bk() ? LogOld(LdR(Ent(leaf, i)), false) : Status::OK();
+    if (s.ok() && vb()) s = LogOld(LdR(Ent(leaf, i) + 1), false);
+    if (!s.ok()) {
+      Unlock(leaf);
+      AbortSmo();
+      return s;
+    }
     Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsClear);
   }
   pm::FetchAnd(bw, ~bit, __ATOMIC_RELEASE);
@@ -452,8 +461,12 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
   Expect expect = kChild;
   if (remove) {
     if (!eq) return Status::NotFound();
-    if (bk()) LogOld(k[pos], false);
-    if (vb()) LogOld(p[pos], false);
+    Status s = bk() ? LogOld(k[pos], false) : Status::OK();
+    if (s.ok() && vb()) s = LogOld(p[pos], false);
+    if (!s.ok()) {
+      AbortSmo();
+      return s;
+    }
     // The commit test names a block the change removes: the key's (unique
     // block offsets) for byte keys, else the value's.
     probe = bk() ? k[pos] : p[pos];
@@ -468,7 +481,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     int slot;
     uint64_t vw;
     PMINDEX_RETURN_IF_ERROR(NewWord(value, false, &slot, &vw));
-    if (vb()) LogOld(p[pos], false);
+    if (Status s = vb() ? LogOld(p[pos], false) : Status::OK(); !s.ok()) {
+      AbortSmo();
+      return s;
+    }
     p[pos] = probe = vw;
   } else {
     if (mode == kUpdate) return Status::NotFound();
@@ -495,7 +511,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
   }
   TallyAdd(&tally_.leaf_split, before);
   tally_.leaf_splits++;
-  LogOld(leaf, true);
+  if (Status s = LogOld(leaf, true); !s.ok()) {
+    AbortSmo();
+    return s;
+  }
   return ReplaceChild(path, int(path.size()) - 1, kids, seps, true);
 }
 
