@@ -24,7 +24,9 @@
 // only durable state), and marks a node it unlinks obsolete. Unlinked
 // nodes and blocks are freed after an epoch grace period (kit/epoch.h),
 // owned by the SmoLog until then; no lock is held across that wait and
-// write_mu_ is taken outside every epoch guard.
+// write_mu_ is taken outside every epoch guard. DRAM hints, none of them
+// persistent: the leaf fingerprint filters (clfbtree_leaf_filter.h), the
+// route table of u64 descents (clfbtree_route.h) and the scans' sort cache.
 #pragma once
 
 #include <algorithm>
