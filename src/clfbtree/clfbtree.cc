@@ -48,6 +48,10 @@ IndexStats ClfBTree::Stats() {
   const char* hi = base_ + pool_->size();
   s.dram_bytes = sizeof(*this) + locks_.ResidentBytes(base_, hi) + sort_cache_.ResidentBytes(base_, hi) +
                  filters_.ResidentBytes(base_, hi);
+  {
+    EpochManager::Guard g(epoch_);  // the table is freed after a grace period
+    if (const RouteTable* t = route_.load(std::memory_order_acquire)) s.dram_bytes += 16 * t->node.size();
+  }
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
