@@ -50,7 +50,7 @@ IndexStats ClfBTree::Stats() {
                  filters_.ResidentBytes(base_, hi);
   {
     EpochManager::Guard g(epoch_);  // the table is freed after a grace period
-    if (const RouteTable* t = route_.load(std::memory_order_acquire)) s.dram_bytes += 16 * t->node.size();
+    if (const RouteTable* t = route_.load(std::memory_order_acquire)) s.dram_bytes += 16 * t->nodes;
   }
   s.recovery_seconds = recovery_seconds_;
   return s;

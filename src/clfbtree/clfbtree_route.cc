@@ -48,7 +48,7 @@ void ClfBTree::ApplyRouteChange() {
   }
   PublishRoute(t);
   if (!t) route_depth_ = -1;
-  route_dirty_ = !t || t->node.size() > 4 * RouteTable::kRouteMax;
+  route_dirty_ = !t || t->nodes > 4 * RouteTable::kRouteMax;
   route_change_.has = route_change_.bad = false;
   route_change_.to.clear();
   route_change_.seps.clear();
@@ -64,7 +64,7 @@ void ClfBTree::MaybeRebuildRoute() {
   for (uint32_t depth = 0; ok && depth < uint32_t(kMaxDepth); depth++) {
     if (depth >= 1) {
       delete best;
-      best = new RouteTable{lo, node, depth};
+      best = new RouteTable(lo, node, depth);
     }
     std::vector<uint64_t> nlo, nnode;
     bool leaves = false;
@@ -130,7 +130,13 @@ Status ClfBTree::CheckHints() {
       lo.swap(nlo);
       node.swap(nnode);
     }
-    if (lo != t->lo || node != t->node) return Status::Corrupt("clfbtree: route table differs from the tree");
+    std::vector<uint64_t> tlo, tnode;
+    t->Flatten(&tlo, &tnode);
+    for (size_t c = 0; c < t->chunks.size(); c++)
+      if (t->chunks[c]->lo.empty() || t->first[c] != t->chunks[c]->lo[0] || t->chunks[c]->lo.size() != t->chunks[c]->node.size())
+        return Status::Corrupt("clfbtree: route table chunk malformed");
+    if (lo != tlo || node != tnode || t->nodes != tlo.size() || t->first.size() != t->chunks.size())
+      return Status::Corrupt("clfbtree: route table differs from the tree");
   }
   // A leaf filter valid at its leaf's version holds the hash of every valid
   // slot's key.

@@ -21,10 +21,12 @@
 // Addresses are not reused under a reader: the writer publishes the table
 // without X before the epoch grace period after which X is freed.
 //
-// Invariants: lo ascends, lo[0] == 0, and node[i]'s range is [lo[i],
-// lo[i+1]) (the last one unbounded) in the tree as of the table's
-// publication. A published table is never changed: a writer builds a new
-// one and publishes it with a release store.
+// Invariants: over the chunks in order, lo ascends, lo[0] == 0, and
+// node[i]'s range is [lo[i], lo[i+1]) (the last one unbounded) in the tree
+// as of the table's publication. A published table and its chunks are never
+// changed: a writer builds a new table (sharing the unchanged chunks) and
+// publishes it with a release store; a chunk lives as long as the last
+// table holding it, and tables are freed after a grace period.
 //
 // Thread safety: built and published by the holder of write_mu_; read by
 // any thread inside an epoch guard; freed after an epoch grace period.
@@ -32,37 +34,87 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace pmindex::internal::clfbtree {
 
-struct RouteTable {
-  static constexpr size_t kRouteMax = 4096;
+// The table is kept in chunks of up to 2 x kChunk nodes, shared between
+// successive tables: a replacement copies the chunk it changes and the
+// chunk directory, not the whole table.
+struct RouteChunk {
   std::vector<uint64_t> lo;    // the smallest key node[i] routes
   std::vector<uint64_t> node;  // inner nodes of one level, in key order
-  uint32_t depth = 0;          // their depth below the root when built
+};
+
+struct RouteTable {
+  static constexpr size_t kRouteMax = 4096, kChunk = 128;
+  std::vector<uint64_t> first;                          // first[c] == chunks[c]->lo[0]
+  std::vector<std::shared_ptr<const RouteChunk>> chunks;  // in key order, none empty
+  size_t nodes = 0;
+  uint32_t depth = 0;  // the nodes' depth below the root when built
+
+  // From the nodes of one level (lo ascending, lo[0] == 0).
+  RouteTable(const std::vector<uint64_t>& lo, const std::vector<uint64_t>& node, uint32_t d) : nodes(lo.size()), depth(d) {
+    for (size_t i = 0; i < lo.size(); i += kChunk) {
+      auto c = std::make_shared<RouteChunk>();
+      const size_t e = std::min(lo.size(), i + kChunk);
+      c->lo.assign(lo.begin() + long(i), lo.begin() + long(e));
+      c->node.assign(node.begin() + long(i), node.begin() + long(e));
+      first.push_back(c->lo[0]);
+      chunks.push_back(std::move(c));
+    }
+  }
+  RouteTable() = default;
 
   uint64_t Lookup(uint64_t key) const {
-    const size_t i = size_t(std::upper_bound(lo.begin(), lo.end(), key) - lo.begin());
-    return node[i - 1];
+    const size_t c = size_t(std::upper_bound(first.begin(), first.end(), key) - first.begin()) - 1;
+    const RouteChunk& k = *chunks[c];
+    const size_t i = size_t(std::upper_bound(k.lo.begin(), k.lo.end(), key) - k.lo.begin());
+    return k.node[i - 1];
+  }
+  // Every node and its smallest key, in order (Check).
+  void Flatten(std::vector<uint64_t>* lo, std::vector<uint64_t>* node) const {
+    for (const auto& c : chunks) {
+      lo->insert(lo->end(), c->lo.begin(), c->lo.end());
+      node->insert(node->end(), c->node.begin(), c->node.end());
+    }
   }
   // A copy with node `from` replaced by `to` (separators seps between them);
-  // false if `from` is not in the table.
+  // false if `from` is not in the table. Only the changed chunk is copied.
   bool Replaced(uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps,
                 RouteTable* out) const {
-    const auto it = std::find(node.begin(), node.end(), from);
-    if (it == node.end() || to.empty() || seps.size() + 1 != to.size()) return false;
-    const size_t i = size_t(it - node.begin());
-    out->depth = depth;
-    out->lo.reserve(lo.size() + to.size() - 1);
-    out->node.reserve(node.size() + to.size() - 1);
-    out->lo.assign(lo.begin(), lo.begin() + i + 1);
-    out->node.assign(node.begin(), node.begin() + i);
-    out->lo.insert(out->lo.end(), seps.begin(), seps.end());
-    out->node.insert(out->node.end(), to.begin(), to.end());
-    out->lo.insert(out->lo.end(), lo.begin() + i + 1, lo.end());
-    out->node.insert(out->node.end(), node.begin() + i + 1, node.end());
-    return true;
+    if (to.empty() || seps.size() + 1 != to.size()) return false;
+    for (size_t c = 0; c < chunks.size(); c++) {
+      const RouteChunk& k = *chunks[c];
+      const auto it = std::find(k.node.begin(), k.node.end(), from);
+      if (it == k.node.end()) continue;
+      const size_t i = size_t(it - k.node.begin());
+      RouteChunk n;
+      n.lo.assign(k.lo.begin(), k.lo.begin() + long(i) + 1);
+      n.node.assign(k.node.begin(), k.node.begin() + long(i));
+      n.lo.insert(n.lo.end(), seps.begin(), seps.end());
+      n.node.insert(n.node.end(), to.begin(), to.end());
+      n.lo.insert(n.lo.end(), k.lo.begin() + long(i) + 1, k.lo.end());
+      n.node.insert(n.node.end(), k.node.begin() + long(i) + 1, k.node.end());
+      out->depth = depth;
+      out->nodes = nodes + to.size() - 1;
+      out->first.assign(first.begin(), first.begin() + long(c));
+      out->chunks.assign(chunks.begin(), chunks.begin() + long(c));
+      const size_t half = n.lo.size() > 2 * kChunk ? n.lo.size() / 2 : n.lo.size();
+      for (size_t s = 0; s < n.lo.size(); s += half) {  // an overfull chunk in two
+        auto p = std::make_shared<RouteChunk>();
+        const size_t e = std::min(n.lo.size(), s + half);
+        p->lo.assign(n.lo.begin() + long(s), n.lo.begin() + long(e));
+        p->node.assign(n.node.begin() + long(s), n.node.begin() + long(e));
+        out->first.push_back(p->lo[0]);
+        out->chunks.push_back(std::move(p));
+      }
+      out->first.insert(out->first.end(), first.begin() + long(c) + 1, first.end());
+      out->chunks.insert(out->chunks.end(), chunks.begin() + long(c) + 1, chunks.end());
+      return true;
+    }
+    return false;
   }
 };
 
