@@ -44,7 +44,14 @@ IndexStats ClfBTree::Stats() {
   if (closed()) return s;
   s.records = Size();
   s.pm_bytes = alloc_->BytesInUse();
-  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes() + sort_cache_.ResidentBytes();
+  // The DRAM tables' pages over the pool's used part of its reservation.
+  const char* hi = base_ + pool_->size();
+  s.dram_bytes = sizeof(*this) + locks_.ResidentBytes(base_, hi) + sort_cache_.ResidentBytes(base_, hi) +
+                 filters_.ResidentBytes(base_, hi);
+  {
+    EpochManager::Guard g(epoch_);  // the table is freed after a grace period
+    if (const RouteTable* t = route_.load(std::memory_order_acquire)) s.dram_bytes += 16 * t->nodes;
+  }
   s.recovery_seconds = recovery_seconds_;
   return s;
 }
@@ -56,6 +63,9 @@ Status ClfBTree::Close() {
   pool_.reset();
   locks_.Unmap();
   sort_cache_.Unmap();
+  filters_.Unmap();
+  PublishRoute(nullptr);  // no reader runs: freed at once
+  FreeRetiredRoutes();
   return s;
 }
 

@@ -8,7 +8,9 @@
 // (leaf writers without the tree mutex against splits and leaf frees, and
 // against each other on one leaf); readers see only values some writer wrote
 // for the key, scans stay sorted, and afterwards finds agree with a scan. A
-// watchdog turns a hang into a failure.
+// watchdog turns a hang into a failure. The spread configurations make the
+// tree deep enough that readers start at the route table's nodes while
+// writers split and replace them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -28,6 +30,7 @@ struct Cfg {
   KeyKind kk;
   const char* leaf;
   const char* parent;
+  bool spread = false;  // u64 keys spread over 64 bits: 8-byte differences, a deep tree
 };
 
 std::string Key(KeyKind kk, uint64_t k) {
@@ -44,6 +47,7 @@ class ClfBTreeConcurrency : public testing::TestWithParam<Cfg> {};
 
 TEST_P(ClfBTreeConcurrency, WritersAndLockFreeReaders) {
   const Cfg c = GetParam();
+  const auto key = [&](uint64_t k) { return Key(c.kk, c.spread ? k * 0x9E3779B97F4A7C15ull : k); };
   const std::string path = "/dev/shm/clfbtree_conc_" + std::to_string(::getpid()) + ".pool";
   std::filesystem::remove(path);
   Options o;
@@ -65,8 +69,8 @@ TEST_P(ClfBTreeConcurrency, WritersAndLockFreeReaders) {
     ts.emplace_back([&, w] {
       for (uint64_t i = 0; i < per; i++) {
         const uint64_t k = i * kWriters + uint64_t(w) + 1;
-        if (!idx->Insert(Key(c.kk, k), Key(c.kk, k)).ok()) bad = true;
-        if (i % 3 == 0 && !idx->Update(Key(c.kk, k), Key(c.kk, k)).ok()) bad = true;
+        if (!idx->Insert(key(k), key(k)).ok()) bad = true;
+        if (i % 3 == 0 && !idx->Update(key(k), key(k)).ok()) bad = true;
         done[w].store(i + 1, std::memory_order_release);
       }
     });
@@ -80,13 +84,13 @@ TEST_P(ClfBTreeConcurrency, WritersAndLockFreeReaders) {
           const uint64_t i = (x * 2654435761ull) % upto;
           const uint64_t k = i * kWriters + uint64_t(w) + 1;
           std::string v;
-          Status s = idx->Find(Key(c.kk, k), &v);
-          if (!s.ok() || v != Key(c.kk, k)) bad = true;
+          Status s = idx->Find(key(k), &v);
+          if (!s.ok() || v != key(k)) bad = true;
         }
         if (x % 50 == 0) {
           std::string prev;
           bool first = true;
-          idx->Scan(Key(c.kk, 1), 40, [&](Slice k, Slice) {
+          idx->Scan(key(1), 40, [&](Slice k, Slice) {
             if (!first && !Less(c.kk, prev, std::string(k.data(), k.size()))) bad = true;
             prev.assign(k.data(), k.size());
             first = false;
@@ -175,10 +179,12 @@ INSTANTIATE_TEST_SUITE_P(Parents, ClfBTreeSharedKeys, testing::Values("inplace",
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ClfBTreeConcurrency,
                          testing::Values(Cfg{KeyKind::kU64, "append", "inplace"}, Cfg{KeyKind::kU64, "encoded", "shadow"},
-                                         Cfg{KeyKind::kBytes, "append", "shadow"}, Cfg{KeyKind::kBytes, "encoded", "inplace"}),
+                                         Cfg{KeyKind::kBytes, "append", "shadow"}, Cfg{KeyKind::kBytes, "encoded", "inplace"},
+                                         Cfg{KeyKind::kU64, "append", "shadow", true},
+                                         Cfg{KeyKind::kU64, "encoded", "inplace", true}),
                          [](const testing::TestParamInfo<Cfg>& i) {
                            return std::string(i.param.parent) + "_" + i.param.leaf +
-                                  (i.param.kk == KeyKind::kU64 ? "_u64" : "_bytes");
+                                  (i.param.kk == KeyKind::kU64 ? "_u64" : "_bytes") + (i.param.spread ? "_spread" : "");
                          });
 
 }  // namespace

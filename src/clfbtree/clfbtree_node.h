@@ -163,20 +163,21 @@ inline bool Decode(const uint8_t in[64], bool ksigned, Decoded* d) {
 // decoded. *idx = the number of keys <= key, *child = pointer idx, *sep =
 // key idx when idx < n (the next key above the route). False if the header
 // is impossible or the image is a leaf.
-inline bool RouteU64(const uint8_t in[64], uint64_t key, uint32_t* idx, uint64_t* child, uint64_t* sep,
-                     bool* kids_leaves) {
-  const uint32_t n = in[0] & kCountMask;
-  const uint8_t kw = in[1] >> 4, pw = in[1] & 15;
-  if ((in[0] & kLeafBit) || kw < 1 || kw > 8 || pw < 1 || pw > 8) return false;
+// RouteU64Padded takes the image already in a Padded-style buffer (72
+// bytes, the last 8 zero), as a reader copies it.
+inline bool RouteU64Padded(const uint8_t pad[72], uint64_t key, uint32_t* idx, uint64_t* child, uint64_t* sep,
+                           bool* kids_leaves) {
+  const uint32_t n = pad[0] & kCountMask;
+  const uint8_t kw = pad[1] >> 4, pw = pad[1] & 15;
+  if ((pad[0] & kLeafBit) || kw < 1 || kw > 8 || pw < 1 || pw > 8) return false;
   if (EncodedBytes(n, n + 1, kw, pw) > 64) return false;
-  *kids_leaves = in[0] & kKidsLeafBit;
-  const Padded buf(in);
-  const uint64_t k0 = Load8(buf.b + 10), p0 = Load8(buf.b + 2);
+  *kids_leaves = pad[0] & kKidsLeafBit;
+  const uint64_t k0 = Load8(pad + 10), p0 = Load8(pad + 2);
   uint32_t i = 0;
   uint64_t ki = k0;
   if (n > 0 && key >= k0) {
     const uint64_t d = key - k0, km = WidthMask(kw);
-    const uint8_t* q = buf.b + kHdr;
+    const uint8_t* q = pad + kHdr;
     for (i = 1; i < n; i++, q += kw) {
       const uint64_t di = Load8(q) & km;
       if (di > d) {
@@ -190,10 +191,15 @@ inline bool RouteU64(const uint8_t in[64], uint64_t key, uint32_t* idx, uint64_t
   if (i == 0) {
     *child = p0;
   } else {
-    const uint8_t* q = buf.b + kHdr + (n ? n - 1 : 0) * kw + (i - 1) * pw;
+    const uint8_t* q = pad + kHdr + (n ? n - 1 : 0) * kw + (i - 1) * pw;
     *child = p0 + DecSigned(Load8(q) & WidthMask(pw), pw);
   }
   return true;
+}
+inline bool RouteU64(const uint8_t in[64], uint64_t key, uint32_t* idx, uint64_t* child, uint64_t* sep,
+                     bool* kids_leaves) {
+  const Padded buf(in);
+  return RouteU64Padded(buf.b, key, idx, child, sep, kids_leaves);
 }
 
 // Byte offset and width of the encoded form of pointer i (i >= 1): the

@@ -27,7 +27,7 @@ namespace {
 constexpr int kMaxRestarts = 1 << 20;
 }
 
-Status ClfBTree::ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const {
+Status ClfBTree::ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* value, bool* found) const {
   *found = false;
   if (encoded()) {
     Line img;
@@ -47,8 +47,12 @@ Status ClfBTree::ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* fo
   const uint64_t* bm = Bitmap(leaf);
   if (!bk()) {
     const uint64_t k = SliceToU64(key);
+    // With the leaf's filter valid at v, only the slots whose fingerprint
+    // matches are read (a filter changed meanwhile fails the validation).
+    uint64_t cand[2] = {~0ull, ~0ull};
+    if (const LeafFilter* f = Filter(leaf); f && f->Valid(v)) f->Match(LeafFilter::Fp(k), cap_, cand);
     for (uint32_t w = 0; w < bm_words_; w++)
-      for (uint64_t b = Ld(&bm[w]); b; b &= b - 1) {
+      for (uint64_t b = Ld(&bm[w]) & cand[w]; b; b &= b - 1) {
         const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(b));
         if (LdR(Ent(leaf, i)) != k) continue;
         *found = true;
@@ -74,7 +78,9 @@ Status ClfBTree::Find(Slice key, std::string* value) {
   EpochManager::Guard g(epoch_);
   kit::Backoff backoff;
   for (int attempt = 0; attempt < kMaxRestarts; attempt++) {
-    const uint64_t w = Ld(&meta_->root);
+    // The first attempt starts at the route table's node (u64 keys); a
+    // restart descends from the root.
+    const uint64_t w = bk() ? Ld(&meta_->root) : StartWord(SliceToU64(key), attempt == 0);
     uint64_t off = w & ~63ull;
     bool leaf = w & 1;
     bool restart = false;
@@ -88,7 +94,7 @@ Status ClfBTree::Find(Slice key, std::string* value) {
       }
       if (leaf) {
         bool found;
-        Status s = ReadLeaf(off, key, value, &found);
+        Status s = ReadLeaf(off, v, key, value, &found);
         if (!vl.Validate(v)) {
           restart = true;
           break;
@@ -96,17 +102,24 @@ Status ClfBTree::Find(Slice key, std::string* value) {
         if (!s.ok()) return Status::Corrupt("clfbtree: leaf unreadable");
         return found ? Status::OK() : Status::NotFound();
       }
+      if (!bk()) {
+        PadLine img;
+        ReadLinePadded(off, img);
+        if (!vl.Validate(v)) {
+          restart = true;
+          break;
+        }
+        uint32_t idx;
+        uint64_t sep;
+        if (!RouteU64Padded(img, SliceToU64(key), &idx, &off, &sep, &leaf))
+          return Status::Corrupt("clfbtree: inner node does not decode");
+        continue;
+      }
       Line img;
       ReadLine(off, img);
       if (!vl.Validate(v)) {
         restart = true;
         break;
-      }
-      if (!bk()) {
-        uint32_t idx;
-        uint64_t sep;
-        if (!RouteU64(img, SliceToU64(key), &idx, &off, &sep, &leaf)) return Status::Corrupt("clfbtree: inner node does not decode");
-        continue;
       }
       Decoded d;
       uint32_t idx;
@@ -196,8 +209,8 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       }
       if (!leaf) {
         const uint64_t vl_off = off;
-        Line img;
-        ReadLine(off, img);
+        PadLine img;
+        ReadLinePadded(off, img);
         if (!vl.Validate(v)) {
           restart = true;
           break;
@@ -205,7 +218,7 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
         uint32_t idx;
         uint64_t sep;
         bool kl;
-        if (!RouteU64(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
+        if (!RouteU64Padded(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
         cand[depth] = Cand{vl_off, v, sep, idx < (img[0] & kCountMask)};
         leaf = kl;
         continue;

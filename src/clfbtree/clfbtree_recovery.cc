@@ -22,16 +22,19 @@
 
 namespace pmindex::internal::clfbtree {
 
-void ClfBTree::MapSortCache() {
+void ClfBTree::MapHints() {
   // A hint for scans: without its table (no address space) scans sort.
   if (c_.leaf == kAppendLeaf && !bk() && !sort_cache_.Map(base_, pool_->max_size(), c_.leaf_size).ok()) sort_cache_.Unmap();
+  // Likewise the leaf filters: without them a leaf is searched linearly.
+  if (fast_writes_ && cap_ <= LeafFilter::kSlots && !filters_.Map(base_, pool_->max_size(), c_.leaf_size).ok())
+    filters_.Unmap();
 }
 
 Status ClfBTree::Format() {
   PMINDEX_RETURN_IF_ERROR(alloc_->AllocateZeroed(pool_->root_slot(), sizeof(Meta)));
   meta_ = pool_->root<Meta>();
   PMINDEX_RETURN_IF_ERROR(locks_.Map(base_, pool_->max_size(), 64));
-  MapSortCache();
+  MapHints();
   Meta* m = meta_;
   pm::Store(&m->version, kVersion);
   pm::Store(&m->key_kind, uint8_t(c_.kk));
@@ -115,7 +118,7 @@ Status ClfBTree::RecoverSmo() {
 Status ClfBTree::Recover() {
   meta_ = pool_->root<Meta>();
   PMINDEX_RETURN_IF_ERROR(locks_.Map(base_, pool_->max_size(), 64));
-  MapSortCache();
+  MapHints();
   if (pool_->read_only()) return Status::OK();
   if (c_.method == kInPlace) {
     repair_ = true;
@@ -123,7 +126,9 @@ Status ClfBTree::Recover() {
     repair_ = false;
     PMINDEX_RETURN_IF_ERROR(st);
   }
-  return RecoverSmo();
+  PMINDEX_RETURN_IF_ERROR(RecoverSmo());
+  MaybeRebuildRoute();
+  return Status::OK();
 }
 
 Status ClfBTree::Check() {
@@ -175,7 +180,8 @@ Status ClfBTree::Check() {
     return Status::OK();
   });
   PMINDEX_RETURN_IF_ERROR(st);
-  return CheckRanges(meta_->root & ~63ull, meta_->root & 1, nullptr, nullptr, 0);
+  PMINDEX_RETURN_IF_ERROR(CheckRanges(meta_->root & ~63ull, meta_->root & 1, nullptr, nullptr, 0));
+  return CheckHints();
 }
 
 // Every key of a node lies in the range its parent routes to it: [lo, hi).

@@ -74,10 +74,10 @@ Status ClfBTree::AllocNode(uint64_t bytes, uint64_t* off) {
   return Status::OK();
 }
 
-void ClfBTree::LogOld(uint64_t off, bool node, bool held) {
+Status ClfBTree::LogOld(uint64_t off, bool node, bool held) {
   Exclude x(this);
   SmoLog& l = meta_->log;
-  for (int i = 0; i < kLogSlots; i++)
+  for (int i = 0; i < log_slots_; i++)
     if (l.oldn[i] == 0) {
       pm::StoreAtomic(&l.oldn[i], off, __ATOMIC_RELAXED);
       pm::Flush(&l.oldn[i], 8);
@@ -86,11 +86,13 @@ void ClfBTree::LogOld(uint64_t off, bool node, bool held) {
         if (!held) Lock(off);
         locked_old_.push_back(off);
       }
-      return;
+      return Status::OK();
     }
-  // No slot (a change larger than the log): a held lock is still released
-  // by FinishSmo or AbortSmo.
+  // No slot (a change larger than the log): the change must not commit,
+  // since the unlinked block would be neither freed nor, for a node, locked
+  // against writers. The caller aborts it; a held lock is released there.
   if (node && held) locked_old_.push_back(off);
+  return Status::Busy("clfbtree: structure change too large for the log");
 }
 
 void ClfBTree::Arm(uint64_t anchor, uint64_t probe, Expect e) {
@@ -115,10 +117,12 @@ void ClfBTree::FinishSmo() {
   for (uint64_t off : locked_old_) VL(off).UnlockObsolete();
   locked_new_.clear();
   locked_old_.clear();
-  bool any = false;
+  ApplyRouteChange();  // before the grace period that frees the replaced nodes
+  bool any = !route_retired_.empty();
   for (int i = 0; i < kLogSlots; i++) any |= l.oldn[i] != 0;
   if (any) {
     epoch_.Synchronize();
+    FreeRetiredRoutes();
     for (int i = 0; i < kLogSlots; i++)
       if (l.oldn[i]) alloc_->FreeOrAbort(&l.oldn[i]);
   }
@@ -140,6 +144,7 @@ void ClfBTree::AbortSmo() {
   for (uint64_t off : locked_old_) Unlock(off);
   locked_new_.clear();
   locked_old_.clear();
+  route_change_.has = route_change_.bad = false;
   pm::StoreAtomic(&l.probe, uint64_t(0), __ATOMIC_RELAXED);
   pm::Persist(&l.probe, 8);
   log_used_ = false;
@@ -238,7 +243,10 @@ Status ClfBTree::UpdateNode(Path& path, int j, uint64_t off, const uint8_t img[6
   pm::Flush(At(s), 64);
   TallyAdd(is_leaf ? &tally_.leaf_plain : &tally_.inner_split, before);
   tally_.shadows++;
-  LogOld(off, true);
+  if (Status st = LogOld(off, true); !st.ok()) {
+    AbortSmo();
+    return st;
+  }
   return ReplaceChild(path, j - 1, {s}, {}, is_leaf);
 }
 
@@ -326,6 +334,9 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       kids = std::move(nk);
       seps = std::move(ns);
       kids_leaves = false;
+      // A new root: every node is one level deeper.
+      if (route_depth_ >= 0) route_depth_++;
+      route_dirty_ = true;
       continue;
     }
     PathEnt& P = path[size_t(j)];
@@ -336,7 +347,10 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       removed = p[idx];
       p.erase(p.begin() + idx);
       const uint32_t ki = idx > 0 ? idx - 1 : 0;
-      if (bk()) LogOld(k[ki], false);
+      if (Status st = bk() ? LogOld(k[ki], false) : Status::OK(); !st.ok()) {
+        AbortSmo();
+        return st;
+      }
       k.erase(k.begin() + ki);
     } else {
       p[idx] = kids[0];
@@ -378,9 +392,13 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       if (!PMINDEX_FAULT("clfbtree.shadow.skip_node_flush")) pm::Flush(At(s), 64);
       tally_.shadows++;
       TallyAdd(&tally_.inner_split, before);
-      LogOld(P.off, true);
+      if (Status st = LogOld(P.off, true); !st.ok()) {
+        AbortSmo();
+        return st;
+      }
       kids = {s};
       seps.clear();
+      NoteReplaced(j, P.off, kids, seps);
     } else {
       std::vector<uint64_t> nk, ns;
       if (Status s = Pack(k, p, false, P.d.kids_leaves, &nk, &ns); !s.ok()) {
@@ -389,9 +407,13 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       }
       TallyAdd(&tally_.inner_split, before);
       tally_.inner_splits++;
-      LogOld(P.off, true);
+      if (Status st = LogOld(P.off, true); !st.ok()) {
+        AbortSmo();
+        return st;
+      }
       kids = std::move(nk);
       seps = std::move(ns);
+      NoteReplaced(j, P.off, kids, seps);
     }
     kids_leaves = false;
     j--;
@@ -400,7 +422,11 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
 
 Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_t vw) {
   const Mark before = Now();
-  LogOld(leaf, true, true);  // the caller's lock on the leaf: released by FinishSmo or AbortSmo
+  // The caller's lock on the leaf: released by FinishSmo or AbortSmo.
+  if (Status st = LogOld(leaf, true, true); !st.ok()) {
+    AbortSmo();
+    return st;
+  }
   std::vector<std::pair<uint64_t, uint64_t>> ents;
   const uint64_t* bm = Bitmap(leaf);
   for (uint32_t i = 0; i < cap_; i++)
@@ -435,6 +461,14 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
       bits[slot / 64] |= 1ull << (slot % 64);
     }
     for (uint32_t w = 0; w < bm_words_; w++) pm::StoreAtomic(Bitmap(half[h]) + w, bits[w], __ATOMIC_RELAXED);
+    if (LeafFilter* f = Filter(half[h])) {
+      // The new leaf is born locked (AllocNode): its filter is valid for the
+      // version its unlock after the commit publishes.
+      uint8_t fp[LeafFilter::kSlots];
+      for (size_t i = from; i < to; i++) fp[i - from] = LeafFilter::Fp(ents[i].first);
+      f->Store(fp, uint32_t(to - from));
+      f->SetValid((VL(half[h]).LoadRelaxed() & ~kit::VersionLock::kBusy) + kit::VersionLock::kStep);
+    }
     if (!PMINDEX_FAULT("clfbtree.split.skip_leaf_flush")) pm::Flush(At(half[h]), c_.leaf_size);
   }
   uint64_t sep = ents[m].first;
@@ -458,8 +492,15 @@ Status ClfBTree::FreeEmptyLeaf(Path& path, uint64_t leaf, bool held) {
     if (log_used_) FinishSmo();
     return Status::OK();
   }
-  LogOld(leaf, true, held);
-  return ReplaceChild(path, int(path.size()) - 1, {}, {}, true);
+  if (Status st = LogOld(leaf, true, held); !st.ok()) {
+    // An append leaf's delete has committed: the empty leaf stays linked
+    // (a later insert fills it). An encoded leaf's entry is removed with
+    // the leaf, so nothing happened and the error is the answer.
+    AbortSmo();
+    return encoded() ? st : Status::OK();
+  }
+  const Status st = ReplaceChild(path, int(path.size()) - 1, {}, {}, true);
+  return encoded() ? st : Status::OK();  // likewise when the unlink fails (aborted)
 }
 
 }  // namespace pmindex::internal::clfbtree

@@ -16,6 +16,7 @@
 
 #include "clfbtree/clfbtree_format.h"
 #include "clfbtree/clfbtree_node.h"
+#include "clfbtree/clfbtree_tree.h"
 #include "pmindex/index.h"
 #include "pmindex/pm/allocator.h"
 #include "pmindex/pm/persist.h"
@@ -350,6 +351,50 @@ TEST(ClfBTreeFaults, SwitchListIsWellFormed) {
     EXPECT_TRUE(names.insert(n).second) << n;
   }
   EXPECT_EQ(names.size(), 6u);
+}
+
+// A structure change that unlinks more old nodes or blocks than the SmoLog
+// has slots for is refused with Busy before it commits: nothing leaks, the
+// tree keeps every acknowledged write and stays checkable.
+TEST(ClfBTreeLog, FullLogAbortsTheChangeWithoutLeaking) {
+  struct Case {
+    KeyKind kk;
+    const char* leaf;
+    const char* parent;
+  };
+  for (const Case& c : {Case{KeyKind::kU64, "append", "inplace"}, Case{KeyKind::kBytes, "encoded", "shadow"}}) {
+    SCOPED_TRACE(c.parent);
+    const std::string path = testutil::IndexPoolPath("clfbtree-log");
+    std::filesystem::remove(path);
+    Options o;
+    o.pool_path = path;
+    o.pool_size = 16ull << 20;
+    o.key_kind = c.kk;
+    o.value_kind = c.kk == KeyKind::kU64 ? ValueKind::kU64 : ValueKind::kBytes;
+    o.params = {{"leaf", c.leaf}, {"leaf_size", "64"}, {"parent", c.parent}};
+    std::unique_ptr<Index> idx;
+    ASSERT_TRUE(OpenIndex("clfbtree", o, &idx).ok());
+    dynamic_cast<internal::clfbtree::ClfBTree*>(idx.get())->LimitLogSlotsForTest(2);
+    testutil::OrderedModel model{testutil::KeyOrder{c.kk}};
+    std::mt19937_64 rng(3);
+    int busy = 0;
+    for (int i = 0; i < 1500; i++) {
+      const std::string k = testutil::ShortKey(c.kk, rng()), v = testutil::ShortVal(o.value_kind, uint64_t(i));
+      const Status s = idx->Insert(k, v);
+      if (s.ok()) {
+        model[k] = v;
+      } else {
+        ASSERT_EQ(s.code(), Status::Code::kBusy) << s.ToString();
+        busy++;
+      }
+    }
+    EXPECT_GT(busy, 0);
+    ASSERT_TRUE(idx->Check().ok()) << idx->Check().ToString();
+    testutil::ExpectMatchesModel(idx.get(), c.kk, model);
+    testutil::ExpectNoLeak(idx.get());
+    idx.reset();
+    std::filesystem::remove(path);
+  }
 }
 
 }  // namespace

@@ -24,17 +24,23 @@
 // only durable state), and marks a node it unlinks obsolete. Unlinked
 // nodes and blocks are freed after an epoch grace period (kit/epoch.h),
 // owned by the SmoLog until then; no lock is held across that wait and
-// write_mu_ is taken outside every epoch guard.
+// write_mu_ is taken outside every epoch guard. DRAM hints, none of them
+// persistent: the leaf fingerprint filters (clfbtree_leaf_filter.h), the
+// route table of u64 descents (clfbtree_route.h) and the scans' sort cache.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "clfbtree/clfbtree_format.h"
+#include "clfbtree/clfbtree_leaf_filter.h"
 #include "clfbtree/clfbtree_node.h"
+#include "clfbtree/clfbtree_route.h"
 #include "clfbtree/clfbtree_sort_cache.h"
 #include "core/index_util.h"
 #include "kit/epoch.h"
@@ -94,6 +100,9 @@ class ClfBTree final : public Index {
   // widths of every encoded node, and the utilisation sum (entries per
   // node over the unencoded capacity). Not concurrent with writers.
   void Widths(uint64_t key_w[9], uint64_t ptr_w[9], uint64_t* nodes, double* utilisation);
+  // Tests: the SmoLog's old-block slots a structure change may use (1 to
+  // kLogSlots), to reach a full log without a tree of kLogSlots levels.
+  void LimitLogSlotsForTest(int n) { log_slots_ = std::max(1, std::min(n, kLogSlots)); }
 
   double recovery_seconds_ = 0;
   std::atomic<uint64_t> restored_lines_{0};
@@ -117,9 +126,19 @@ class ClfBTree final : public Index {
   template <typename T = uint8_t>
   T* At(uint64_t off) const { return reinterpret_cast<T*>(base_ + off); }
   kit::VersionLock& VL(uint64_t off) const { return *locks_.At(base_ + off); }
-  bool NodeOk(uint64_t off, uint64_t bytes) const { return off && off % 64 == 0 && off + bytes <= pool_->size(); }
+  // A node inside the pool: checked against the last size seen first (a
+  // pool only grows while open), then against the pool's current size.
+  bool NodeOk(uint64_t off, uint64_t bytes) const {
+    if (!off || off % 64 || off + bytes < off) return false;
+    if (off + bytes <= size_seen_.load(std::memory_order_relaxed)) return true;
+    const uint64_t s = pool_->size();
+    size_seen_.store(s, std::memory_order_relaxed);
+    return off + bytes <= s;
+  }
   uint64_t* Bitmap(uint64_t leaf) const { return At<uint64_t>(leaf + c_.leaf_size - 8 * bm_words_); }
   uint64_t* Ent(uint64_t leaf, uint32_t i) const { return At<uint64_t>(leaf + 16 * i); }
+  // The fingerprint filter of append leaf `leaf` (nullptr: no filters).
+  LeafFilter* Filter(uint64_t leaf) const { return filters_.mapped() ? filters_.At(At(leaf)) : nullptr; }
 
   // Keys and values as words (clfbtree_write.cc).
   bool CmpKey(uint64_t kw, Slice key, int* cmp) const;
@@ -127,7 +146,19 @@ class ClfBTree final : public Index {
   bool ValueString(uint64_t vw, std::string* out) const;
   int CmpWords(uint64_t a, uint64_t b) const;
   // Reads a node line with atomic loads.
-  void ReadLine(uint64_t off, uint8_t out[64]) const;
+  void ReadLine(uint64_t off, uint8_t out[64]) const {
+    const uint64_t* w = At<uint64_t>(off);
+    for (int i = 0; i < 8; i++) {
+      const uint64_t x = LdR(w + i);
+      std::memcpy(out + 8 * i, &x, 8);
+    }
+  }
+  // The same followed by 8 zero bytes, for RouteU64Padded.
+  using PadLine = uint8_t[72];
+  void ReadLinePadded(uint64_t off, PadLine out) const {
+    ReadLine(off, out);
+    std::memset(out + 64, 0, 8);
+  }
   void WriteLine(uint64_t off, const uint8_t img[64]);
   // Upper bound: the index of the child for key in d (keys <= key).
   bool ChildIndex(const Decoded& d, Slice key, uint32_t* idx) const;
@@ -145,6 +176,10 @@ class ClfBTree final : public Index {
   // An append leaf's slot of key (*found, -1 if absent), its first free
   // slot (-1 if full) and its number of valid entries.
   bool LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_slot, uint32_t* live) const;
+  // The same through the leaf's valid filter f (the caller holds the lock).
+  void LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, int* found, int* free_slot, uint32_t* live) const;
+  // Rebuilds the filter f of leaf `leaf` from its entries (the lock holder).
+  void RebuildFilter(uint64_t leaf, LeafFilter* f) const;
   Status FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const;
   // The append commit: entry, flush, fence, bitmap bit, persist.
   void StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw);
@@ -172,7 +207,8 @@ class ClfBTree final : public Index {
   int LogNew();
   Status AllocNode(uint64_t bytes, uint64_t* off);
   // held: the node is already locked by this writer (an append leaf).
-  void LogOld(uint64_t off, bool node, bool held = false);
+  // Busy when the log has no free slot: the caller aborts the change.
+  [[nodiscard]] Status LogOld(uint64_t off, bool node, bool held = false);
   void Arm(uint64_t anchor, uint64_t probe, Expect e);
   void FinishSmo();
   void AbortSmo();  // nothing was committed: frees newn, forgets oldn
@@ -192,7 +228,8 @@ class ClfBTree final : public Index {
   void TallyAdd(uint64_t* field, const Mark& before) const;
 
   // clfbtree_read.cc
-  Status ReadLeaf(uint64_t leaf, Slice key, std::string* value, bool* found) const;
+  // v: the leaf's version from the caller's ReadBegin.
+  Status ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* value, bool* found) const;
   struct ScanEnt {
     uint64_t k, v;
     uint32_t slot;
@@ -203,10 +240,34 @@ class ClfBTree final : public Index {
   bool CachedLeafRange(uint64_t leaf, uint64_t v, uint64_t cursor, size_t want, ScanEnt* out, size_t* n,
                        const SortCacheEntry* e) const;
 
+  // clfbtree_route.cc (under write_mu_, or before the index is shared)
+  // Builds and publishes a route table when route_dirty_ (or none when the
+  // tree is too shallow for one to help).
+  void MaybeRebuildRoute();
+  // Publishes t (may be null); the old table goes to route_retired_, freed
+  // after the next epoch grace period (FreeRetiredRoutes).
+  void PublishRoute(RouteTable* t);
+  void FreeRetiredRoutes();
+  // Records that path node `from` at depth j is replaced by `to` (seps
+  // between): applied by FinishSmo before its grace period, dropped by
+  // AbortSmo.
+  void NoteReplaced(int j, uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps);
+  void ApplyRouteChange();
+  // Check's part for the DRAM hints: the route table matches the tree, and
+  // every valid leaf filter holds its leaf's keys.
+  Status CheckHints();
+  // The first node of a u64 descent for key: a route table node, else the
+  // root word (bit 0: a leaf).
+  uint64_t StartWord(uint64_t key, bool use_route) const {
+    if (use_route)
+      if (const RouteTable* t = route_.load(std::memory_order_acquire)) return t->Lookup(key);
+    return Ld(&meta_->root);
+  }
+
   // clfbtree_recovery.cc
   Status WalkNodes(const std::function<Status(uint64_t off, bool leaf, const Decoded* d, int depth)>& fn);
   Status RecoverSmo();
-  void MapSortCache();
+  void MapHints();  // the sort cache and the leaf filters (DRAM hints)
   Status CheckRanges(uint64_t off, bool leaf, const std::string* lo, const std::string* hi, int depth);
 
   Config c_;
@@ -218,16 +279,31 @@ class ClfBTree final : public Index {
   size_t max_key_, max_value_;
   kit::LockTable<kit::VersionLock> locks_;
   kit::LockTable<SortCacheEntry> sort_cache_;  // append leaves, u64 keys (unmapped: no cache)
+  kit::LockTable<LeafFilter> filters_;         // append leaves, FastWrite configurations (unmapped: none)
   EpochManager epoch_;
   bool fast_writes_ = false;  // FastWrite applies: append leaves, u64 keys and values
   std::mutex write_mu_;
   std::vector<uint64_t> locked_old_;  // nodes of the SMO in flight to mark obsolete
+  int log_slots_ = kLogSlots;  // SmoLog::oldn slots LogOld may use (fewer only in tests)
   bool repair_ = false;    // WalkNodes restores invalid nodes (open only)
   bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
   std::vector<uint64_t> locked_new_;
   Tally tally_;
   mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
   std::atomic<bool> closed_{false};
+  // The route table (u64 keys; clfbtree_route.h) and its writer-side state
+  // (write_mu_): the depth of its nodes in the current tree (-1: none),
+  // whether to rebuild it, the replacement to apply at the SMO's end.
+  std::atomic<RouteTable*> route_{nullptr};
+  int route_depth_ = -1;
+  bool route_dirty_ = true;
+  struct {
+    bool has = false, bad = false;
+    uint64_t from = 0;
+    std::vector<uint64_t> to, seps;
+  } route_change_;
+  std::vector<RouteTable*> route_retired_;
+  mutable std::atomic<uint64_t> size_seen_{0};  // NodeOk's cache of pool_->size()
 };
 
 }  // namespace pmindex::internal::clfbtree

@@ -65,14 +65,6 @@ int ClfBTree::CmpWords(uint64_t a, uint64_t b) const {
   return CompareKeys(KeyKind::kBytes, x, y);
 }
 
-void ClfBTree::ReadLine(uint64_t off, uint8_t out[64]) const {
-  const uint64_t* w = At<uint64_t>(off);
-  for (int i = 0; i < 8; i++) {
-    const uint64_t x = LdR(w + i);
-    std::memcpy(out + 8 * i, &x, 8);
-  }
-}
-
 void ClfBTree::WriteLine(uint64_t off, const uint8_t img[64]) {
   uint64_t* w = At<uint64_t>(off);
   for (int i = 0; i < 8; i++) {
@@ -177,11 +169,38 @@ bool ClfBTree::LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_sl
   return *found >= 0;
 }
 
+void ClfBTree::LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, int* found, int* free_slot,
+                            uint32_t* live) const {
+  // Only the slots whose fingerprint matches are read (the caller holds the
+  // lock: plain loads of the leaf suffice).
+  const uint64_t* bm = Bitmap(leaf);
+  uint64_t cand[2];
+  f.Match(LeafFilter::Fp(key), cap_, cand);
+  *found = *free_slot = -1;
+  *live = 0;
+  for (uint32_t w = 0; w < bm_words_; w++) {
+    const uint64_t bits = bm[w];
+    *live += uint32_t(__builtin_popcountll(bits));
+    const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
+    if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
+    for (uint64_t c = cand[w] & bits; c && *found < 0; c &= c - 1) {
+      const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(c));
+      if (*Ent(leaf, i) == key) *found = int(i);
+    }
+  }
+}
+
+void ClfBTree::RebuildFilter(uint64_t leaf, LeafFilter* f) const {
+  uint8_t fp[LeafFilter::kSlots];
+  for (uint32_t i = 0; i < cap_; i++) fp[i] = LeafFilter::Fp(*Ent(leaf, i));
+  f->Store(fp, cap_);
+}
+
 bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status* st) {
   if (!fast_writes_) return false;
   EpochManager::Guard g(epoch_);
   const uint64_t k = SliceToU64(key);
-  const uint64_t w = Ld(&meta_->root);
+  const uint64_t w = StartWord(k, true);
   uint64_t off = w & ~63ull;
   bool leaf = w & 1;
   for (int depth = 0; !leaf; depth++) {
@@ -189,12 +208,12 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
     kit::VersionLock& vl = VL(off);
     uint64_t v;
     if (!vl.ReadBegin(&v)) return false;
-    Line img;
-    ReadLine(off, img);
+    PadLine img;
+    ReadLinePadded(off, img);
     if (!vl.Validate(v)) return false;
     uint32_t idx;
     uint64_t sep;
-    if (!RouteU64(img, k, &idx, &off, &sep, &leaf)) return false;
+    if (!RouteU64Padded(img, k, &idx, &off, &sep, &leaf)) return false;
   }
   if (!NodeOk(off, LeafBytes())) return false;
   // The leaf's lock from the version read after its parent validated: an
@@ -204,7 +223,16 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   if (!vl.ReadBegin(&v) || !vl.TryLock(v)) return false;
   int found, free_slot;
   uint32_t live;
-  LeafScanU64(off, k, &found, &free_slot, &live);
+  // The leaf's filter, valid again for the version the unlock publishes
+  // (every path below unlocks once, by vl.Unlock: v + kStep).
+  LeafFilter* f = Filter(off);
+  if (f && f->Valid(v)) {
+    LeafProbeU64(off, *f, k, &found, &free_slot, &live);
+  } else {
+    LeafScanU64(off, k, &found, &free_slot, &live);
+    if (f) RebuildFilter(off, f);
+  }
+  if (f) f->SetValid(v + kit::VersionLock::kStep);
   const uint64_t vw = remove ? 0 : SliceToU64(value);
   if (remove) {
     if (found >= 0 && live <= 1) {  // the leaf would become empty: freed by the locked path
@@ -239,6 +267,7 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   // The tally is single-threaded (figures only): its marks read counters
   // the write_mu_ holder updates.
   const Mark before = c_.tally ? Now() : Mark{0, 0};
+  if (f) f->Set(uint32_t(free_slot), LeafFilter::Fp(k));
   StoreEntry(off, uint32_t(free_slot), k, vw);
   vl.Unlock();
   TallyAdd(&tally_.leaf_plain, before);
@@ -266,8 +295,10 @@ Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
   Path path;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
-  if (encoded()) return EncodedLeafWrite(path, leaf, key, value, mode, false);
-  return AppendLeafWrite(path, leaf, key, value, mode);
+  Status s = encoded() ? EncodedLeafWrite(path, leaf, key, value, mode, false)
+                       : AppendLeafWrite(path, leaf, key, value, mode);
+  MaybeRebuildRoute();
+  return s;
 }
 
 Status ClfBTree::Remove(Slice key) {
@@ -278,8 +309,9 @@ Status ClfBTree::Remove(Slice key) {
   Path path;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
-  if (encoded()) return EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true);
-  return AppendLeafRemove(path, leaf, key);
+  Status s = encoded() ? EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true) : AppendLeafRemove(path, leaf, key);
+  MaybeRebuildRoute();
+  return s;
 }
 
 Status ClfBTree::FindInLeaf(uint64_t leaf, Slice key, int* found, int* free_slot, uint32_t* live) const {
@@ -330,7 +362,11 @@ Status ClfBTree::AppendLeafWrite(Path& path, uint64_t leaf, Slice key, Slice val
       return s;
     }
     if (vb()) {
-      LogOld(LdR(vword), false);
+      if (Status s = LogOld(LdR(vword), false); !s.ok()) {
+        Unlock(leaf);
+        AbortSmo();
+        return s;
+      }
       Arm(uint64_t(reinterpret_cast<char*>(vword) - base_), vw, kWordEq);
     }
     pm::StoreAtomic(vword, vw);
@@ -379,8 +415,13 @@ Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
   const uint64_t bit = 1ull << (i % 64);
   const bool logged = bk() || vb();
   if (logged) {
-    if (bk()) LogOld(LdR(Ent(leaf, i)), false);
-    if (vb()) LogOld(LdR(Ent(leaf, i) + 1), false);
+    Status s = bk() ? LogOld(LdR(Ent(leaf, i)), false) : Status::OK();
+    if (s.ok() && vb()) s = LogOld(LdR(Ent(leaf, i) + 1), false);
+    if (!s.ok()) {
+      Unlock(leaf);
+      AbortSmo();
+      return s;
+    }
     Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsClear);
   }
   pm::FetchAnd(bw, ~bit, __ATOMIC_RELEASE);
@@ -420,8 +461,12 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
   Expect expect = kChild;
   if (remove) {
     if (!eq) return Status::NotFound();
-    if (bk()) LogOld(k[pos], false);
-    if (vb()) LogOld(p[pos], false);
+    Status s = bk() ? LogOld(k[pos], false) : Status::OK();
+    if (s.ok() && vb()) s = LogOld(p[pos], false);
+    if (!s.ok()) {
+      AbortSmo();
+      return s;
+    }
     // The commit test names a block the change removes: the key's (unique
     // block offsets) for byte keys, else the value's.
     probe = bk() ? k[pos] : p[pos];
@@ -436,7 +481,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
     int slot;
     uint64_t vw;
     PMINDEX_RETURN_IF_ERROR(NewWord(value, false, &slot, &vw));
-    if (vb()) LogOld(p[pos], false);
+    if (Status s = vb() ? LogOld(p[pos], false) : Status::OK(); !s.ok()) {
+      AbortSmo();
+      return s;
+    }
     p[pos] = probe = vw;
   } else {
     if (mode == kUpdate) return Status::NotFound();
@@ -463,7 +511,10 @@ Status ClfBTree::EncodedLeafWrite(Path& path, uint64_t leaf, Slice key, Slice va
   }
   TallyAdd(&tally_.leaf_split, before);
   tally_.leaf_splits++;
-  LogOld(leaf, true);
+  if (Status s = LogOld(leaf, true); !s.ok()) {
+    AbortSmo();
+    return s;
+  }
   return ReplaceChild(path, int(path.size()) - 1, kids, seps, true);
 }
 
