@@ -5,7 +5,8 @@
 // the durability lint fatal report nothing and reach pool growth, and each
 // allocator fault switch (docs/allocator.md) is reported. Also the
 // checker's --drop-fence: dropping a fence site of the allocator's commit
-// is reported, and the same run without the drop reports nothing.
+// is reported, and the same run without the drop reports nothing; and
+// fence-window images find a dropped fence that sampled images miss.
 #include <gtest/gtest.h>
 
 #include "pmcheck.h"
@@ -45,6 +46,39 @@ TEST(PmcheckAllocator, RejectsByteKeysAndUnknownParams) {
   c = Base();
   c.params["leaf_size"] = "8";
   EXPECT_FALSE(pmcheck::Run(c, &r).ok());
+}
+
+// Fence-window images (--window-images): with the 22nd fence site dropped
+// (AllocLarge's commit fence: a large block's chunk state and *dest durable
+// before the lane goes idle), the crash just before the next fence that
+// keeps the lane's idle word and drops the state and *dest stores leaves
+// a slot naming a free block. 100 window images find it; 300 sampled
+// images with the unfenced image (and 6000 on a quiet run) do not, and the
+// window images report nothing without the drop.
+TEST(PmcheckAllocator, WindowImagesFindADroppedLargeBlockFence) {
+  Config c = Base();
+  c.ops = 300;
+  c.images_per_point = 3;
+  c.points = 0;
+  c.window_images = 100;
+  Report clean;
+  ASSERT_TRUE(pmcheck::Run(c, &clean).ok());
+  EXPECT_EQ(clean.total_failures(), 0u) << FormatReport(c, clean);
+  EXPECT_GE(clean.window_images, 90u);
+  EXPECT_GT(clean.window_shapes, 10u);
+  c.drop_fence = 22;
+  c.stop_after = 1;
+  Report r;
+  ASSERT_TRUE(pmcheck::Run(c, &r).ok());
+  EXPECT_NE(r.dropped_site, "") << FormatReport(c, r);
+  EXPECT_GT(r.total_failures(), 0u) << FormatReport(c, r);
+  c.window_images = 0;
+  c.points = 1000;
+  c.image_budget = 300;
+  Report off;
+  ASSERT_TRUE(pmcheck::Run(c, &off).ok());
+  EXPECT_EQ(off.total_failures(), 0u) << FormatReport(c, off);
+  EXPECT_GT(off.unfenced_images, 0u);
 }
 
 class PmcheckAllocatorFault : public ::testing::TestWithParam<const char*> {};
