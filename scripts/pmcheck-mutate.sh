@@ -31,13 +31,14 @@
 # Budget per mutation (PMCHECK_MUTATE_SCALE multiplies it): the target's
 # clean line (300 ops, 2000 images, lint fatal), a small key space (30 keys,
 # 1000 images), key sweeps (24 keys, 1000 images) and, for concurrent
-# targets, two threads (600 images).
+# targets, two threads (600 images); every line adds 600 fence-window
+# images (--window-images: every window shape in turn, rarest first).
 # Equivalent mutations: tools/pmcheck/mutate-equivalent.txt lists deleted
 # call sites (runtime mode: kind and function) that change nothing a crash
 # can observe, each with its reason; a survivor listed there is reported as
 # "equivalent" and left out of the score.
 # PMCHECK_MUTATE_PCT (default 100) scales the image budgets down for a
-# quick counting run (e.g. 30: 600, 300 and 180 images).
+# quick counting run (e.g. 30: 600, 300 and 180 images, 180 window images).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -132,7 +133,7 @@ check() {  # check <target> [extra args]: prints the first failure and returns 1
     lines+=("--threads 2 --ops $((150 * scale)) --images $(img 600) --lint $p")
   for l in "${lines[@]}"; do
     # shellcheck disable=SC2086
-    out=$("$bin" --index "$t" $l --images-per-point 3 --stop-after 1 --timeout 10 "${extra[@]}" 2>/dev/null)
+    out=$("$bin" --index "$t" $l --window-images "$(img 600)" --images-per-point 3 --stop-after 1 --timeout 10 "${extra[@]}" 2>/dev/null)
     if [ $? -ne 0 ]; then
       echo "$out" | grep -m1 '^FAIL' | cut -c1-160
       return 1
