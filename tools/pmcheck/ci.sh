@@ -340,7 +340,7 @@ run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 -
 run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
 run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
 # Fence-window images (--window-images) alone: AllocLarge's commit fence
-# (site 22), which 6000 sampled images do not report.
+# (site 22 in the GCC build), which 6000 sampled images do not report.
 run "allocator drop-fence 22 (window images)" 1 --index allocator --keys 24 --ops 300 --points none --window-images 100 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 22
 # Scheduled interleavings (--pct, tools/pmcheck/scheduler.h): for every
 # concurrent index and pmcheck's pmwcas and allocator targets, 20 PCT
