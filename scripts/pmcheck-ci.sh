@@ -5,12 +5,12 @@
 # missing flushes allowed, process kills, and every declared fault switch
 # must be caught. PMCHECK_CI_SCALE=N multiplies the budgets;
 #   scripts/pmcheck-ci.sh --long [build-dir]
-# is the long mode: scale 12 (unless PMCHECK_CI_SCALE is set), at least
+# is the long mode: scale 13 (unless PMCHECK_CI_SCALE is set), at least
 # 100,000 crash images per index (ci.sh prints the totals per index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = --long ]; then
   shift
-  export PMCHECK_CI_SCALE=${PMCHECK_CI_SCALE:-12}
+  export PMCHECK_CI_SCALE=${PMCHECK_CI_SCALE:-13}
 fi
 exec bash tools/pmcheck/ci.sh "${1:-build}"

@@ -31,13 +31,14 @@
 # Budget per mutation (PMCHECK_MUTATE_SCALE multiplies it): the target's
 # clean line (300 ops, 2000 images, lint fatal), a small key space (30 keys,
 # 1000 images), key sweeps (24 keys, 1000 images) and, for concurrent
-# targets, two threads (600 images).
+# targets, two threads (600 images); every line adds 600 fence-window
+# images (--window-images: every window shape in turn, rarest first).
 # Equivalent mutations: tools/pmcheck/mutate-equivalent.txt lists deleted
-# call sites (runtime mode: kind and function) that change nothing a crash
+# call sites (runtime mode: kind, function and optionally the site) that change nothing a crash
 # can observe, each with its reason; a survivor listed there is reported as
 # "equivalent" and left out of the score.
 # PMCHECK_MUTATE_PCT (default 100) scales the image budgets down for a
-# quick counting run (e.g. 30: 600, 300 and 180 images).
+# quick counting run (e.g. 30: 600, 300 and 180 images, 180 window images).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -132,7 +133,7 @@ check() {  # check <target> [extra args]: prints the first failure and returns 1
     lines+=("--threads 2 --ops $((150 * scale)) --images $(img 600) --lint $p")
   for l in "${lines[@]}"; do
     # shellcheck disable=SC2086
-    out=$("$bin" --index "$t" $l --images-per-point 3 --stop-after 1 --timeout 10 "${extra[@]}" 2>/dev/null)
+    out=$("$bin" --index "$t" $l --window-images "$(img 600)" --images-per-point 3 --stop-after 1 --timeout 10 "${extra[@]}" 2>/dev/null)
     if [ $? -ne 0 ]; then
       echo "$out" | grep -m1 '^FAIL' | cut -c1-160
       return 1
@@ -190,9 +191,10 @@ if [ "$runtime" -eq 1 ]; then
   if [ "$spread" -gt 0 ] && [ -z "$only" ]; then
     only=$(awk -v n="${#rsites[@]}" -v k="$spread" 'BEGIN { for (i = 0; i < k && i < n; i++) printf "%s%d", i ? "," : "", 1 + int(i * n / k) }')
   fi
-  # equivalent <kind> <function>: prints the reason if the list has it.
+  # equivalent <kind> <function> <site>: prints the reason if the list has
+  # it (a line with a fourth field, a site, matches only that site).
   equivalent() {
-    awk -F'\t' -v k="$1" -v f="$2" '!/^#/ && NF >= 3 && $1 == k && $2 == f { print $3; exit }' "$equiv"
+    awk -F'\t' -v k="$1" -v f="$2" -v s="$3" '!/^#/ && NF >= 3 && $1 == k && $2 == f && (NF < 4 || $4 == "" || $4 == s) { print $3; exit }' "$equiv"
   }
   caught=0 survived=0 equiv_n=0 n=0 i=0
   for s in "${rsites[@]}"; do
@@ -202,7 +204,7 @@ if [ "$runtime" -eq 1 ]; then
     n=$((n + 1))
     IFS=$'\t' read -r t kind site fn <<< "$s"
     if why=$(check "$t" --drop-site "$site"); then
-      why=$(equivalent "$kind" "$fn")
+      why=$(equivalent "$kind" "$fn" "$site")
       if [ -n "$why" ]; then
         res=equivalent; equiv_n=$((equiv_n + 1))
       else

@@ -92,7 +92,7 @@ Status Run(const Config& c, Report* report) {
     return Status::InvalidArgument(c.index + " is not concurrent (single-threaded index): use --threads 1");
   for (const auto& f : c.faults) PMINDEX_RETURN_IF_ERROR(pm::EnableFault(f));
 
-  if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.lint || c.kills == 0)) {
+  if (c.ops > 0 && (c.points != 0 || c.only_point >= 0 || c.window_images > 0 || c.lint || c.kills == 0)) {
     // Several PCT schedules of one workload share the crash-point budget.
     const uint64_t n = ScheduleSeed(c) && c.only_point < 0 ? std::max<uint64_t>(1, c.schedules) : 1;
     for (uint64_t i = 0; i < n; ++i) {
@@ -101,6 +101,7 @@ Status Run(const Config& c, Report* report) {
         ci.schedule_seed = ScheduleSeed(c) + i;
         if (c.image_budget) ci.image_budget = std::max<uint64_t>(1, c.image_budget / n);
         if (c.points > 0) ci.points = std::max<int64_t>(1, c.points / int64_t(n));
+        if (c.window_images) ci.window_images = std::max<uint64_t>(1, c.window_images / n);
       }
       const size_t first = report->failures.size();
       Workload wl(ci, ci.threads, ci.ops, ci.seed);
@@ -116,7 +117,7 @@ Status Run(const Config& c, Report* report) {
       if (ci.only_point >= 0 && (ci.only_point >= int64_t(recording.rec->events.size())))
         return Status::InvalidArgument("--point " + std::to_string(ci.only_point) + " is past the end of the log (" +
                                        std::to_string(recording.rec->events.size()) + " events)");
-      if (ci.points != 0 || ci.only_point >= 0) Replay(ci, target.get(), wl, *recording.rec, report);
+      if (ci.points != 0 || ci.only_point >= 0 || ci.window_images > 0) Replay(ci, target.get(), wl, *recording.rec, report);
       report->replay_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
       for (size_t j = first; j < report->failures.size(); ++j)
         if (!report->failures[j].schedule_seed) report->failures[j].schedule_seed = recording.schedule_seed;
@@ -153,6 +154,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (c.sweep) s += " --sweep";
   if (!c.read_rule) s += " --no-read-rule";
   if (!c.unfenced_image) s += " --no-unfenced-image";
+  if (c.window_images && f.image > c.images_per_point) s += " --window-images " + std::to_string(c.window_images);
   if (c.recovery_crashes && f.point >= 0) {
     s += " --recovery-crashes " + std::to_string(c.recovery_crashes);
     if (c.recovery_image_budget != 100) s += " --recovery-images " + std::to_string(c.recovery_image_budget);
@@ -195,6 +197,12 @@ std::string FormatReport(const Config& c, const Report& r) {
                 c.read_rule ? "" : " (read rule off)", static_cast<unsigned long long>(r.recovery_images),
                 static_cast<unsigned long long>(r.recoveries_recorded));
   o << buf;
+  if (c.window_images) {
+    std::snprintf(buf, sizeof buf, "  fence-window images %llu at %llu points before fences (%llu window shapes)\n",
+                  static_cast<unsigned long long>(r.window_images), static_cast<unsigned long long>(r.window_points),
+                  static_cast<unsigned long long>(r.window_shapes));
+    o << buf;
+  }
   if (r.schedules_run) {
     std::snprintf(buf, sizeof buf,
                   "  PCT schedules %llu (%d change points, first schedule seed %llu): %llu steps, %llu switches, %llu spins, "

@@ -66,6 +66,12 @@ uint64_t ScheduleSeed(const Config& config);
 pmindex::Status Record(const Config& config, Target* target, const Workload& wl, Report* report, Recording* out);
 void Replay(const Config& config, Target* target, const Workload& wl, const Recorder& rec, Report* report);
 
+// Fence windows (windows.cc, --window-images): the crash points just
+// before the recording's fences, one group per window shape (fence site and
+// flush sites since the thread's previous fence), rarest shapes first, each
+// group in a seeded random order.
+std::vector<std::vector<int64_t>> FenceWindows(const Recorder& rec, uint64_t seed);
+
 pmindex::Status RunKill(const Config& config, Target* target, Report* report);
 
 std::string PoolPath(const Config& config, const char* what);

@@ -25,6 +25,9 @@
 #      for every concurrent index and the pmwcas and allocator targets;
 #   9. one dropped fence per index (--drop-fence K pinned to its insert's
 #      commit fence), which crash images must report.
+#  10. fence-window images (--window-images 300) on both small-key-space
+#      lines: every window shape (fence and flush sites) in turn, each
+#      image keeping the last-written dirty lines and dropping the rest.
 # The allocator target (--index allocator) gets clean, two-thread,
 # shared-keys, tiny-key-space and kill lines and its fault switches.
 # Every line builds the unfenced image per point (flushed-but-unfenced
@@ -36,7 +39,7 @@
 # fence, read-rule and recovery faults prove the unfenced image, the read
 # rule and the recovery crashes, each with the capability it needs only. Exit status 0 only if all
 # clean runs pass and all faults are caught. Set PMCHECK_CI_SCALE=N to
-# multiply the budgets (scripts/pmcheck-ci.sh --long: 12, at least 100,000
+# multiply the budgets (scripts/pmcheck-ci.sh --long: 13, at least 100,000
 # crash images per index; the totals are printed at the end). Runs go PMCHECK_CI_JOBS at a time
 # (default: the number of CPUs).
 set -uo pipefail
@@ -128,13 +131,13 @@ for idx in $indexes; do
   # shellcheck disable=SC2086
   run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
   # shellcheck disable=SC2086
-  run "$idx shrink" 0 --index "$idx" --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  run "$idx shrink" 0 --index "$idx" --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
   run "$idx tiny" 0 --index "$idx" --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
   run "$idx tiny bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # shellcheck disable=SC2086
-  run "$idx shrink bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  run "$idx shrink bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops $((400 * scale)) --images $((1000 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
   # Algorithm-8 updates (a new slot, then one bitmap store) with u64
   # values: the default updates those in place.
   case $idx in
@@ -339,6 +342,9 @@ run "allocator fault pm.run.skip_bitmap_persist" 1 --index allocator --keys 40 -
 # 1-2 format a run, 3 persists the lane).
 run "pmcheck_toy drop-fence 7" 1 --index pmcheck_toy --ops 200 --points all --images-per-point 2 --stop-after 1 --drop-fence 7
 run "allocator drop-fence 4" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 4
+# Fence-window images (--window-images) alone: AllocLarge's commit fence
+# (site 22 in the GCC build), which 6000 sampled images do not report.
+run "allocator drop-fence 22 (window images)" 1 --index allocator --keys 24 --ops 300 --points none --window-images 100 --images-per-point 3 --stop-after 1 --timeout 10 --drop-fence 22
 # Scheduled interleavings (--pct, tools/pmcheck/scheduler.h): for every
 # concurrent index and pmcheck's pmwcas and allocator targets, 20 PCT
 # schedules (4 priority change points each) of one two-thread workload,

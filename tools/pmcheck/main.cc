@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
   bool no_unfenced = false, no_read_rule = false;
   app.add_flag("--no-unfenced-image", no_unfenced,
                "do not build the per-point image that drops every flushed-but-unfenced store and keeps the others");
+  app.add_option("--window-images", c.window_images,
+                 "up to N more images just before fences, every window shape (fence and flush sites) in turn, rarest first: "
+                 "each keeps the 1..4 most recently stored-to dirty lines and drops every other pending store");
   app.add_flag("--drain", c.drain, "first half of each thread's ops mostly inserts, second half mostly removes");
   app.add_flag("--sweep", c.sweep,
                "ops are whole-range key runs: insert ascending, remove descending, upsert descending, remove ascending, repeated");

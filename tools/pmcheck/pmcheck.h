@@ -46,6 +46,9 @@ enum class FailKind : int {
 };
 const char* FailKindName(FailKind k);
 
+// Fence-window images per point (Config::window_images).
+inline constexpr int kWindowDepth = 4;
+
 struct Config {
   // Index type from the registry, or "pmcheck_toy" (the checker's private
   // test index, tools/pmcheck/toy_index.cc).
@@ -65,6 +68,15 @@ struct Config {
   // unfenced store dropped, every other pending store kept (where that
   // differs from images 0 and 1). --no-unfenced-image switches it off.
   bool unfenced_image = true;
+  // Fence-window images (windows.cc): up to this many more images, taken
+  // just before fences, every window shape (fence site and the flush sites
+  // since the thread's previous fence) in turn, rarest first; at each such
+  // point image images_per_point+k keeps the k most recently stored-to
+  // dirty lines whole and drops every other pending store (k = 1 ..
+  // kWindowDepth, fewer than the dirty lines). A later store persisting
+  // without an earlier one of the same window is found in every window,
+  // however rarely it runs. 0: off. --window-images N.
+  uint64_t window_images = 0;
   // Shared keys: Finds and Scans of every thread pick keys of all threads
   // (writes stay with the key's owner thread, so per-key histories remain
   // totally ordered), with more reads in the mix.
@@ -146,6 +158,9 @@ struct Report {
   uint64_t images = 0;            // crash images built and checked
   uint64_t images_recovered = 0;  // images that opened and passed every check
   uint64_t unfenced_images = 0;   // of images: the "flushed but unfenced dropped" image
+  uint64_t window_images = 0;     // of images: fence-window images (--window-images)
+  uint64_t window_points = 0;     // ... at this many points just before a fence
+  uint64_t window_shapes = 0;     // distinct window shapes in the recording(s)
   uint64_t reads_observed = 0;    // versions completed reads returned (the read rule's input)
   uint64_t reads_inflight = 0;    // ... of a key whose writing op had not yet returned
   uint64_t recovery_images = 0;   // crash images of a recovery (double crashes) checked

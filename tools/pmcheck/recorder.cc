@@ -232,18 +232,18 @@ __attribute__((noinline)) void Recorder::OnFlush(const void* line) {
     }
     flush_site_counts[site]++;
   }
-  FlushLocked(line);
+  FlushLocked(line, site);
   if (sched_) SchedulePoint(false);
   else MaybeYield(false);
 }
 
-void Recorder::FlushLocked(const void* line) {
+void Recorder::FlushLocked(const void* line, uintptr_t site) {
   std::lock_guard<std::mutex> g(mu_);
   uint64_t off;
   if (!InRange(line, 64, &off)) return;
   Trace("flush", off, 64);
   const int tid = Tid();
-  Log(Ev::kFlush, tid, off, 64, 0);
+  Log(Ev::kFlush, tid, off, 64, site);
   ThreadState& ts = threads_[tid];
   const std::string label = OpLabel(ts);
   flushes[label]++;
@@ -286,7 +286,7 @@ void Recorder::FenceLocked(uintptr_t site) {
   }
   fence_site_counts[site]++;
   const int tid = Tid();
-  Log(Ev::kFence, tid, 0, 0, 0);
+  Log(Ev::kFence, tid, 0, 0, site);
   ThreadState& ts = threads_[tid];
   const std::string label = OpLabel(ts);
   fences[label]++;

@@ -55,7 +55,8 @@ struct Event {
   int16_t tid;
   uint32_t size;  // bytes (stores)
   uint64_t off;   // pool offset (stores), line offset (flush), new size (grow)
-  uint64_t aux;   // arena offset of the bytes (stores), op record (op begin/end)
+  uint64_t aux;   // arena offset of the bytes (stores), op record (op begin/end),
+                  // call site (flush, fence: the return address, as --site-counts names it)
 };
 
 struct OpRecord {
@@ -153,7 +154,7 @@ class Recorder final : public pmindex::pm::Observer {
   };
   void Store(const void* addr, size_t size, bool is_volatile);
   void StoreLocked(const void* addr, size_t size, bool is_volatile);
-  void FlushLocked(const void* line);
+  void FlushLocked(const void* line, uintptr_t site);
   int Tid();
   bool InRange(const void* addr, size_t size, uint64_t* off);
   void Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux);

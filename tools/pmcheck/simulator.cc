@@ -279,6 +279,7 @@ class Replayer {
       }
       std::sort(chosen.begin(), chosen.end());
     }
+    std::vector<int64_t> windows = WindowPoints();
     if (c_.recovery_crashes > 0) {
       // Spread the recorded recoveries over the run's images.
       uint64_t total = 0;
@@ -286,14 +287,16 @@ class Replayer {
       rc_stride_ = std::max<uint64_t>(1, total / c_.recovery_crashes);
       rc_next_ = rc_stride_ / 2;
     }
-    size_t next = 0;
+    size_t next = 0, wnext = 0;
     const auto t0 = std::chrono::steady_clock::now();
     auto last_progress = t0;
-    for (size_t i = 0; i < rec_.events.size() && next < chosen.size(); ++i) {
+    for (size_t i = 0; i < rec_.events.size() && (next < chosen.size() || wnext < windows.size()); ++i) {
       Apply(rec_.events[i]);
-      if (int64_t(i) != chosen[next]) continue;
-      ++next;
-      CheckPoint(int64_t(i));
+      const bool point = next < chosen.size() && int64_t(i) == chosen[next];
+      const bool window = wnext < windows.size() && int64_t(i) == windows[wnext];
+      if (!point && !window) continue;
+      if (point) ++next, CheckPoint(int64_t(i));
+      if (window) ++wnext, CheckWindow(int64_t(i));
       if (c_.stop_after > 0 && report_->total_failures() >= c_.stop_after) break;
       if (c_.progress) {
         auto now = std::chrono::steady_clock::now();
@@ -309,16 +312,53 @@ class Replayer {
   }
 
  private:
+  // --window-images: the points just before fences (FenceWindows), taken
+  // round-robin over the window shapes, rarest first, until the budget's
+  // images; with --point, that point (its window images are built if any).
+  std::vector<int64_t> WindowPoints() {
+    if (c_.window_images == 0) return {};
+    if (c_.only_point >= 0) return {c_.only_point};
+    const std::vector<std::vector<int64_t>> groups = FenceWindows(rec_, c_.seed);
+    report_->window_shapes += groups.size();
+    std::vector<int64_t> all;
+    for (const auto& g : groups) all.insert(all.end(), g.begin(), g.end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    std::vector<uint32_t> n;
+    ImagesAtPoints(all, nullptr, &n);
+    std::vector<int64_t> out;
+    std::unordered_set<int64_t> taken;
+    uint64_t images = 0;
+    for (size_t round = 0; images < c_.window_images; ++round) {
+      bool more = false;
+      for (const auto& g : groups) {
+        if (round >= g.size() || images >= c_.window_images) continue;
+        more = true;
+        const int64_t p = g[round];
+        const uint32_t k = n[size_t(std::lower_bound(all.begin(), all.end(), p) - all.begin())];
+        if (k == 0 || !taken.insert(p).second) continue;
+        out.push_back(p);
+        images += k;
+      }
+      if (!more) break;
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   // For each crash point: how many images it yields (a dry replay), and,
   // if first is set, whether it is the first point after a completed read
   // returned a version whose op is still in flight (the read rule's
   // points: sampling takes them before any other).
-  std::vector<uint32_t> ImagesAtPoints(const std::vector<int64_t>& points, std::vector<uint8_t>* first = nullptr) {
+  // window, if set: how many fence-window images each point yields.
+  std::vector<uint32_t> ImagesAtPoints(const std::vector<int64_t>& points, std::vector<uint8_t>* first = nullptr,
+                                       std::vector<uint32_t>* window = nullptr) {
     Report scratch;
     Replayer dry(c_, target_, wl_, rec_, &scratch);
     std::vector<uint32_t> out;
     out.reserve(points.size());
     if (first) first->assign(points.size(), 0);
+    if (window) window->assign(points.size(), 0);
     size_t next = 0;
     for (size_t i = 0; i < rec_.events.size() && next < points.size(); ++i) {
       dry.Apply(rec_.events[i]);
@@ -326,6 +366,7 @@ class Replayer {
       if (first && dry.read_pending_) (*first)[next] = 1;
       dry.read_pending_ = false;
       ++next;
+      if (window) (*window)[next - 1] = uint32_t(std::min<size_t>(kWindowDepth, std::max<size_t>(dry.pending_.size(), 1) - 1));
       uint32_t n = 1;
       if (!dry.pending_.empty()) {
         std::vector<uint64_t> lines = dry.DirtyLines();
@@ -483,10 +524,8 @@ class Replayer {
     read_pending_ = true;
   }
 
-  void CheckPoint(int64_t point) {
-    report_->points_tried++;
-    const std::vector<uint64_t> lines = DirtyLines();
-    const int images = lines.empty() ? 1 : std::max(1, c_.images_per_point);
+  // The states a crash at this point may recover to.
+  Expectation Expect() {
     Expectation ex;
     ex.committed = &committed_;
     ex.acked = &acked_;
@@ -500,6 +539,14 @@ class Replayer {
       auto o = observed_.find(r.op.kid);
       if (after != before && o != observed_.end() && o->second == after) ex.read_inflight.push_back(r.op.kid);
     }
+    return ex;
+  }
+
+  void CheckPoint(int64_t point) {
+    report_->points_tried++;
+    const std::vector<uint64_t> lines = DirtyLines();
+    const int images = lines.empty() ? 1 : std::max(1, c_.images_per_point);
+    const Expectation ex = Expect();
     for (int img = 0; img < images; ++img) {
       if (c_.only_image >= 0 && img != c_.only_image) continue;
       // Prefix length per dirty line: image 0 keeps none, image 1 all, the
@@ -523,6 +570,32 @@ class Replayer {
     if (!lines.empty() && (c_.only_image < 0 || c_.only_image == images) && UnfencedDropped(lines, &keep)) {
       report_->unfenced_images++;
       RunImage(point, images, lines, keep, ex);
+    }
+  }
+
+  // Fence-window images (--window-images) at a point just before a fence:
+  // image images_per_point + k keeps the pending stores of the k dirty
+  // lines stored to most recently (whole: a line persists a prefix) and
+  // drops every other pending store, k = 1 .. kWindowDepth while fewer than
+  // all lines. A missing fence or flush between two stores of a window
+  // lets the later one persist alone: one of these images is that crash.
+  void CheckWindow(int64_t point) {
+    const std::vector<uint64_t> lines = DirtyLines();
+    if (lines.size() < 2) return;
+    report_->window_points++;
+    std::vector<std::pair<uint64_t, size_t>> last;  // (last piece's seq, line index)
+    for (size_t i = 0; i < lines.size(); ++i) last.emplace_back(pending_.at(lines[i]).back().seq, i);
+    std::sort(last.rbegin(), last.rend());
+    const Expectation ex = Expect();
+    std::vector<size_t> keep(lines.size(), 0);
+    const size_t depth = std::min<size_t>(kWindowDepth, lines.size() - 1);
+    for (size_t k = 1; k <= depth; ++k) {
+      const size_t i = last[k - 1].second;
+      keep[i] = pending_.at(lines[i]).size();
+      const int img = std::max(1, c_.images_per_point) + int(k);
+      if (c_.only_image >= 0 && img != c_.only_image) continue;
+      report_->window_images++;
+      RunImage(point, img, lines, keep, ex);
     }
   }
 
@@ -625,6 +698,7 @@ class Replayer {
     nc.only_point = -1;
     nc.only_image = -1;
     nc.recovery_crashes = 0;
+    nc.window_images = 0;
     nc.verbose = false;
     nc.progress = false;
     Report nr;
