@@ -3,7 +3,12 @@
 // recorder's lint rules exercised directly, including the NVC-Hashmap
 // erratum pattern (acting on another thread's unflushed line).
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <set>
 #include <thread>
@@ -11,6 +16,7 @@
 #include "pmcheck.h"
 #include "pmindex/pm/persist.h"
 #include "recorder.h"
+#include "scheduler.h"
 
 namespace pmcheck {
 namespace {
@@ -196,6 +202,60 @@ TEST(PmcheckSchedule, BackoffWaitsHandTheTokenOnThroughTheSpinHook) {
   Report off;
   ASSERT_TRUE(pmcheck::Run(c, &off).ok());
   EXPECT_GT(off.schedule_stalls, 0u) << FormatReport(c, off);
+}
+
+std::atomic<bool> g_in_handler{false};
+void HoldThreadAway(int) {
+  g_in_handler.store(true);
+  timespec t{0, 200 * 1000 * 1000};
+  nanosleep(&t, nullptr);
+}
+
+// A thread handed the token inside WaitTurn that does not win the
+// scheduler's lock back for longer than a stall (here: held in a signal
+// handler, on a loaded machine: descheduled) is at a scheduling point already.
+// It must not be stalled: a stalled thread that is already waiting is never
+// picked again, so once the holder finishes it waits forever.
+TEST(PctSchedulerTest, AHolderStillWakingInWaitTurnIsNotStalled) {
+  struct sigaction sa {}, old {};
+  sa.sa_handler = HoldThreadAway;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  g_in_handler.store(false);
+  PctScheduler s(2, 0, 1, 100);
+  // This thread plays the first holder, a second thread the other one.
+  const int h = s.holder(), o = 1 - h;
+  ASSERT_TRUE(h == 0 || h == 1);
+  std::atomic<bool> starting{false}, done{false};
+  std::thread other([&] {
+    starting.store(true);
+    s.Start(o);
+    s.Finish(o);
+    done.store(true);
+  });
+  s.Start(h);
+  // Let the other thread block in Start's wait, hold it in the handler, and
+  // hand it the token. The holder steps meanwhile (no stall of its own).
+  auto step_for = [&](int ms, const std::atomic<bool>& until) {
+    for (int i = 0; i < ms && !until.load(); ++i) {
+      s.Point(h, false);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
+  const std::atomic<bool> never{false};
+  step_for(1000, starting);
+  step_for(50, never);
+  ASSERT_EQ(pthread_kill(other.native_handle(), SIGUSR1), 0);
+  step_for(2000, g_in_handler);
+  s.Spin(h);
+  s.Finish(h);
+  bool finished = false;
+  for (int i = 0; i < 5000 && !(finished = done.load()); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(finished) << "the thread handed the token while waking never ran";
+  // Unstick it (a point of its tid clears its mark) so that the test ends.
+  if (!finished) s.Point(o, false);
+  other.join();
+  sigaction(SIGUSR1, &old, nullptr);
 }
 
 // A 64 KiB fake PM region observed by a Recorder.

@@ -10,6 +10,7 @@ namespace pmcheck {
 
 PctScheduler::PctScheduler(int threads, int depth, uint64_t seed, uint64_t est_steps)
     : n_(threads), prio_(size_t(threads)), done_(size_t(threads), 0), blocked_(size_t(threads), 0),
+      waiting_(size_t(threads), 0),
       load_streak_(size_t(threads), 0), low_prio_(depth > 0 ? depth - 1 : 0) {
   std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + 0x5CED);
   std::vector<int64_t> p(static_cast<size_t>(threads));
@@ -38,6 +39,12 @@ void PctScheduler::Hand(int next) {
 }
 
 void PctScheduler::WaitTurn(std::unique_lock<std::mutex>& g, int tid) {
+  // A thread in here is at a scheduling point: it can run. It stays
+  // unblocked and is never the target of a stall: when the token was handed
+  // to it and it has not yet won mu_ back (descheduled on a loaded machine),
+  // it will take the token as soon as it does.
+  waiting_[size_t(tid)] = 1;
+  blocked_[size_t(tid)] = 0;
   while (running_.load() != tid) {
     const uint64_t seen = step_.load();
     const int holder = running_.load();
@@ -45,6 +52,7 @@ void PctScheduler::WaitTurn(std::unique_lock<std::mutex>& g, int tid) {
                      [&] { return running_.load() == tid || step_.load() != seen || running_.load() != holder; }))
       continue;
     if (started_ < n_) continue;
+    if (holder >= 0 && waiting_[size_t(holder)]) continue;
     // The holder made no step for kStallMs: it is blocked outside the
     // primitives (most likely on something a waiting thread holds).
     if (holder >= 0) blocked_[size_t(holder)] = 1;
@@ -56,6 +64,7 @@ void PctScheduler::WaitTurn(std::unique_lock<std::mutex>& g, int tid) {
     ++stalls_;
     Hand(next);
   }
+  waiting_[size_t(tid)] = 0;
 }
 
 void PctScheduler::Start(int tid) {

@@ -22,7 +22,10 @@
 //  * blocked outside the primitives (a std::mutex held by a waiting thread, a
 //    spin loop on DRAM words): a waiting thread sees the step count not move
 //    for kStallMs and takes the token (a stall). The stalled thread is left
-//    out of the choice until it reaches its next scheduling point. Stalls
+//    out of the choice until it reaches its next scheduling point. A holder
+//    still inside WaitTurn (handed the token but descheduled before it woke)
+//    is at a point already and is never stalled: left blocked there it
+//    would wait forever, as no later point would clear its mark. Stalls
 //    depend on timing: a schedule with stalls may not replay exactly (the
 //    report counts them).
 // Because a thread gives the token away only at a scheduling point, which
@@ -59,6 +62,8 @@ class PctScheduler {
   // The thread is spinning (a spin hook): let the others run first.
   void Spin(int tid);
 
+  // The thread holding the token (-1: none).
+  int holder() const { return running_.load(); }
   uint64_t steps() const { return step_.load(); }
   uint64_t switches() const { return switches_; }
   uint64_t stalls() const { return stalls_; }
@@ -80,6 +85,7 @@ class PctScheduler {
   int n_;
   std::vector<int64_t> prio_;
   std::vector<uint8_t> done_, blocked_;
+  std::vector<uint8_t> waiting_;  // in WaitTurn: at a point, never stalled
   std::vector<int> load_streak_;
   std::vector<uint64_t> change_points_;  // ascending
   std::atomic<size_t> next_change_{0};
