@@ -80,6 +80,20 @@ inline uint64_t SortedKeyU64(const char* n, uint32_t bytes, uint64_t i) {
 inline bool AtSortedSlot(uint64_t m, uint32_t bytes, uint64_t i) {
   return meta::KeyLen(m) == 8 && meta::Offset(m) == bytes - 16 * (i + 1);
 }
+// The appended records of a u64 leaf continue that layout: every record is
+// 16 bytes, so while the status's block size is 16 * count, record j (sorted
+// or appended) lives at bytes - 16 (j + 1). An appended record's key word is
+// zero (free space) until its inserter stores the key with one 8-byte atomic
+// store after its reserve, and never changes afterwards: a key word that is
+// neither zero nor x proves the slot is not x, whatever its metadata says,
+// so the unsorted tail is searched through its key words (consecutive, four
+// to a line) and only a matching or unwritten slot's metadata is read.
+inline bool TailByKeyWords(uint64_t s, uint64_t c, uint32_t bytes) {
+  return status::BlockSize(s) == 16 * c && kNodeHeader + 24 * c <= bytes;
+}
+inline uint64_t KeyWordU64(const char* n, uint32_t bytes, uint64_t j) {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(n + bytes - 16 * (j + 1)), __ATOMIC_RELAXED);
+}
 }  // namespace
 
 int BzTree::RouteInner(char* n, uint64_t s, Slice key, bool after, uint64_t* meta_out) {
@@ -121,11 +135,13 @@ Status BzTree::Descend(Slice key, std::vector<Step>* path, bool after) {
   path->clear();
   uint64_t* slot = &hdr_->tree;
   uint64_t hi_node = 0, hi_meta = 0;
+  uint64_t pool_size = PoolSize();  // read again before an offset is found out of range: the pool grows
   for (int depth = 0;; depth++) {
     if (depth > kMaxDepth) return Bad("tree deeper than " + std::to_string(kMaxDepth));
     const uint64_t off = Read(slot);
     if (off == 0) return Retry();  // the parent is being replaced
-    if (off % 8 || off < 4096 || off > PoolSize() - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
+    if (off > pool_size - node_size_) pool_size = PoolSize();
+    if (off % 8 || off < 4096 || off > pool_size - node_size_) return Bad("node offset " + std::to_string(off) + " out of range");
     char* n = N(off);
     const uint64_t s = Read(Status_(n));
     const uint64_t nw = NodeWord(n);
@@ -144,7 +160,7 @@ Status BzTree::Descend(Slice key, std::vector<Step>* path, bool after) {
   }
 }
 
-int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
+int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out, bool tail) {
   const uint64_t c = status::Count(s);
   const uint64_t nw = NodeWord(n);
   const uint32_t bytes = nodeword::Bytes(nw);
@@ -152,7 +168,24 @@ int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
   if (kNodeHeader + 8 * c > bytes) return -2;
   // The unsorted suffix, newest first: a key deleted in the sorted prefix
   // and inserted again lives here.
-  for (uint64_t j = c; j-- > sorted;) {
+  bool by_meta = tail;
+  if (tail && kk_ == KeyKind::kU64 && TailByKeyWords(s, c, bytes)) {
+    by_meta = false;
+    const uint64_t x = SliceToU64(key);
+    for (uint64_t j = c; j-- > sorted;) {
+      if (KeyWordU64(n, bytes, j) != x) continue;
+      const uint64_t m = Read(Meta(n, j));
+      if (!meta::Visible(m)) continue;
+      if (!MetaOk(m, bytes, c)) return -2;
+      if (!AtSortedSlot(m, bytes, j)) {  // not the layout above: search by metadata
+        by_meta = true;
+        break;
+      }
+      *m_out = m;
+      return int64_t(j);
+    }
+  }
+  for (uint64_t j = c; by_meta && j-- > sorted;) {
     const uint64_t m = Read(Meta(n, j));
     if (!meta::Visible(m)) continue;
     if (!MetaOk(m, bytes, c)) return -2;
@@ -199,7 +232,8 @@ int64_t BzTree::FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out) {
 Status BzTree::Find(Slice key, std::string* value) {
   if (closed_) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
-  static thread_local std::vector<Step> path;  // reused: no allocation per operation
+  // Reused: no allocation per operation; initial-exec: no __tls_get_addr.
+  static thread_local std::vector<Step> path __attribute__((tls_model("initial-exec")));
   kit::Backoff b;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     {
@@ -238,9 +272,12 @@ Status BzTree::Insert(Slice key, Slice value) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, max_value_, value));
   kit::Backoff b;
+  bool spares = false;
   for (int tries = 0; tries < kMaxRetries; tries++) {
-    bool done = false, dup = false, smo = false;
-    if (Status st = InsertOnce(key, value, &done, &dup, &smo); !st.ok()) {
+    bool done = false, dup = false, smo = false, need_spares = false;
+    Status st = InsertOnce(key, value, spares, &done, &dup, &smo, &need_spares);
+    spares = spares || need_spares;
+    if (!st.ok()) {
       if (!NoDescriptor(st)) return st;
       b.Wait();
       continue;
@@ -281,16 +318,21 @@ Status BzTree::WriteValue(pm::PMwCAS::Op* op, uint64_t* payload_word, uint64_t o
   return Status::OK();
 }
 
-Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* smo) {
-  // Descriptors first (never Begin inside a guard): reserve, publish, and a
-  // spare (a second publish, marking our slot dead, or killing a stale one).
-  // ops[3] marks our own slot dead when we give up on it, so that no
-  // insert waits for it.
+Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool* dup, bool* smo, bool* need_spares) {
+  // Descriptors first (never Begin inside a guard): ops[0] reserves, ops[1]
+  // publishes (or, unused, marks our slot dead when we give up while
+  // waiting). The spares are rarely needed: ops[2] for a second publish or
+  // killing a stalled slot, ops[3] to mark our slot dead after failed
+  // publishes, so that no insert waits for it. They come from the thread's
+  // descriptor cache inside the guard (TryBegin never waits), or up front
+  // (spares) once an attempt found the cache empty (*need_spares).
   pm::PMwCAS::Op ops[4];
-  for (auto& op : ops) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&op));
+  for (int i = 0; i < (spares ? 4 : 2); i++) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&ops[i]));
+  auto spare = [&](int i) { return ops[i].valid() || pmw_->TryBegin(&ops[i]); };
   bool spare_used = false;
   pm::PMwCAS::Guard g(*pmw_);
-  static thread_local std::vector<Step> path;  // reused: no allocation per operation
+  // Reused: no allocation per operation; initial-exec: no __tls_get_addr.
+  static thread_local std::vector<Step> path __attribute__((tls_model("initial-exec")));
   const Status st = Descend(key, &path);
   if (!st.ok()) return IsRetry(st) ? Status::OK() : st;
   char* n = N(path.back().node);
@@ -299,19 +341,20 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
     *smo = true;
     return Status::OK();
   }
-  uint64_t m0 = 0;
-  const int64_t found = FindInLeaf(n, s, key, &m0);
-  if (found == -2) return Bad("leaf " + std::to_string(path.back().node) + " has bad metadata");
-  if (found >= 0) {
-    *dup = true;
-    return Status::OK();
-  }
   const uint64_t c = status::Count(s);
-  // Slots in flight now: re-checked after our reserve. A slot published
-  // since FindInLeaf passed it is visible here, so it is compared here:
-  // every slot below c is either compared or re-checked.
+  if (kNodeHeader + 8 * c > node_size_) return Bad("leaf " + std::to_string(path.back().node) + " has bad metadata");
+  // One pass over the unsorted suffix: a visible slot holding key is a
+  // duplicate; a slot in flight is re-checked after our reserve (its key
+  // may be ours). With u64 keys a slot whose key word is written and is not
+  // key is neither (TailByKeyWords), so its metadata is not read.
   std::vector<uint64_t> pending;
-  for (uint64_t j = nodeword::Sorted(NodeWord(n)); j < c; j++) {
+  const bool by_key = kk_ == KeyKind::kU64 && TailByKeyWords(s, c, node_size_);
+  const uint64_t x = by_key ? SliceToU64(key) : 0;
+  for (uint64_t j = c; j-- > std::min<uint64_t>(nodeword::Sorted(NodeWord(n)), c);) {
+    if (by_key) {
+      const uint64_t k = KeyWordU64(n, node_size_, j);
+      if (k != x && k != 0) continue;
+    }
     const uint64_t m = Read(Meta(n, j));
     if (LiveInFlight(m)) {
       pending.push_back(j);
@@ -320,6 +363,14 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       *dup = true;
       return Status::OK();
     }
+  }
+  // Then the sorted prefix.
+  uint64_t m0 = 0;
+  const int64_t found = FindInLeaf(n, s, key, &m0, /*tail=*/false);
+  if (found == -2) return Bad("leaf " + std::to_string(path.back().node) + " has bad metadata");
+  if (found >= 0) {
+    *dup = true;
+    return Status::OK();
   }
   const uint64_t rec = RecordBytes(key.size());
   const uint64_t blk = status::BlockSize(s) + rec;
@@ -336,8 +387,14 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   if (!ok) return Status::OK();  // the status moved: search again
   // The reserved block: key, payload (inline value or 0 until published).
   char* r = n + off;
-  pm::Copy(r, key.data(), key.size());
-  if (Pad8(key.size()) != key.size()) pm::Set(r + key.size(), 0, Pad8(key.size()) - key.size());
+  if (kk_ == KeyKind::kU64) {
+    // One atomic store: concurrent searches read the key word before its
+    // metadata (TailByKeyWords).
+    pm::StoreAtomic(reinterpret_cast<uint64_t*>(r), SliceToU64(key), __ATOMIC_RELAXED);
+  } else {
+    pm::Copy(r, key.data(), key.size());
+    if (Pad8(key.size()) != key.size()) pm::Set(r + key.size(), 0, Pad8(key.size()) - key.size());
+  }
   uint64_t* pw = reinterpret_cast<uint64_t*>(r + Pad8(key.size()));
   const bool inl = vk_ == ValueKind::kU64;
   pm::StoreAtomic(pw, inl ? SliceToU64(value) & pm::pmwcas::kValueMask : uint64_t(0), __ATOMIC_RELAXED);
@@ -364,13 +421,16 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
       // A frozen leaf: our publish cannot succeed; a killed slot: ours is
       // dead. Either way, start over.
       if (status::Frozen(Read(Status_(n))) || Read(mw) != mine) return Status::OK();
-      if (++rounds > kWaitRounds && spare_used) {
-        // A second stalled slot: give ours up and start over with a fresh spare.
-        (void)ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size()));
-        (void)ops[3].Execute(&ok);
+      if (++rounds > kWaitRounds && (spare_used || !spare(2))) {
+        // A second stalled slot, or no spare to kill this one with: give
+        // ours up (the unused publish descriptor marks it dead) and start
+        // over, with the spares taken up front.
+        (void)ops[1].AddWord(mw, mine, meta::Make(false, false, off, key.size()));
+        (void)ops[1].Execute(&ok);
+        *need_spares = true;
         return Status::OK();
       }
-      if (rounds > kWaitRounds && !spare_used) {
+      if (rounds > kWaitRounds) {
         // Its owner stalled or gave up: kill the slot (its publish then fails).
         pm::PMwCAS::Op& k = ops[2];
         spare_used = true;
@@ -384,6 +444,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   // Publish; a status that moved (another reserve or delete) is retried once
   // with the spare, then the slot is marked dead and the insert restarts.
   for (int i = 1; i < (spare_used ? 2 : 3); i++) {
+    if (i == 2 && !spare(2)) break;
     pm::PMwCAS::Op& op = ops[i];
     const uint64_t s2 = Read(Status_(n));
     if (status::Frozen(s2)) return Status::OK();
@@ -404,6 +465,10 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* s
   }
   // Out of publish attempts: our slot dies (best effort; a waiter kills it
   // otherwise) and the insert starts over.
+  if (!spare(3)) {
+    *need_spares = true;
+    return Status::OK();
+  }
   if (ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size())).ok()) (void)ops[3].Execute(&ok);
   return Status::OK();
 }
@@ -413,7 +478,8 @@ Status BzTree::Write(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(kk_, max_key_, key));
   if (mode == Mode::kUpdate) PMINDEX_RETURN_IF_ERROR(ValidateValue(vk_, max_value_, value));
   kit::Backoff b;
-  static thread_local std::vector<Step> path;  // reused: no allocation per operation
+  // Reused: no allocation per operation; initial-exec: no __tls_get_addr.
+  static thread_local std::vector<Step> path __attribute__((tls_model("initial-exec")));
   int pool_full = 0;
   for (int tries = 0; tries < kMaxRetries; tries++) {
     bool frozen = false, merge = false;
@@ -513,7 +579,10 @@ bool BzTree::Records(char* n, std::vector<Rec>* out, bool* bad) const {
     *bad = true;
     return false;
   }
+  const uint64_t sorted = std::min<uint64_t>(nodeword::Sorted(nw), c);
+  size_t prefix = 0;  // out[0, prefix): records of the sorted prefix, in order
   for (uint64_t j = 0; j < c; j++) {
+    if (j == sorted) prefix = out->size();
     uint64_t m = pmw_->Read(Meta(n, j)), p = 0;
     // A leaf that is not frozen may see updates: the metadata read again
     // around the payload gives a consistent pair (format.h).
@@ -536,8 +605,13 @@ bool BzTree::Records(char* n, std::vector<Rec>* out, bool* bad) const {
     r.payload = leaf && !r.ool && vk_ == ValueKind::kU64 ? meta::Value(m, p) : p;
     out->push_back(std::move(r));
   }
-  if (leaf && nodeword::Sorted(nw) < c)
-    std::sort(out->begin(), out->end(), [this](const Rec& a, const Rec& b) { return Cmp(a.key, b.key) < 0; });
+  if (leaf && sorted < c) {
+    // Only the appended records need sorting; then one merge with the
+    // prefix (at most one visible record per key: no ties between them).
+    auto less = [this](const Rec& a, const Rec& b) { return Cmp(a.key, b.key) < 0; };
+    std::sort(out->begin() + ptrdiff_t(prefix), out->end(), less);
+    std::inplace_merge(out->begin(), out->begin() + ptrdiff_t(prefix), out->end(), less);
+  }
   return true;
 }
 

@@ -144,12 +144,14 @@ class BzTree final : public Index {
   // Descends to the leaf for key (after: for the smallest key above it)
   // under the caller's guard; Busy "retry" when a node was replaced meanwhile.
   Status Descend(Slice key, std::vector<Step>* path, bool after = false);
-  // The visible record for key in leaf n (status s): its metadata index or -1.
-  int64_t FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out);
+  // The visible record for key in leaf n (status s): its metadata index, -1
+  // (none) or -2 (damaged metadata). tail = false: the sorted prefix only.
+  int64_t FindInLeaf(char* n, uint64_t s, Slice key, uint64_t* m_out, bool tail = true);
   // Inner node routing: the entry index for key and its child word.
   int RouteInner(char* n, uint64_t s, Slice key, bool after, uint64_t* meta_out);
   Status Write(Slice key, Slice value, Mode mode);
-  Status InsertOnce(Slice key, Slice value, bool* done, bool* dup, bool* smo);
+  // One attempt; spares: take every descriptor it may need up front.
+  Status InsertOnce(Slice key, Slice value, bool spares, bool* done, bool* dup, bool* smo, bool* need_spares);
   Status WriteValue(pm::PMwCAS::Op* op, uint64_t* payload_word, uint64_t old, bool old_ool, Slice value, bool* ool,
                     uint64_t* inline_value);
 

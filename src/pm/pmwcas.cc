@@ -89,8 +89,10 @@ inline uint64_t LoadStatus(const Header* h) { return __atomic_load_n(&h->status,
 // pool offset sits below.
 constexpr int kTagCounterBits = 25;
 std::atomic<uint64_t> g_next_thread_tag{1};
-thread_local uint64_t tl_tag_base = 0;
-thread_local uint64_t tl_tag_counter = 0;
+// initial-exec: one %fs-relative access (the library's default model would
+// call __tls_get_addr on every install).
+thread_local uint64_t tl_tag_base __attribute__((tls_model("initial-exec"))) = 0;
+thread_local uint64_t tl_tag_counter __attribute__((tls_model("initial-exec"))) = 0;
 
 uint64_t NextRdcssTag() {
   if (tl_tag_base == 0) tl_tag_base = g_next_thread_tag.fetch_add(1, std::memory_order_relaxed) << kTagCounterBits;
@@ -455,11 +457,23 @@ Status PMwCAS::Begin(Op* op) {
   return Status::OK();
 }
 
-uint64_t PMwCAS::Read(const uint64_t* addr) {
+bool PMwCAS::TryBegin(Op* op) {
+  if (op->valid()) op->Abandon();
+  uint32_t d = 0;
+  if (!s_->TakeCached(&d)) return false;
+  op->s_ = s_.get();
+  op->desc_ = d;
+  op->count_ = 0;
+  op->undecided_persisted_ = false;
+  op->error_ = Status::OK();
+  return true;
+}
+
+uint64_t PMwCAS::ReadSlow(const uint64_t* addr) {
   uint64_t* w = const_cast<uint64_t*>(addr);
-  uint64_t v = LoadAcquire(w);
-  if (pmwcas::IsValue(v)) return v;  // fast path: no guard needed for a plain value
-  // Read again inside the guard: a pointer read before it may name a
+  uint64_t v;
+  // Read (pmwcas.h) returned a plain value without a guard. Here the word
+  // is read again inside the guard: a pointer read before it may name a
   // descriptor recycled (and reused) since.
   internal::EpochManager::Guard g(s_->epoch);
   for (;;) {

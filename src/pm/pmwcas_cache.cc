@@ -349,6 +349,16 @@ bool PMwCAS::State::Take(uint32_t* d) {
   return false;
 }
 
+bool PMwCAS::State::TakeCached(uint32_t* d) {
+  DescCache* c = ThreadCache();
+  if (!c) return false;
+  std::lock_guard<std::mutex> g(c->mu);
+  if (c->free.empty()) return false;
+  *d = c->free.back();
+  c->free.pop_back();
+  return true;
+}
+
 void PMwCAS::State::PutFree(uint32_t d) { AddFree(ThreadCache(), {d}); }
 
 void PMwCAS::State::Retire(uint32_t d) {

@@ -173,6 +173,9 @@ struct PMwCAS::State {
   // pmwcas_cache.cc
   // A free descriptor (false: none after a bounded search, see Begin).
   bool Take(uint32_t* d);
+  // A free descriptor of the calling thread's cache, if it has one (never
+  // reclaims, refills or waits).
+  bool TakeCached(uint32_t* d);
   // Returns a descriptor that was never published (Abandon).
   void PutFree(uint32_t d);
   void Retire(uint32_t d);

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -65,6 +66,38 @@ TEST(Pmwcas, SucceedsOrChangesNothing) {
   for (int i = 0; i < 4; i++) EXPECT_TRUE(pmwcas::IsValue(t.words[i])) << i;
   t.pm()->Reclaim();
   EXPECT_EQ(t.pm()->DescriptorsInUse(), 0u);
+}
+
+// TryBegin takes only from the calling thread's cache: it works inside a
+// Guard, and reports false (never waits) once that cache is empty although
+// the region still has free descriptors elsewhere (the shared list).
+TEST(Pmwcas, TryBeginTakesFromTheThreadCacheOnly) {
+  TestPool t("trybegin");
+  ASSERT_NE(t.pm(), nullptr);
+  t.Set(0, 1);
+  {
+    PMwCAS::Op warm;  // binds and fills this thread's cache
+    ASSERT_TRUE(t.pm()->Begin(&warm).ok());
+  }
+  PMwCAS::Guard g(*t.pm());
+  PMwCAS::Op op;
+  ASSERT_TRUE(t.pm()->TryBegin(&op));
+  ASSERT_TRUE(op.AddWord(&t.words[0], 1, 2).ok());
+  bool ok = false;
+  ASSERT_TRUE(op.Execute(&ok).ok());
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(t.pm()->Read(&t.words[0]), 2u);
+  std::vector<PMwCAS::Op> held;
+  for (uint32_t i = 0; i < t.pm()->descriptor_count(); i++) {
+    PMwCAS::Op o;
+    if (!t.pm()->TryBegin(&o)) break;
+    held.push_back(std::move(o));
+  }
+  EXPECT_GT(held.size(), 0u);
+  EXPECT_LT(held.size(), t.pm()->descriptor_count() / 2);
+  PMwCAS::Op none;
+  EXPECT_FALSE(t.pm()->TryBegin(&none));
+  EXPECT_FALSE(none.valid());
 }
 
 TEST(Pmwcas, BadInputIsAClearError) {

@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "pmindex/pm/persist.h"
 #include "pmindex/pm/pptr.h"
 #include "pmindex/status.h"
 
@@ -181,9 +182,19 @@ class PMwCAS {
   // Takes a free descriptor. Busy if every descriptor stays taken (held by
   // operations in preparation, or retired and held back by open guards).
   Status Begin(Op* op);
+  // Takes a free descriptor from the calling thread's cache only, never
+  // reclaiming or waiting: unlike Begin it may be called inside a Guard.
+  // False if that cache has none (the caller falls back to a path that
+  // needs no descriptor, or to Begin outside its guard).
+  bool TryBegin(Op* op);
   // The value of a target word (reserved bits clear): helps an operation
   // installed there to finish, and persists and clears a dirty bit first.
-  uint64_t Read(const uint64_t* addr);
+  // A clean value (the common case) is one inline acquire load.
+  uint64_t Read(const uint64_t* addr) {
+    const uint64_t v = LoadAcquire(addr);
+    if (__builtin_expect(pmwcas::IsValue(v), 1)) return v;
+    return ReadSlow(addr);
+  }
   template <typename T>
   TaggedPPtr<T> ReadPtr(const TaggedPPtr<T>* addr) {
     return TaggedPPtr<T>::FromWord(Read(&addr->word));
@@ -226,6 +237,8 @@ class PMwCAS {
 
  private:
   PMwCAS();
+  // Read of a word holding a reserved bit: help, complete, or persist and clean.
+  uint64_t ReadSlow(const uint64_t* addr);
   std::unique_ptr<State> s_;
 };
 
