@@ -321,13 +321,17 @@ Status BzTree::WriteValue(pm::PMwCAS::Op* op, uint64_t* payload_word, uint64_t o
 Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool* dup, bool* smo, bool* need_spares) {
   // Descriptors first (never Begin inside a guard): ops[0] reserves, ops[1]
   // publishes (or, unused, marks our slot dead when we give up while
-  // waiting). The spares are rarely needed: ops[2] for a second publish or
-  // killing a stalled slot, ops[3] to mark our slot dead after failed
-  // publishes, so that no insert waits for it. They come from the thread's
-  // descriptor cache inside the guard (TryBegin never waits), or up front
-  // (spares) once an attempt found the cache empty (*need_spares).
+  // waiting), ops[3] marks our slot dead after failed publishes. ops[3] is
+  // always taken up front: a reserved slot left in flight makes every later
+  // insert into the leaf wait kWaitRounds before killing it (with many more
+  // threads than cores that stalled whole test runs). The spare ops[2], for
+  // a second publish or killing a stalled slot, is rarely needed: it comes
+  // from the thread's descriptor cache inside the guard (TryBegin never
+  // waits), or up front (spares) once an attempt found the cache empty
+  // (*need_spares).
   pm::PMwCAS::Op ops[4];
-  for (int i = 0; i < (spares ? 4 : 2); i++) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&ops[i]));
+  for (int i : {0, 1, 3}) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&ops[i]));
+  if (spares) PMINDEX_RETURN_IF_ERROR(pmw_->Begin(&ops[2]));
   auto spare = [&](int i) { return ops[i].valid() || pmw_->TryBegin(&ops[i]); };
   bool spare_used = false;
   pm::PMwCAS::Guard g(*pmw_);
@@ -465,10 +469,6 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool*
   }
   // Out of publish attempts: our slot dies (best effort; a waiter kills it
   // otherwise) and the insert starts over.
-  if (!spare(3)) {
-    *need_spares = true;
-    return Status::OK();
-  }
   if (ops[3].AddWord(mw, mine, meta::Make(false, false, off, key.size())).ok()) (void)ops[3].Execute(&ok);
   return Status::OK();
 }
