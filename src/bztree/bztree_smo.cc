@@ -9,7 +9,8 @@
 //            names its node's status word with the unfrozen value.
 //   replace  the topmost frozen node X on a path is rebuilt: a leaf from its
 //            visible records (sorted: consolidation), an inner node from its
-//            entries, absorbing up to kAbsorb frozen children (their records
+//            entries, absorbing up to kAbsorb frozen children among the
+//            path's child and its two neighbours (their records
 //            re-laid: a frozen leaf is consolidated, split in two when its
 //            records fill more than 3/4 of a node, merged with an adjacent
 //            frozen leaf when both fit in one, dropped when empty; a frozen
