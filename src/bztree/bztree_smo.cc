@@ -9,7 +9,8 @@
 //            names its node's status word with the unfrozen value.
 //   replace  the topmost frozen node X on a path is rebuilt: a leaf from its
 //            visible records (sorted: consolidation), an inner node from its
-//            entries, absorbing up to kAbsorb frozen children (their records
+//            entries, absorbing up to kAbsorb frozen children among the
+//            path's child and its two neighbours (their records
 //            re-laid: a frozen leaf is consolidated, split in two when its
 //            records fill more than 3/4 of a node, merged with an adjacent
 //            frozen leaf when both fit in one, dropped when empty; a frozen
@@ -201,6 +202,14 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
       run.clear();
     };
     const uint64_t c = recs.size();
+    // Only the child on the path and its two neighbours are looked at for
+    // absorption: every freeze that names x freezes one of those (a split
+    // or a drop: the path's leaf or inner child; a merge: the path's leaf
+    // and an adjacent sibling). Reading every child's status would cost a
+    // cache miss per entry. A frozen child elsewhere (another thread's
+    // change, a crash) is copied as it is and replaced by the next
+    // operation whose path meets it, as a child beyond kAbsorb is.
+    const int64_t via = at + 1 < path.size() ? x.index : -1;
     for (uint64_t i = 0; i < c; i++) {
       const uint64_t m = __atomic_load_n(Meta(xn, i), __ATOMIC_RELAXED);
       uint64_t* slot = Payload(xn, m);
@@ -210,7 +219,8 @@ Status BzTree::Replace(pm::PMwCAS::Op* op, const std::vector<Step>& path, size_t
         return Bad("child offset " + std::to_string(child) + " out of range");
       }
       char* cn = N(child);
-      const uint64_t cs = Read(Status_(cn));
+      const bool near = via < 0 || (int64_t(i) + 1 >= via && int64_t(i) <= via + 1);
+      const uint64_t cs = near ? Read(Status_(cn)) : 0;
       Rec entry = recs[i];
       entry.payload = child;
       if (status::Frozen(cs) && absorbed < kAbsorb) {
@@ -381,6 +391,21 @@ Status BzTree::Smo(Slice key, uint64_t want, bool merge) {
                 kNodeHeader + 8 * status::Count(s) + status::BlockSize(s) + want <= node_size_)
               return Status::OK();
             PMINDEX_RETURN_IF_ERROR(op.AddWord(Status_(xn), s, s | status::kFrozen));
+            // A leaf whose live records may fill more than 3/4 of a node
+            // (an upper bound from its status: every slot's metadata word
+            // and every block not deleted) must split, which changes its
+            // parent: the parent is frozen in the same PMwCAS, so its
+            // rebuild absorbs the leaf at once (a round, a PMwCAS and a
+            // read of the leaf's records fewer than freezing the leaf,
+            // finding it over 3/4 and freezing the parent). Should the
+            // bound overshoot (dead slots), the parent's rebuild merely
+            // consolidates the leaf.
+            const uint64_t live_max = 8 * status::Count(s) + (status::BlockSize(s) > status::DeleteSize(s)
+                                                                  ? status::BlockSize(s) - status::DeleteSize(s) : 0);
+            if (path.size() > 1 && live_max > Capacity() * 3 / 4) {
+              const Step& p = path[path.size() - 2];
+              PMINDEX_RETURN_IF_ERROR(op.AddWord(Status_(N(p.node)), p.status, p.status | status::kFrozen));
+            }
             bool ok;
             PMINDEX_RETURN_IF_ERROR(op.Execute(&ok));
           } else if (merge && path.size() > 1) {
