@@ -236,6 +236,8 @@ class ClfBTree final : public Index {
   enum class Step { kNext, kRestart, kCorrupt };
   Step RouteInner(uint64_t off, const kit::VersionLock& vl, uint64_t v, Slice key, uint64_t* child, bool* kids_leaves,
                   uint64_t* sep, bool* has_sep, std::string* sep_key = nullptr) const;
+  Step RouteInnerBytes(uint64_t off, const kit::VersionLock& vl, uint64_t v, Slice key, uint64_t* child,
+                       bool* kids_leaves, uint64_t* sep, bool* has_sep, std::string* sep_key) const;
   // v: the leaf's version from the caller's ReadBegin.
   Status ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* value, bool* found) const;
   struct ScanEnt {
