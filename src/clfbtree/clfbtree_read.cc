@@ -12,7 +12,9 @@
 // separator above the current leaf (no sibling pointers: a leaf split
 // replaces one leaf by two new ones without touching a neighbour); a u64
 // scan starts that descent at the inner node holding the separator while
-// that node's version validates.
+// that node's version validates, and any other descent at the route
+// table's node for its cursor (clfbtree_route.h), going on at the table's
+// next key when that node's range is done.
 //
 // Thread safety: any number of readers concurrently with the writers
 // (clfbtree_tree.h, "Concurrency").
