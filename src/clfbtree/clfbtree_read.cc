@@ -12,7 +12,9 @@
 // separator above the current leaf (no sibling pointers: a leaf split
 // replaces one leaf by two new ones without touching a neighbour); a u64
 // scan starts that descent at the inner node holding the separator while
-// that node's version validates.
+// that node's version validates, and any other descent at the route
+// table's node for its cursor (clfbtree_route.h), going on at the table's
+// next key when that node's range is done.
 //
 // Thread safety: any number of readers concurrently with the writers
 // (clfbtree_tree.h, "Concurrency").
@@ -72,6 +74,43 @@ Status ClfBTree::ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* val
   return Status::OK();
 }
 
+// Inlined into the u64 descents (a call per level costs a find about 50
+// instructions); byte keys take RouteInnerBytes.
+[[gnu::always_inline]] inline ClfBTree::Step ClfBTree::RouteInner(uint64_t off, const kit::VersionLock& vl, uint64_t v,
+                                                                  Slice key, uint64_t* child, bool* kids_leaves,
+                                                                  uint64_t* sep, bool* has_sep,
+                                                                  std::string* sep_key) const {
+  if (bk()) return RouteInnerBytes(off, vl, v, key, child, kids_leaves, sep, has_sep, sep_key);
+  PadLine img;
+  ReadLinePadded(off, img);
+  if (!vl.Validate(v)) return Step::kRestart;
+  uint32_t idx;
+  if (!RouteU64Padded(img, SliceToU64(key), &idx, child, sep, kids_leaves)) return Step::kCorrupt;
+  *has_sep = idx < (img[0] & kCountMask);
+  return Step::kNext;
+}
+
+ClfBTree::Step ClfBTree::RouteInnerBytes(uint64_t off, const kit::VersionLock& vl, uint64_t v, Slice key,
+                                         uint64_t* child, bool* kids_leaves, uint64_t* sep, bool* has_sep,
+                                         std::string* sep_key) const {
+  // The comparisons read separator blocks, so the version is validated
+  // after them (a torn copy may fail to decode: Corrupt only if the node
+  // did not change).
+  Line img;
+  ReadLine(off, img);
+  Decoded d;
+  uint32_t idx = 0;
+  const bool ok = Decode(img, true, &d) && !d.leaf && ChildIndex(d, key, &idx) &&
+                  (!sep_key || idx >= d.n || KeyString(d.k[idx], sep_key));
+  if (!vl.Validate(v)) return Step::kRestart;
+  if (!ok) return Step::kCorrupt;
+  *has_sep = idx < d.n;
+  *sep = *has_sep ? d.k[idx] : 0;
+  *child = d.p[idx];
+  *kids_leaves = d.kids_leaves;
+  return Step::kNext;
+}
+
 Status ClfBTree::Find(Slice key, std::string* value) {
   if (closed()) return IndexClosed();
   PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
@@ -102,40 +141,11 @@ Status ClfBTree::Find(Slice key, std::string* value) {
         if (!s.ok()) return Status::Corrupt("clfbtree: leaf unreadable");
         return found ? Status::OK() : Status::NotFound();
       }
-      if (!bk()) {
-        PadLine img;
-        ReadLinePadded(off, img);
-        if (!vl.Validate(v)) {
-          restart = true;
-          break;
-        }
-        uint32_t idx;
-        uint64_t sep;
-        if (!RouteU64Padded(img, SliceToU64(key), &idx, &off, &sep, &leaf))
-          return Status::Corrupt("clfbtree: inner node does not decode");
-        continue;
-      }
-      Line img;
-      ReadLine(off, img);
-      if (!vl.Validate(v)) {
-        restart = true;
-        break;
-      }
-      Decoded d;
-      uint32_t idx;
-      if (!Decode(img, bk(), &d) || d.leaf || !ChildIndex(d, key, &idx)) {
-        if (!vl.Validate(v)) {
-          restart = true;
-          break;
-        }
-        return Status::Corrupt("clfbtree: inner node does not decode");
-      }
-      if (!vl.Validate(v)) {
-        restart = true;
-        break;
-      }
-      off = d.p[idx];
-      leaf = d.kids_leaves;
+      uint64_t sep;
+      bool has_sep;
+      const Step st = RouteInner(off, vl, v, key, &off, &leaf, &sep, &has_sep);
+      if (st == Step::kCorrupt) return Status::Corrupt("clfbtree: inner node does not decode");
+      restart = st == Step::kRestart;
     }
     backoff.Wait();
   }
@@ -183,24 +193,40 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
   };
   Cand cand[kMaxDepth + 2];
   int resume_depth = -1;
+  // A descent that does not resume starts at the route table's node for the
+  // cursor (after a restart: at the root); base_hi is the end of that node's
+  // range (none from the root), where the scan goes on once the path has no
+  // separator left.
+  uint64_t base_hi = 0;
+  bool base_has_hi = false, restarted = false;
   while (done < n) {
     if (++restarts > kMaxRestarts) return Status::Busy("clfbtree: scan restarted too often");
-    const uint64_t w = Ld(&meta_->root);
-    uint64_t off = w & ~63ull;
-    bool leaf = w & 1, restart = false;
+    uint64_t off;
+    bool leaf, restart = false;
     int depth0 = 0;
     if (resume_depth >= 0 && VL(cand[resume_depth].off).Validate(cand[resume_depth].v)) {
       off = cand[resume_depth].off;
       leaf = false;
       depth0 = resume_depth;
+    } else {
+      const RouteTable* t = restarted ? nullptr : route_.load(std::memory_order_acquire);
+      const uint64_t w = t ? t->Lookup(cursor, &base_hi, &base_has_hi) : Ld(&meta_->root);
+      if (!t) base_has_hi = false;
+      off = w & ~63ull;
+      leaf = w & 1;
     }
     resume_depth = -1;
+    restarted = false;
     uint32_t m = 0, first = 0;
     size_t emit = 0;
     int leaf_depth = 0;
     bool publish = false;
     for (int depth = depth0;; depth++) {
       if (depth > kMaxDepth || !NodeOk(off, leaf ? LeafBytes() : 64)) return Status::Corrupt("clfbtree: bad node offset");
+      // An append leaf's lines are all read (the sort and the walk visit its
+      // slots in key order, not address order): fetched at once.
+      if (leaf && !encoded())
+        for (uint64_t o = 0; o < c_.leaf_size; o += 64) __builtin_prefetch(At(off + o));
       kit::VersionLock& vl = VL(off);
       uint64_t v;
       if (!vl.ReadBegin(&v)) {
@@ -209,18 +235,15 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       }
       if (!leaf) {
         const uint64_t vl_off = off;
-        PadLine img;
-        ReadLinePadded(off, img);
-        if (!vl.Validate(v)) {
+        uint64_t sep;
+        bool has_sep;
+        const Step st = RouteInner(off, vl, v, U64Slice(cursor), &off, &leaf, &sep, &has_sep);
+        if (st == Step::kCorrupt) return Status::Corrupt("clfbtree: inner node does not decode");
+        if (st == Step::kRestart) {
           restart = true;
           break;
         }
-        uint32_t idx;
-        uint64_t sep;
-        bool kl;
-        if (!RouteU64Padded(img, cursor, &idx, &off, &sep, &kl)) return Status::Corrupt("clfbtree: inner node does not decode");
-        cand[depth] = Cand{vl_off, v, sep, idx < (img[0] & kCountMask)};
-        leaf = kl;
+        cand[depth] = Cand{vl_off, v, sep, has_sep};
         continue;
       }
       // The leaf's entries at or above the cursor, the smallest `emit` of
@@ -274,6 +297,7 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
       break;
     }
     if (restart) {
+      restarted = true;
       backoff.Wait();
       continue;
     }
@@ -289,7 +313,12 @@ Status ClfBTree::ScanU64(uint64_t cursor, size_t n, const ScanCallback& cb, size
         resume_depth = d;
         break;
       }
-    if (resume_depth < 0) break;
+    if (resume_depth < 0) {
+      if (!base_has_hi) break;
+      cursor = base_hi;  // the next route table node
+      base_has_hi = false;
+      continue;
+    }
     cursor = cand[resume_depth].sep;
     cand[resume_depth].has = false;  // the descent from there sets it again
   }
@@ -358,24 +387,19 @@ Status ClfBTree::Scan(Slice start, size_t n, ScanCallback cb, size_t* count) {
         if (bad) return Status::Corrupt("clfbtree: leaf unreadable");
         break;
       }
-      Line img;
-      ReadLine(off, img);
-      Decoded d;
-      uint32_t idx = 0;
-      const bool ok = Decode(img, bk(), &d) && !d.leaf && ChildIndex(d, cursor, &idx);
       std::string sep;
-      const bool sep_ok = ok && (idx >= d.n || KeyString(d.k[idx], &sep));
-      if (!vl.Validate(v)) {
+      uint64_t sep_word;
+      bool has_sep;
+      const Step st = RouteInner(off, vl, v, cursor, &off, &leaf, &sep_word, &has_sep, &sep);
+      if (st == Step::kCorrupt) return Status::Corrupt("clfbtree: inner node does not decode");
+      if (st == Step::kRestart) {
         restart = true;
         break;
       }
-      if (!ok || !sep_ok) return Status::Corrupt("clfbtree: inner node does not decode");
-      if (idx < d.n) {
+      if (has_sep) {
         has_ub = true;
         ub = std::move(sep);
       }
-      off = d.p[idx];
-      leaf = d.kids_leaves;
     }
     if (restart) {
       backoff.Wait();

@@ -26,7 +26,8 @@ void ClfBTree::FreeRetiredRoutes() {
   route_retired_.clear();
 }
 
-void ClfBTree::NoteReplaced(int j, uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps) {
+void ClfBTree::NoteReplaced(int j, uint64_t from, uint64_t hint, const std::vector<uint64_t>& to,
+                            const std::vector<uint64_t>& seps) {
   if (bk() || route_depth_ < 0 || j != route_depth_) return;
   if (route_change_.has) {  // two replacements at one level in one change: not expected; rebuild
     route_change_.bad = true;
@@ -34,6 +35,7 @@ void ClfBTree::NoteReplaced(int j, uint64_t from, const std::vector<uint64_t>& t
   }
   route_change_.has = true;
   route_change_.from = from;
+  route_change_.hint = hint;
   route_change_.to = to;
   route_change_.seps = seps;
 }
@@ -42,7 +44,7 @@ void ClfBTree::ApplyRouteChange() {
   if (!route_change_.has) return;
   const RouteTable* cur = route_.load(std::memory_order_relaxed);
   auto* t = new RouteTable;
-  if (route_change_.bad || !cur || !cur->Replaced(route_change_.from, route_change_.to, route_change_.seps, t)) {
+  if (route_change_.bad || !cur || !cur->Replaced(route_change_.from, route_change_.hint, route_change_.to, route_change_.seps, t)) {
     delete t;
     t = nullptr;
   }

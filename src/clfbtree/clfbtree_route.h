@@ -68,9 +68,18 @@ struct RouteTable {
   RouteTable() = default;
 
   uint64_t Lookup(uint64_t key) const {
+    uint64_t hi;
+    bool has_hi;
+    return Lookup(key, &hi, &has_hi);
+  }
+  // The same, and the end of the node's range: *hi, the next node's
+  // smallest key (*has_hi false for the last node, whose range is unbounded).
+  uint64_t Lookup(uint64_t key, uint64_t* hi, bool* has_hi) const {
     const size_t c = size_t(std::upper_bound(first.begin(), first.end(), key) - first.begin()) - 1;
     const RouteChunk& k = *chunks[c];
     const size_t i = size_t(std::upper_bound(k.lo.begin(), k.lo.end(), key) - k.lo.begin());
+    *has_hi = i < k.lo.size() || c + 1 < first.size();
+    *hi = i < k.lo.size() ? k.lo[i] : (c + 1 < first.size() ? first[c + 1] : 0);
     return k.node[i - 1];
   }
   // Every node and its smallest key, in order (Check).
@@ -82,10 +91,15 @@ struct RouteTable {
   }
   // A copy with node `from` replaced by `to` (separators seps between them);
   // false if `from` is not in the table. Only the changed chunk is copied.
-  bool Replaced(uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps,
+  // hint: a key in from's range, naming the chunk to look in first (the
+  // others are searched only if from is not there).
+  bool Replaced(uint64_t from, uint64_t hint, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps,
                 RouteTable* out) const {
     if (to.empty() || seps.size() + 1 != to.size()) return false;
-    for (size_t c = 0; c < chunks.size(); c++) {
+    const size_t hc = size_t(std::upper_bound(first.begin(), first.end(), hint) - first.begin()) - 1;
+    for (size_t step = 0; step <= chunks.size(); step++) {
+      if (step > 0 && step - 1 == hc) continue;
+      const size_t c = step == 0 ? hc : step - 1;
       const RouteChunk& k = *chunks[c];
       const auto it = std::find(k.node.begin(), k.node.end(), from);
       if (it == k.node.end()) continue;

@@ -398,7 +398,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       }
       kids = {s};
       seps.clear();
-      NoteReplaced(j, P.off, kids, seps);
+      NoteReplaced(j, P.off, P.d.n ? P.d.k[0] : 0, kids, seps);
     } else {
       std::vector<uint64_t> nk, ns;
       if (Status s = Pack(k, p, false, P.d.kids_leaves, &nk, &ns); !s.ok()) {
@@ -413,7 +413,7 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
       }
       kids = std::move(nk);
       seps = std::move(ns);
-      NoteReplaced(j, P.off, kids, seps);
+      NoteReplaced(j, P.off, P.d.n ? P.d.k[0] : 0, kids, seps);
     }
     kids_leaves = false;
     j--;
@@ -428,6 +428,7 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
     return st;
   }
   std::vector<std::pair<uint64_t, uint64_t>> ents;
+  ents.reserve(cap_ + 1);
   const uint64_t* bm = Bitmap(leaf);
   for (uint32_t i = 0; i < cap_; i++)
     if ((LdR(&bm[i / 64]) >> (i % 64)) & 1) ents.push_back({LdR(Ent(leaf, i)), LdR(Ent(leaf, i) + 1)});

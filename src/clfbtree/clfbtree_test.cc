@@ -169,6 +169,18 @@ TEST_P(ClfBTreeTest, DescendingAndAscendingThenEmptied) {
   Verify();
 }
 
+// Scans of up to 120 records from random keys: across leaves, inner nodes
+// and (u64 keys) the route table's nodes, where a scan's first descent
+// starts, and past the last key.
+TEST_P(ClfBTreeTest, BoundedScansFromRandomKeys) {
+  std::mt19937_64 rng(11);
+  Open();
+  RandomOps(rng, 2000, 3000);
+  const Cfg& c = GetParam();
+  for (int i = 0; i < 100; i++)
+    ASSERT_NO_FATAL_FAILURE(testutil::ExpectBoundedScan(idx_.get(), c.kk, model_, Key(c, rng() % 3200), 1 + rng() % 120));
+}
+
 std::vector<Cfg> AllConfigs() {
   std::vector<Cfg> v;
   for (const char* parent : {"atomic", "inplace", "shadow"}) {

@@ -228,6 +228,16 @@ class ClfBTree final : public Index {
   void TallyAdd(uint64_t* field, const Mark& before) const;
 
   // clfbtree_read.cc
+  // One inner node of a lock-free descent, whose version v the caller read
+  // from vl: the line copied, the child for key chosen (*child, and whether
+  // it is a leaf), the separator above it (*sep, the key word; *has_sep
+  // false when the child is the last; byte keys: its key copied into
+  // *sep_key when given), the version validated after every read.
+  enum class Step { kNext, kRestart, kCorrupt };
+  Step RouteInner(uint64_t off, const kit::VersionLock& vl, uint64_t v, Slice key, uint64_t* child, bool* kids_leaves,
+                  uint64_t* sep, bool* has_sep, std::string* sep_key = nullptr) const;
+  Step RouteInnerBytes(uint64_t off, const kit::VersionLock& vl, uint64_t v, Slice key, uint64_t* child,
+                       bool* kids_leaves, uint64_t* sep, bool* has_sep, std::string* sep_key) const;
   // v: the leaf's version from the caller's ReadBegin.
   Status ReadLeaf(uint64_t leaf, uint64_t v, Slice key, std::string* value, bool* found) const;
   struct ScanEnt {
@@ -249,9 +259,10 @@ class ClfBTree final : public Index {
   void PublishRoute(RouteTable* t);
   void FreeRetiredRoutes();
   // Records that path node `from` at depth j is replaced by `to` (seps
-  // between): applied by FinishSmo before its grace period, dropped by
-  // AbortSmo.
-  void NoteReplaced(int j, uint64_t from, const std::vector<uint64_t>& to, const std::vector<uint64_t>& seps);
+  // between; hint: a key in from's range): applied by FinishSmo before its
+  // grace period, dropped by AbortSmo.
+  void NoteReplaced(int j, uint64_t from, uint64_t hint, const std::vector<uint64_t>& to,
+                    const std::vector<uint64_t>& seps);
   void ApplyRouteChange();
   // Check's part for the DRAM hints: the route table matches the tree, and
   // every valid leaf filter holds its leaf's keys.
@@ -299,7 +310,7 @@ class ClfBTree final : public Index {
   bool route_dirty_ = true;
   struct {
     bool has = false, bad = false;
-    uint64_t from = 0;
+    uint64_t from = 0, hint = 0;
     std::vector<uint64_t> to, seps;
   } route_change_;
   std::vector<RouteTable*> route_retired_;

@@ -216,6 +216,14 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
     if (!RouteU64Padded(img, k, &idx, &off, &sep, &leaf)) return false;
   }
   if (!NodeOk(off, LeafBytes())) return false;
+  // The filter and the bitmap are read right after the try-lock, a locked
+  // RMW that later loads cannot pass: their misses overlap the lock word's.
+  LeafFilter* f = Filter(off);
+  if (f) {
+    __builtin_prefetch(f);
+    __builtin_prefetch(reinterpret_cast<const char*>(f) + 64);
+  }
+  __builtin_prefetch(Bitmap(off));
   // The leaf's lock from the version read after its parent validated: an
   // unlinked leaf is obsolete, one being split is locked; either fails here.
   kit::VersionLock& vl = VL(off);
@@ -225,7 +233,6 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   uint32_t live;
   // The leaf's filter, valid again for the version the unlock publishes
   // (every path below unlocks once, by vl.Unlock: v + kStep).
-  LeafFilter* f = Filter(off);
   if (f && f->Valid(v)) {
     LeafProbeU64(off, *f, k, &found, &free_slot, &live);
   } else {
