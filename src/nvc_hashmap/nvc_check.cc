@@ -139,11 +139,6 @@ Status NvcHashmap::Check() {
       std::lock_guard<std::mutex> g(slab_mu_);
       for (auto& gl : gfree_)
         for (uint64_t o : gl) PMINDEX_RETURN_IF_ERROR(add(o, "free"));
-      Status rs;
-      ForEachReservedBuddy([&](uint64_t o) {
-        if (rs.ok()) rs = add(o, "reserved");
-      });
-      PMINDEX_RETURN_IF_ERROR(rs);
     }
     for (uint32_t si = 0; si < nslots_; si++) {
     SlotState& st = slots_[si];

@@ -57,20 +57,15 @@ struct Config {
   long long load_factor = 2;
   bool slab = true;
   long long max_threads = kRootSlots;
-  bool buddy = false;
 };
 
 Status ParseConfig(const Options& o, Config* cfg) {
   Params p(o.params);
-  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "max_threads", "node_alloc", "node_place"}));
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"erratum_fix", "initial_buckets", "load_factor", "max_threads", "node_alloc"}));
   std::string na;
   PMINDEX_RETURN_IF_ERROR(p.GetString("node_alloc", "slab", &na));
   cfg->slab = na == "slab";
   if (na != "slab" && na != "allocator") return Status::InvalidArgument("parameter node_alloc=" + na + " is not one of slab, allocator");
-  std::string place;
-  PMINDEX_RETURN_IF_ERROR(p.GetString("node_place", "any", &place));
-  if (place != "any" && place != "buddy") return Status::InvalidArgument("parameter node_place=" + place + " is not one of any, buddy");
-  cfg->buddy = place == "buddy";
   std::string fix;
   PMINDEX_RETURN_IF_ERROR(p.GetString("erratum_fix", "dirty_bit", &fix));
   if (fix == "dirty_bit") cfg->fix = Fix::kDirtyBit;
@@ -94,7 +89,6 @@ Status NvcHashmap::Create(std::unique_ptr<pm::Pool> pool, const Options& o, std:
   if (o.max_key_size == 0 || o.max_key_size > (1u << 20) || o.max_value_size > (1u << 24))
     return Status::InvalidArgument("nvc_hashmap: max_key_size/max_value_size out of range");
   auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
-  if (cfg.buddy) h->EnableBuddies();
   const Status s = h->InitNew(o, uint64_t(cfg.initial_buckets), uint32_t(cfg.max_threads));
   return Finish(std::move(h), s, out);
 }
@@ -105,7 +99,6 @@ Status NvcHashmap::Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::u
   if (o.read_only || pool->read_only())
     return Status::Unsupported("nvc_hashmap does not support read-only opens (recovery writes)");
   auto h = std::make_unique<NvcHashmap>(std::move(pool), cfg.fix, uint64_t(cfg.load_factor), cfg.slab);
-  if (cfg.buddy) h->EnableBuddies();
   h->recovery_threads_ = o.recovery_threads;
   bool recover = false;
   Status s = h->LoadRoot(&recover);

@@ -32,7 +32,6 @@ struct DiffCase {
   ValueKind vk;
   std::string fix;
   std::string na = "allocator";  // node_alloc
-  std::string place = "any";     // node_place
 };
 
 class Differential : public testing::TestWithParam<DiffCase> {};
@@ -41,7 +40,7 @@ TEST_P(Differential, RandomOpsMatchUnorderedMap) {
   const auto& p = GetParam();
   PoolFile pf("diff");
   // Few initial buckets: the table doubles many times during the run.
-  Options o = Opts(pf.path, p.kk, p.vk, {{"erratum_fix", p.fix}, {"initial_buckets", "2"}, {"node_alloc", p.na}, {"node_place", p.place}});
+  Options o = Opts(pf.path, p.kk, p.vk, {{"erratum_fix", p.fix}, {"initial_buckets", "2"}, {"node_alloc", p.na}});
   std::unique_ptr<Index> idx;
   ASSERT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
   std::unordered_map<std::string, std::string> model;
@@ -122,11 +121,10 @@ INSTANTIATE_TEST_SUITE_P(
                     DiffCase{KeyKind::kU64, ValueKind::kBytes, "none"},
                     DiffCase{KeyKind::kU64, ValueKind::kU64, "dirty_bit", "slab"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "dirty_bit", "slab"},
                     DiffCase{KeyKind::kBytes, ValueKind::kU64, "dirty_bit", "slab"}, DiffCase{KeyKind::kBytes, ValueKind::kBytes, "dirty_bit", "slab"},
-                    DiffCase{KeyKind::kU64, ValueKind::kU64, "flush_on_read", "slab"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "none", "slab"},
-                    DiffCase{KeyKind::kU64, ValueKind::kU64, "dirty_bit", "slab", "buddy"}),
+                    DiffCase{KeyKind::kU64, ValueKind::kU64, "flush_on_read", "slab"}, DiffCase{KeyKind::kU64, ValueKind::kBytes, "none", "slab"}),
     [](const testing::TestParamInfo<DiffCase>& i) {
       return std::string(i.param.kk == KeyKind::kU64 ? "u64key_" : "byteskey_") + (i.param.vk == ValueKind::kU64 ? "u64val_" : "bytesval_") +
-             i.param.fix + "_" + i.param.na + (i.param.place == "any" ? "" : "_" + i.param.place);
+             i.param.fix + "_" + i.param.na;
     });
 
 TEST(NvcHashmap, ParametersAreValidated) {
@@ -137,7 +135,6 @@ TEST(NvcHashmap, ParametersAreValidated) {
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "3"}}), &idx).IsInvalidArgument());
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"load_factor", "0"}}), &idx).IsInvalidArgument());
   EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"node_alloc", "malloc"}}), &idx).IsInvalidArgument());
-  EXPECT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"node_place", "near"}}), &idx).IsInvalidArgument());
   EXPECT_FALSE(pm::Pool::Exists(pf.path)) << "a rejected create leaves no pool";
   ASSERT_TRUE(OpenIndex("nvc_hashmap", Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"erratum_fix", "flush_on_read"}}), &idx).ok());
   IndexInfo info;
@@ -542,41 +539,6 @@ TEST(NvcHashmap, SlabRefillRetriesAfterPoolFull) {
   o.create_if_missing = false;
   ASSERT_TRUE(OpenIndex("", o, &idx).ok());
   verify(0, m, 40);
-}
-
-// node_place=buddy reserves the second half of every line of a new slab of
-// compact nodes for a list neighbour of the first half's node. When the pool
-// is full, the reserved halves still unclaimed are handed out as ordinary
-// free slots, so the index fills the pool as with node_place=any (which
-// stores more than 100,000 records here, SlabRefillRetriesAfterPoolFull);
-// Check counts reserved slots as free, and a clean close records them free.
-TEST(NvcHashmap, BuddyReservationsAreUsedWhenThePoolIsFull) {
-  // Records that fit an 8 MiB pool with the placement given.
-  auto fill = [](const std::string& place) -> uint64_t {
-    PoolFile pf("buddyfull");
-    Options o = Opts(pf.path, KeyKind::kU64, ValueKind::kU64, {{"initial_buckets", "131072"}, {"load_factor", "64"}, {"node_place", place}});
-    o.pool_size = 8ull << 20;
-    o.max_pool_size = 8ull << 20;
-    std::unique_ptr<Index> idx;
-    EXPECT_TRUE(OpenIndex("nvc_hashmap", o, &idx).ok());
-    uint64_t n = 0;
-    Status s;
-    while ((s = idx->Insert(MakeKey(KeyKind::kU64, n), nvc_test::U64(n))).ok()) n++;
-    EXPECT_TRUE(s.IsPoolFull()) << s.ToString();
-    Status c = idx->Check();
-    EXPECT_TRUE(c.ok()) << place << ": " << c.ToString();
-    ExpectNoLeak(idx.get());
-    idx.reset();
-    o.create_if_missing = false;
-    EXPECT_TRUE(OpenIndex("", o, &idx).ok());
-    EXPECT_EQ(idx->Size(), n);
-    c = idx->Check();
-    EXPECT_TRUE(c.ok()) << place << " after a clean reopen: " << c.ToString();
-    ExpectNoLeak(idx.get());
-    return n;
-  };
-  const uint64_t any = fill("any"), buddy = fill("buddy");
-  EXPECT_GE(buddy, any - any / 100) << "reserved buddy slots were not used once the pool was full";
 }
 
 // The footprint that decides find speed once the index outgrows the cache

@@ -61,7 +61,6 @@ void NvcHashmap::Search(const Start& start, uint64_t so, Slice key, const Ctx& c
 retry:
   pos->pp_word = nullptr;
   pos->pp_raw = 0;
-  pos->prev_node = false;
   pos->prev_word = start.word;
   pos->curr_raw = load(start.word);  // exact (a dummy's word may carry kUnpub, never kMark)
   prev_so = start.so;
@@ -80,7 +79,6 @@ retry:
       pos->pp_word = pos->prev_word;
       pos->pp_raw = raw;
       pos->prev_word = w;
-      pos->prev_node = false;
       pos->curr_raw = load(w);
       prev_so = dso;
       continue;
@@ -107,7 +105,6 @@ retry:
       pos->pp_word = pos->prev_word;
       pos->pp_raw = pos->curr_raw;
       pos->prev_word = &curr->next;
-      pos->prev_node = true;
       pos->curr_raw = next_raw;
       prev_so = curr->so;
       continue;
@@ -137,8 +134,7 @@ uint64_t NvcHashmap::HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* cu
 // nodes take a 32-byte slab slot (32-byte aligned: one line too), or a
 // 64-byte block with node_alloc=allocator. A u64 value lives in the value
 // word; a byte value in a record after the key.
-Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out,
-                             const uint64_t (&near)[2]) {
+Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out) {
   const uint64_t vsize = ValueRecSize(value);
   const uint64_t voff = compact_ ? sizeof(CompactNode) : kHeader + A8(key.size());
   const uint64_t size = compact_ && slab_ ? sizeof(CompactNode) : (voff + vsize + 63) & ~uint64_t(63);
@@ -147,13 +143,9 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   if (cls >= 0) {
     // A slab slot: volatile bookkeeping only; an unlinked slot is free by
     // definition (recovery frees everything unreachable), so no pending slot.
-    uint64_t off = 0;
-    for (uint64_t b : near)
-      if (!off && b && cls == 0 && ClaimBuddy(b)) off = b;
-    if (!off) {
-      Status s = SlabAlloc(c, cls, &off);
-      if (!s.ok()) return s;
-    }
+    uint64_t off;
+    Status s = SlabAlloc(c, cls, &off);
+    if (!s.ok()) return s;
     n = N(off);
   } else {
     Status s = pool_->allocator().Allocate(&c.ps->pending, size);
@@ -304,14 +296,7 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     }
     const uint64_t succ = Succ(pos.curr_raw);
     if (!fresh) {
-      // Buddy placement: the free half of the predecessor's line, else of
-      // the successor's (the search walks from one to the other).
-      uint64_t near[2] = {0, 0};
-      if (buddy_words_ && compact_) {
-        if (pos.prev_node) near[0] = Off(pos.prev_word) ^ 32;
-        if (pos.curr) near[1] = Off(pos.curr) ^ 32;
-      }
-      result = AllocNode(c, so, key, value, succ, &fresh, near);
+      result = AllocNode(c, so, key, value, succ, &fresh);
       if (!result.ok()) break;
     } else if (fresh->next != succ) {
       pm::StoreAtomic(&fresh->next, succ);

@@ -236,7 +236,6 @@ struct Pos {
   uint64_t* prev_word = nullptr;
   uint64_t curr_raw = 0;  // *prev_word as loaded (exact, for CAS)
   Node* curr = nullptr;   // the regular node curr_raw names (nullptr: a dummy or the end)
-  bool prev_node = false;  // prev_word is a regular node's next (else a dummy's slot)
   bool found = false;
 };
 
@@ -281,12 +280,6 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   pm::Pool* pool() override { return closed_ ? nullptr : pool_.get(); }
   Status Close() override;
   uint64_t BucketCountForTest() const { return bucket_count_.load(); }
-  // node_place=buddy (docs/nvc_hashmap.md, "Buddy placement"): sizes the
-  // reservation bits for the pool's lines at open. Before Create/Open's work.
-  void EnableBuddies() {
-    buddy_words_ = (pool_->size() / 64 + 63) / 64;
-    buddy_bits_ = std::make_unique<std::atomic<uint64_t>[]>(buddy_words_);
-  }
   int RecoveryWalkersForTest() const { return recovery_walkers_; }
   bool RecoveryScannedForTest() const { return recovery_scanned_; }
 
@@ -440,9 +433,7 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
 
   void Search(const Start& start, uint64_t so, Slice key, const Ctx& c, Pos* pos);
   uint64_t HelpUnlink(uint64_t* prev_word, uint64_t curr_raw, Node* curr, uint64_t next_raw, const Ctx& c);
-  // near: free slots to try first (node_place=buddy: the buddies of the new
-  // node's list neighbours; 0: none).
-  Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out, const uint64_t (&near)[2]);
+  Status AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, uint64_t next, Node** out);
   Status AllocValue(const Ctx& c, Slice value, uint64_t* out);
   Status Put(Slice key, Slice value, PutMode mode);
   // v: a regular node's value word.
@@ -485,33 +476,6 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
     return Status::OK();
   }
   Status SlabRefill(const Ctx& c, int cls);
-  // node_place=buddy: one DRAM bit per pool line, set while the line's
-  // second 32-byte half is a free compact slab slot reserved for a node
-  // linked next to the node in its first half (a list neighbour then costs
-  // no miss of its own). Only NewSlab sets bits (the odd slots of a new
-  // slab of compact nodes); claiming clears one (the claimer owns the slot,
-  // as if popped from a free list). Reserved slots count as free (Check,
-  // the clean close's bitmaps); none survive a close or a crash.
-  bool ClaimBuddy(uint64_t off) {
-    const uint64_t line = off >> 6;
-    if (!(off & 32) || line / 64 >= buddy_words_) return false;
-    const uint64_t bit = uint64_t(1) << (line % 64);
-    std::atomic<uint64_t>& w = buddy_bits_[line / 64];
-    return (w.load(std::memory_order_relaxed) & bit) && (w.fetch_and(~bit, std::memory_order_acq_rel) & bit);
-  }
-  bool BuddyReserved(uint64_t off) const {
-    const uint64_t line = off >> 6;
-    return (off & 32) && line / 64 < buddy_words_ && (buddy_bits_[line / 64].load(std::memory_order_relaxed) >> (line % 64) & 1);
-  }
-  // Every reserved slot of every slab (slab_mu_ held, or quiescence).
-  template <class Fn>
-  void ForEachReservedBuddy(Fn fn) const {
-    if (!buddy_words_) return;
-    for (const auto& [off, cls] : slab_cls_)
-      if (cls == 0)
-        for (uint64_t i = 1; i < (kSlabSize - kSlabHeader) / kClassSize[0]; i += 2)
-          if (BuddyReserved(SlabSlot(off, 0, i))) fn(SlabSlot(off, 0, i));
-  }
   void SlabFree(SlotState* st, uint64_t off, int cls);
   Status NewSlab(int cls, std::vector<uint64_t>* out);
   uint64_t SlabSlot(uint64_t slab, int cls, uint64_t i) const { return slab + kSlabHeader + i * kClassSize[cls]; }
@@ -601,8 +565,6 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   std::mutex slab_mu_;       // guards slab_cls_ growth and gfree_
   std::map<uint64_t, int> slab_cls_;  // slab offset -> class (volatile index of the slab list)
   std::vector<uint64_t> gfree_[kNumClasses];  // shared free slots
-  uint64_t buddy_words_ = 0;  // node_place=buddy: words of buddy_bits_ (0: placement off)
-  std::unique_ptr<std::atomic<uint64_t>[]> buddy_bits_;
 };
 
 }  // namespace pmindex::internal::nvc

@@ -106,10 +106,6 @@ Status NvcHashmap::SlabRefill(const Ctx& c, int cls) {
       const size_t more = std::min<size_t>(g_free.size(), 256);
       mine.insert(mine.end(), g_free.end() - more, g_free.end());
       g_free.resize(g_free.size() - more);
-      if (mine.empty() && cls == 0)  // the reserved buddies are free slots too
-        ForEachReservedBuddy([&](uint64_t o) {
-          if (ClaimBuddy(o)) mine.push_back(o);
-        });
       if (!mine.empty()) s = Status::OK();
       else if (got) s = NewSlab(cls, &mine);
     }
@@ -150,14 +146,7 @@ Status NvcHashmap::NewSlab(int cls, std::vector<uint64_t>* out) {
   pm::StoreAtomic(&root_->slab_pending, uint64_t(0));
   pm::Persist(&root_->slab_pending, 8);
   slab_cls_[off] = cls;
-  // node_place=buddy: the odd slots (second halves of lines) are reserved
-  // for list neighbours of the even ones; only the even slots are listed.
-  const bool reserve = buddy_words_ && compact_ && cls == 0 && ((off + kSlabSize) >> 6) / 64 < buddy_words_;
-  for (uint64_t i = n; i-- > 0;) {
-    const uint64_t slot = SlabSlot(off, cls, i);
-    if (reserve && (i & 1)) buddy_bits_[(slot >> 6) / 64].fetch_or(uint64_t(1) << ((slot >> 6) % 64), std::memory_order_release);
-    else out->push_back(slot);
-  }
+  for (uint64_t i = n; i-- > 0;) out->push_back(SlabSlot(off, cls, i));
   return Status::OK();
 }
 
@@ -235,7 +224,6 @@ void NvcHashmap::WriteSlabBitmaps() {
     int cls;
     if (InSlab(node, &slab, &cls, &idx)) bits[slab][idx / 64] |= 1ull << (idx % 64);
   };
-  ForEachReservedBuddy(mark);
   for (int k = 0; k < kNumClasses; k++) {
     for (uint64_t o : gfree_[k]) mark(o);
     for (uint32_t i = 0; i < nslots_; i++)
