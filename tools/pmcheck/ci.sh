@@ -115,12 +115,7 @@ for idx in $indexes; do
   if grep -q "is not concurrent" <<< "$probe"; then
     stamp "skip: $idx 2 threads (single-threaded index)"
   else
-    # bztree: the erratum lint is line-granular and flags reads of PMwCAS
-    # target words that share a line with another thread's record being
-    # written (docs/bztree.md "pmcheck"); crash images and the read rule are
-    # still checked. Seen on the 2-thread line too (1 run in 3).
     sk_lint=--lint
-    [ "$idx" = bztree ] && sk_lint=
     # shellcheck disable=SC2086
     run "$idx 2 threads" 0 --index "$idx" --threads 2 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 $sk_lint --timeout 10 $p
     # The read rule: a version a completed find returned survives every
@@ -357,11 +352,7 @@ for idx in $(printf '%s\nallocator' "$indexes"); do
   grep -q "is not concurrent" <<< "$probe" && continue
   p=$(params "$idx")
   [ "$idx" = allocator ] && p="--keys 24"
-  # bztree: no erratum lint, for the line-granular false sharing described at
-  # its 2-thread lines above (a scan's read of a PMwCAS word on a line that
-  # holds another thread's unflushed record).
   pct_lint=--lint
-  [ "$idx" = bztree ] && pct_lint=
   # shellcheck disable=SC2086
   run "$idx pct schedules" 0 --index "$idx" --threads 2 --ops $((100 * scale)) --pct 4 --schedules $((20 * scale)) \
     --images $((400 * scale)) --images-per-point 3 $pct_lint --timeout 10 $p
