@@ -32,7 +32,8 @@
 # clean line (300 ops, 2000 images, lint fatal), a small key space (30 keys,
 # 1000 images), key sweeps (24 keys, 1000 images) and, for concurrent
 # targets, two threads (600 images); FAST & FAIR also a sweep with
-# merge_below=1, the allocator a 12-chunk pool (seed 1, 3000 images);
+# merge_below=1, NVC-Hashmap a 200-key lint-only line, the allocator a
+# 12-chunk pool (seed 1, 3000 images);
 # every line adds 600 fence-window images (--window-images: every window
 # shape in turn, rarest first).
 # Equivalent mutations: tools/pmcheck/mutate-equivalent.txt lists deleted
@@ -139,6 +140,10 @@ check() {  # check <target> [extra args]: prints the first failure and returns 1
   # another class (Refill's bitmap persist over a used bitmap). The seed is
   # pinned and the images are not scaled by PMCHECK_MUTATE_PCT (about a
   # second): the CI line of the fault pm.run.skip_bitmap_persist.
+  # NVC-Hashmap over 200 keys (lint only: the recording and the window
+  # images): the bucket table doubles, eager batches (InitBatch) run, and
+  # inserts of present keys return right after one.
+  [ "$t" != nvc_hashmap ] || lines+=("--keys 200 --ops $((300 * scale)) --points none --lint $p")
   [ "$t" != allocator ] || lines+=("--keys 40 --param max_chunks=12 --ops $((1000 * scale)) --seed 1 --images $((3000 * scale)) --lint")
   "$bin" --index "$t" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent" ||
     lines+=("--threads 2 --ops $((150 * scale)) --images $(img 600) --lint $p")
