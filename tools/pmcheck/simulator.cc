@@ -39,7 +39,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -114,37 +113,9 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     rec.SetScheduler(sched.get());
     rec.SetSpinHook(c.spin_hook);
   }
-  // The backstop of a scheduled recording (--pct-timeout): no scheduling
-  // point for that long is a hang (a thread spinning outside the
-  // primitives while the others wait for the token, or a deadlock), which
-  // would otherwise last until an outer timeout.
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  bool wd_stop = false;
-  std::thread watchdog;
-  if (sched && c.pct_timeout > 0) {
-    watchdog = std::thread([&] {
-      std::unique_lock<std::mutex> g(wd_mu);
-      uint64_t seen = sched->steps();
-      auto since = std::chrono::steady_clock::now();
-      while (!wd_cv.wait_for(g, std::chrono::milliseconds(100), [&] { return wd_stop; })) {
-        const uint64_t now_steps = sched->steps();
-        const auto now = std::chrono::steady_clock::now();
-        if (now_steps != seen) {
-          seen = now_steps;
-          since = now;
-        } else if (std::chrono::duration<double>(now - since).count() >= c.pct_timeout) {
-          std::fprintf(stderr,
-                       "pmcheck: the PCT recording made no progress for %g s (no scheduling point after step %llu, "
-                       "thread %d holding the token): aborted; replay: --pct %d --schedule-seed %llu\n",
-                       c.pct_timeout, static_cast<unsigned long long>(now_steps), sched->holder(), c.pct,
-                       static_cast<unsigned long long>(out->schedule_seed));
-          std::fflush(stderr);
-          std::_Exit(3);
-        }
-      }
-    });
-  }
+  // The backstop of a scheduled recording (--pct-timeout).
+  std::unique_ptr<PctWatchdog> watchdog;
+  if (sched && c.pct_timeout > 0) watchdog = std::make_unique<PctWatchdog>(sched.get(), c.pct_timeout, c.pct, out->schedule_seed);
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);
     if (sched) sched->Start(t);
@@ -179,14 +150,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     for (int t = 0; t < c.threads; ++t) th.emplace_back(worker, t);
     for (auto& t : th) t.join();
   }
-  if (watchdog.joinable()) {
-    {
-      std::lock_guard<std::mutex> g(wd_mu);
-      wd_stop = true;
-    }
-    wd_cv.notify_all();
-    watchdog.join();
-  }
+  watchdog.reset();
   rec.SetScheduler(nullptr);
   if (sched) {
     report->schedules_run++;
