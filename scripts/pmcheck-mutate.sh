@@ -31,8 +31,11 @@
 # Budget per mutation (PMCHECK_MUTATE_SCALE multiplies it): the target's
 # clean line (300 ops, 2000 images, lint fatal), a small key space (30 keys,
 # 1000 images), key sweeps (24 keys, 1000 images) and, for concurrent
-# targets, two threads (600 images); every line adds 600 fence-window
-# images (--window-images: every window shape in turn, rarest first).
+# targets, two threads (600 images); FAST & FAIR also a sweep with
+# merge_below=1, NVC-Hashmap a 200-key lint-only line, the allocator a
+# 12-chunk pool (seed 1, 3000 images);
+# every line adds 600 fence-window images (--window-images: every window
+# shape in turn, rarest first).
 # Equivalent mutations: tools/pmcheck/mutate-equivalent.txt lists deleted
 # call sites (runtime mode: kind, function and optionally the site) that change nothing a crash
 # can observe, each with its reason; a survivor listed there is reported as
@@ -129,6 +132,19 @@ check() {  # check <target> [extra args]: prints the first failure and returns 1
   # root growth, leaf deletion, merges and root collapse many times.
   [ "$t" != allocator ] && lines+=("--sweep --keys 24 --ops $((192 * scale)) --images $(img 1000) --lint $p")
   [ "$t" != fptree ] || lines+=("--ops $((300 * scale)) --images $(img 1000) --lint --param leaf_size=8 --param update=flip")
+  # FAST & FAIR merging only emptied nodes (merge_below=1): the descending
+  # removes of the sweep merge empty right leaves, whose merge appends no
+  # records (the separator delete's fence is the last before the commit).
+  [ "$t" != fastfair ] || lines+=("--sweep --keys 24 --ops $((192 * scale)) --images $(img 1000) --lint $p --param merge_below=1")
+  # A pool of 12 chunks: runs are reclaimed and their chunks reformatted for
+  # another class (Refill's bitmap persist over a used bitmap). The seed is
+  # pinned and the images are not scaled by PMCHECK_MUTATE_PCT (about a
+  # second): the CI line of the fault pm.run.skip_bitmap_persist.
+  # NVC-Hashmap over 200 keys (lint only: the recording and the window
+  # images): the bucket table doubles, eager batches (InitBatch) run, and
+  # inserts of present keys return right after one.
+  [ "$t" != nvc_hashmap ] || lines+=("--keys 200 --ops $((300 * scale)) --points none --lint $p")
+  [ "$t" != allocator ] || lines+=("--keys 40 --param max_chunks=12 --ops $((1000 * scale)) --seed 1 --images $((3000 * scale)) --lint")
   "$bin" --index "$t" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent" ||
     lines+=("--threads 2 --ops $((150 * scale)) --images $(img 600) --lint $p")
   for l in "${lines[@]}"; do

@@ -1,6 +1,6 @@
 // fastfair.cc: the FAST & FAIR tree (FAST'18,
 // /work/shared/papers/fast-fair-fast18.md) as an Index (docs/fastfair.md):
-// its options (node_size, read_committed), the factory that creates or opens a
+// its options (node_size, read_committed, merge_below), the factory that creates or opens a
 // pool (checking the Meta written by fastfair_recovery.cc: magic, format
 // version, kinds, node size), the registration under the name "fastfair",
 // Stats/Close/Debug, and the introspection hooks of fastfair.h. After
@@ -91,28 +91,34 @@ namespace {
 
 FastFairBase* Tree(Index* index) { return dynamic_cast<FastFairBase*>(index); }
 
-Status ParseParams(const Options& o, uint32_t* node_size, bool* rc) {
+// merge_below (0: the default, cap / kMergeBelowDiv) only lowers the
+// underfull threshold: merge_below=1 merges only emptied nodes (pmcheck's
+// empty-leaf merge line, docs/pmcheck.md). Not persisted.
+Status ParseParams(const Options& o, uint32_t* node_size, bool* rc, uint32_t* merge_below) {
   Params p(o.params);
-  PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size", "read_committed"}));
+  PMINDEX_RETURN_IF_ERROR(p.Expect({"node_size", "read_committed", "merge_below"}));
   long long ns;
   PMINDEX_RETURN_IF_ERROR(p.GetInt("node_size", 512, 256, 8192, &ns));
   if (ns % 64) return Status::InvalidArgument("fastfair node_size must be a multiple of 64, got " + std::to_string(ns));
   *node_size = uint32_t(ns);
+  long long mb;
+  PMINDEX_RETURN_IF_ERROR(p.GetInt("merge_below", 0, 0, 8192, &mb));
+  *merge_below = uint32_t(mb);
   return p.GetBool("read_committed", false, rc);
 }
 
 std::unique_ptr<FastFairBase> Make(std::unique_ptr<pm::Pool> pool, const Options& o, KeyKind kk, ValueKind vk,
-                                   uint32_t ns, bool rc) {
-  if (kk == KeyKind::kBytes) return std::make_unique<FastFair<true>>(std::move(pool), o, ns, vk, rc);
-  return std::make_unique<FastFair<false>>(std::move(pool), o, ns, vk, rc);
+                                   uint32_t ns, bool rc, uint32_t mb) {
+  if (kk == KeyKind::kBytes) return std::make_unique<FastFair<true>>(std::move(pool), o, ns, vk, rc, mb);
+  return std::make_unique<FastFair<false>>(std::move(pool), o, ns, vk, rc, mb);
 }
 
 Status Create(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
-  uint32_t ns;
+  uint32_t ns, mb;
   bool rc;
-  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns, &rc));
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns, &rc, &mb));
   if (*pool->root_slot() != 0) return Status::InvalidArgument("pool already holds a root object");
-  auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc);
+  auto t = Make(std::move(pool), o, o.key_kind, o.value_kind, ns, rc, mb);
   Status s = t->Format();
   if (!s.ok()) return s;
   *out = std::move(t);
@@ -148,9 +154,9 @@ Status CheckCrashedCreation(pm::Pool* pool) {
 
 Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<Index>* out) {
   const auto t0 = std::chrono::steady_clock::now();
-  uint32_t ns_param;
+  uint32_t ns_param, mb;
   bool rc;
-  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc));
+  PMINDEX_RETURN_IF_ERROR(ParseParams(o, &ns_param, &rc, &mb));
   if (*pool->root_slot() && pool->allocator().UsableSize(*pool->root_slot()) < sizeof(Meta))
     return Status::Corrupt("fastfair root object too small");
   Meta* m = pool->root<Meta>();
@@ -181,7 +187,7 @@ Status Open(std::unique_ptr<pm::Pool> pool, const Options& o, std::unique_ptr<In
     return Status::InvalidArgument("pool was created with node_size=" + std::to_string(m->node_size));
   if (!m->root || m->root >= pool->size()) return Status::Corrupt("fastfair root pointer out of the pool");
   const KeyKind kk = KeyKind(m->key_kind);
-  auto t = Make(std::move(pool), o, kk, ValueKind(m->value_kind), m->node_size, rc);
+  auto t = Make(std::move(pool), o, kk, ValueKind(m->value_kind), m->node_size, rc, mb);
   Status s = t->Recover(m);
   if (!s.ok()) return s;
   t->recovery_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -283,6 +283,44 @@ TEST(FastFair, BadParamsAreClearErrors) {
   EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument()) << "node_size differs from the pool's";
 }
 
+// merge_below only lowers the underfull threshold: with 1, a leaf left with
+// one record stays (the default cap / 3 merges it), an emptied one merges.
+TEST(FastFair, MergeBelowOneMergesOnlyEmptiedNodes) {
+  for (const char* mb : {"0", "1"}) {
+    fftest::PoolGuard g(std::string("merge_below") + mb);
+    std::unique_ptr<Index> idx;
+    Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256);
+    o.params["merge_below"] = mb;
+    ASSERT_TRUE(OpenIndex("fastfair", o, &idx).ok());
+    const uint64_t n = 400;
+    for (uint64_t k = 0; k < n; k++) ASSERT_TRUE(idx->Insert(U64(k), U64(k)).ok());
+    // Keep every third key: every leaf of 3 or more consecutive keys keeps one.
+    for (uint64_t k = 0; k < n; k++) {
+      if (k % 3) {
+        ASSERT_TRUE(idx->Remove(U64(k)).ok());
+      }
+    }
+    const uint64_t thinned = internal::fastfair::GetDebugCounters(idx.get())->merges;
+    for (uint64_t k = 0; k < n; k += 3) ASSERT_TRUE(idx->Remove(U64(k)).ok());
+    auto* d = internal::fastfair::GetDebugCounters(idx.get());
+    std::printf("merge_below=%s: merges %llu after thinning, %llu after emptying\n", mb, (unsigned long long)thinned,
+                (unsigned long long)d->merges);
+    if (std::string(mb) == "1") {
+      EXPECT_LE(thinned, 2u) << "leaves with one record merged";
+    } else {
+      EXPECT_GT(thinned, 10u);
+    }
+    EXPECT_GT(d->merges, thinned);
+    EXPECT_EQ(idx->Size(), 0u);
+    EXPECT_EQ(internal::fastfair::Height(idx.get()), 1);
+  }
+  fftest::PoolGuard g("merge_below_bad");
+  std::unique_ptr<Index> idx;
+  Options o = fftest::MakeOptions(g.path, KeyKind::kU64, ValueKind::kU64, 256);
+  o.params["merge_below"] = "-1";
+  EXPECT_TRUE(OpenIndex("fastfair", o, &idx).IsInvalidArgument());
+}
+
 // The public wrapper stored raw values in the compared pointer slot: equal
 // neighbouring values hid records, and duplicates were accepted.
 TEST(FastFair, EqualNeighbourValuesAndDuplicatesAreHandled) {

@@ -171,10 +171,14 @@ class PMINDEX_FASTFAIR_HIDDEN FastFair final : public FastFairBase, protected No
   using SK = std::conditional_t<BK, Slice, uint64_t>;
 
  public:
-  FastFair(std::unique_ptr<pm::Pool> pool, const Options& o, uint32_t node_size, ValueKind vk, bool rc)
+  // merge_below: the underfull threshold if in [1, cap / kMergeBelowDiv),
+  // else that default.
+  FastFair(std::unique_ptr<pm::Pool> pool, const Options& o, uint32_t node_size, ValueKind vk, bool rc,
+           uint32_t merge_below = 0)
       : NodeOps((node_size - sizeof(Node)) / sizeof(Entry)), pool_(std::move(pool)), base_(pool_->base()),
         alloc_(&pool_->allocator()), opts_(o), node_size_(node_size),
-        merge_below_(std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
+        merge_below_(merge_below && merge_below < cap_ / kMergeBelowDiv ? merge_below
+                                                                        : std::max<uint32_t>(1, cap_ / kMergeBelowDiv)), bv_(vk == ValueKind::kBytes), vk_(vk),
         locked_reads_(rc), max_off_(pool_->max_size()),
         walk_(pool_->size(), node_size), pool_bytes_(pool_->size()) {}
   ~FastFair() override { Close(); }

@@ -369,4 +369,27 @@ TEST(PmcheckBadInput, ClearStatus) {
 }
 
 }  // namespace
+// --pct-timeout: a scheduled recording in which a thread spins without a
+// pm:: call (holding the toy's lock, so the other thread cannot run either)
+// is aborted with exit code 3 and the schedule seed named, instead of
+// hanging (with pct_timeout = 0 this test hangs until ctest's timeout).
+TEST(PmcheckPct, TimeoutAbortsARecordingThatMakesNoProgress) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Config c;
+  c.index = "pmcheck_toy";
+  c.threads = 2;
+  c.ops = 20;
+  c.pct = 3;
+  c.points = 0;
+  c.pct_timeout = 0.5;
+  c.faults = {"pmcheck_toy.insert.spin_forever"};
+  EXPECT_EXIT(
+      {
+        Report r;
+        (void)pmcheck::Run(c, &r);
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(3), "made no progress for 0.5 s.*--pct 3 --schedule-seed 1");
+}
+
 }  // namespace pmcheck

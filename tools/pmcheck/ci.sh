@@ -148,6 +148,22 @@ for idx in $indexes; do
       # shellcheck disable=SC2086
       run "$idx rebalance $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --keys 80 --ops $((1500 * scale)) --images $((3000 * scale)) --images-per-point 3 --lint --timeout 10 $p
     done
+    # Merges of an empty right leaf (merge_below=1: only emptied nodes
+    # merge; the sweep's descending removes empty the rightmost leaf
+    # first): no records are appended, so the fence of the separator's
+    # delete from the parent is the last before the merge's commit.
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx empty merges $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops $((192 * scale)) --images $((1000 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p --param merge_below=1
+    done
+  fi
+  # NVC-Hashmap over 200 keys, lint only (the recording and window
+  # images): the table doubles and eager bucket batches (InitBatch) run;
+  # an insert of a present key returns right after its batch, so a batch
+  # that leaves its links' flushes unfenced is reported.
+  if [ "$idx" = nvc_hashmap ]; then
+    # shellcheck disable=SC2086
+    run "$idx growth lint" 0 --index "$idx" --keys 200 --ops $((300 * scale)) --points none --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p
   fi
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p

@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_flag("--no-spin-hook", no_spin_hook,
                "with --pct: a thread waiting in a backoff loop keeps the token until a stall (default: it hands the token on)");
   app.add_option("--schedule-seed", c.schedule_seed, "the PCT schedule to record (default: --seed)");
+  app.add_option("--pct-timeout", c.pct_timeout,
+                 "with --pct: abort a recording (exit 3, naming the schedule seed) when no thread reaches a scheduling "
+                 "point for this many seconds (0: no limit; default 120)")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--schedules", c.schedules, "record and replay N PCT schedules (seeds S, S+1, ...) sharing the image budget")
       ->check(CLI::Range(uint64_t(1), uint64_t(100000)));
   app.add_option("--drop-site", c.drop_site,

@@ -123,6 +123,12 @@ struct Config {
   // the token to another thread at once; off, such a wait ends only by a
   // stall (kStallMs of no progress). --no-spin-hook turns it off.
   bool spin_hook = true;
+  // Under --pct: a recording in which no thread reaches a scheduling point
+  // for this many seconds (a thread spinning without a pm:: primitive or a
+  // hook, or every thread blocked outside the scheduler) is aborted with a
+  // message naming the schedule seed, exit code 3. 0: no limit.
+  // --pct-timeout SECONDS.
+  double pct_timeout = 120;
   // Persist-site coverage: append "flush|fence SITE COUNT" lines (SITE is
   // object+0xoffset of the call's return address) for the recorded run to
   // this file. --site-counts FILE (scripts/pmcheck-coverage.sh).

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <cstdlib>
+#include <cstdio>
 
 namespace pmcheck {
 
@@ -124,6 +126,39 @@ void PctScheduler::Spin(int tid) {
   if (!Mine(tid)) return;
   if (running_.load() == tid) load_streak_[size_t(tid)] = kLoadStreak;
   Point(tid, true);
+}
+
+PctWatchdog::PctWatchdog(const PctScheduler* sched, double seconds, int depth, uint64_t seed) {
+  th_ = std::thread([this, sched, seconds, depth, seed] {
+    std::unique_lock<std::mutex> g(mu_);
+    uint64_t seen = sched->steps();
+    auto since = std::chrono::steady_clock::now();
+    while (!cv_.wait_for(g, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      const uint64_t steps = sched->steps();
+      const auto now = std::chrono::steady_clock::now();
+      if (steps != seen) {
+        seen = steps;
+        since = now;
+      } else if (std::chrono::duration<double>(now - since).count() >= seconds) {
+        std::fprintf(stderr,
+                     "pmcheck: the PCT recording made no progress for %g s (no scheduling point after step %llu, "
+                     "thread %d holding the token): aborted; replay: --pct %d --schedule-seed %llu\n",
+                     seconds, static_cast<unsigned long long>(steps), sched->holder(), depth,
+                     static_cast<unsigned long long>(seed));
+        std::fflush(stderr);
+        std::_Exit(3);
+      }
+    }
+  });
+}
+
+PctWatchdog::~PctWatchdog() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  th_.join();
 }
 
 }  // namespace pmcheck

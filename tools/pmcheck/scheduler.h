@@ -44,6 +44,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace pmcheck {
@@ -103,6 +104,23 @@ class PctScheduler {
   // Written by the holder; atomic because a thread that was robbed of the
   // token by a stall may still take its fast path once.
   std::atomic<uint64_t> hash_{1469598103934665603ull};
+};
+
+// The backstop of a scheduled recording (--pct-timeout): a thread that
+// polls the scheduler's step count every 100 ms and, when it has not moved
+// for `seconds` (a thread spinning outside the primitives while the others
+// wait for the token, or a deadlock), prints a message naming the schedule
+// and exits the process with code 3. Stopped by its destructor.
+class PctWatchdog {
+ public:
+  PctWatchdog(const PctScheduler* sched, double seconds, int depth, uint64_t seed);
+  ~PctWatchdog();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread th_;
 };
 
 }  // namespace pmcheck

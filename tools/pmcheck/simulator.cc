@@ -113,6 +113,9 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     rec.SetScheduler(sched.get());
     rec.SetSpinHook(c.spin_hook);
   }
+  // The backstop of a scheduled recording (--pct-timeout).
+  std::unique_ptr<PctWatchdog> watchdog;
+  if (sched && c.pct_timeout > 0) watchdog = std::make_unique<PctWatchdog>(sched.get(), c.pct_timeout, c.pct, out->schedule_seed);
   auto worker = [&](int t) {
     Recorder::SetThreadId(t);
     if (sched) sched->Start(t);
@@ -147,6 +150,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     for (int t = 0; t < c.threads; ++t) th.emplace_back(worker, t);
     for (auto& t : th) t.join();
   }
+  watchdog.reset();
   rec.SetScheduler(nullptr);
   if (sched) {
     report->schedules_run++;

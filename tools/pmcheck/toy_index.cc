@@ -43,6 +43,9 @@
 //                                        freeing the logged node: a crash during
 //                                        recovery leaks it (--recovery-crashes)
 //   pmcheck_toy.scan.skip_first          a scan leaves out its first record
+//   pmcheck_toy.insert.spin_forever      an insert spins forever under the
+//                                        lock without a pm:: call (a hang the
+//                                        --pct-timeout backstop must abort)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -133,6 +136,9 @@ class Toy final : public pmindex::Index {
   Status Insert(Slice key, Slice value) override {
     PMINDEX_RETURN_IF_ERROR(Validate(key, &value));
     std::lock_guard<std::mutex> g(mu_);
+    if (PMINDEX_FAULT("pmcheck_toy.insert.spin_forever"))
+      for (volatile bool spin = true; spin;) {
+      }
     return InsertLocked(pmindex::SliceToU64(key), pmindex::SliceToU64(value));
   }
   Status Update(Slice key, Slice value) override {
@@ -375,6 +381,7 @@ PMINDEX_FAULT_SWITCHES(pmcheck_toy,
                        "pmcheck_toy.insert.bitmap_before_kv",
                        "pmcheck_toy.insert.skip_kv_fence",
                        "pmcheck_toy.insert.skip_kv_flush",
+                       "pmcheck_toy.insert.spin_forever",
                        "pmcheck_toy.insert.unlogged_store",
                        "pmcheck_toy.recover.clear_log_first",
                        "pmcheck_toy.recover.lose_data",
