@@ -194,7 +194,8 @@ TEST(PmcheckSchedule, BackoffWaitsHandTheTokenOnThroughTheSpinHook) {
   c.pct = 4;
   c.schedules = 5;
   Report on;
-  ASSERT_TRUE(pmcheck::Run(c, &on).ok());
+  const pmindex::Status st = pmcheck::Run(c, &on);
+  ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(on.total_failures(), 0u) << FormatReport(c, on);
   EXPECT_GT(on.schedule_spins, 0u) << FormatReport(c, on);
   EXPECT_EQ(on.schedule_stalls, 0u) << FormatReport(c, on);
