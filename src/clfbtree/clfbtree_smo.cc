@@ -464,8 +464,9 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
     std::copy(sorted.begin(), sorted.end(), ents);
   } else {
     // The key words are distinct (the caller's duplicate check): the key
-    // alone orders them.
-    std::sort(ents, ents + ne, [](const KV& a, const KV& b) { return a.first < b.first; });
+    // alone orders them. The halves are append leaves (unsorted): only the
+    // split point needs finding, not a full order.
+    std::nth_element(ents, ents + ne / 2, ents + ne, [](const KV& a, const KV& b) { return a.first < b.first; });
   }
   const size_t m = ne / 2;
   uint64_t half[2];
@@ -475,13 +476,12 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
       return s;
     }
     const size_t from = h ? m : 0, to = h ? ne : m;
-    uint64_t bits[2] = {0, 0};
-    for (size_t i = from; i < to; i++) {
-      const uint32_t slot = uint32_t(i - from);
-      pm::StoreAtomic(Ent(half[h], slot), ents[i].first, __ATOMIC_RELAXED);
-      pm::StoreAtomic(Ent(half[h], slot) + 1, ents[i].second, __ATOMIC_RELAXED);
-      bits[slot / 64] |= 1ull << (slot % 64);
-    }
+    // Slots 0..n-1 take the half's entries in one copy (KV is the slot's
+    // {key, value} layout); the leaf is unreachable and locked until the commit.
+    static_assert(sizeof(KV) == 16);
+    const uint32_t n = uint32_t(to - from);
+    pm::Copy(Ent(half[h], 0), &ents[from], 16 * size_t(n));
+    uint64_t bits[2] = {n >= 64 ? ~0ull : (1ull << n) - 1, n > 64 ? (1ull << (n - 64)) - 1 : 0};
     for (uint32_t w = 0; w < bm_words_; w++) pm::StoreAtomic(Bitmap(half[h]) + w, bits[w], __ATOMIC_RELAXED);
     if (LeafFilter* f = Filter(half[h])) {
       // The new leaf is born locked (AllocNode): its filter is valid for the
