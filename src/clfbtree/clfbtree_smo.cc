@@ -40,6 +40,12 @@
 
 namespace pmindex::internal::clfbtree {
 
+namespace {
+// The most entries an append leaf holds: AppendCap of the largest leaf_size
+// (2048 bytes, two bitmap words), which Create and Open enforce.
+constexpr uint32_t kMaxLeafEnts = (2048 - 16) / 16;
+}  // namespace
+
 ClfBTree::Mark ClfBTree::Now() const {
   const pm::Counters& c = pm::ThreadCounters();
   return Mark{c.lines_flushed + c.line_writes, excluded_};
@@ -341,7 +347,12 @@ Status ClfBTree::ReplaceChild(Path& path, int j, std::vector<uint64_t> kids, std
     }
     PathEnt& P = path[size_t(j)];
     const uint32_t idx = P.idx;
-    std::vector<uint64_t> k(P.d.k, P.d.k + P.d.n), p(P.d.p, P.d.p + P.d.np());
+    // The node's keys and pointers in the writer's scratch vectors (their
+    // capacity is kept across changes: no allocation per change).
+    std::vector<uint64_t>& k = scratch_k_;
+    std::vector<uint64_t>& p = scratch_p_;
+    k.assign(P.d.k, P.d.k + P.d.n);
+    p.assign(P.d.p, P.d.p + P.d.np());
     uint64_t removed = 0;
     if (kids.empty()) {
       removed = p[idx];
@@ -427,40 +438,50 @@ Status ClfBTree::SplitAppendLeaf(Path& path, uint64_t leaf, uint64_t kw, uint64_
     AbortSmo();
     return st;
   }
-  std::vector<std::pair<uint64_t, uint64_t>> ents;
-  ents.reserve(cap_ + 1);
+  // The leaf's entries and the new one, on the stack (a leaf holds at most
+  // kMaxLeafEnts), walked by the bitmap's set bits.
+  struct KV {
+    uint64_t first, second;
+  };
+  KV ents[kMaxLeafEnts + 1];
+  size_t ne = 0;
   const uint64_t* bm = Bitmap(leaf);
-  for (uint32_t i = 0; i < cap_; i++)
-    if ((LdR(&bm[i / 64]) >> (i % 64)) & 1) ents.push_back({LdR(Ent(leaf, i)), LdR(Ent(leaf, i) + 1)});
-  ents.push_back({kw, vw});
+  for (uint32_t w = 0; w < bm_words_; w++)
+    for (uint64_t b = LdR(&bm[w]); b; b &= b - 1) {
+      const uint32_t i = 64 * w + uint32_t(__builtin_ctzll(b));
+      if (i < cap_) ents[ne++] = {LdR(Ent(leaf, i)), LdR(Ent(leaf, i) + 1)};
+    }
+  ents[ne++] = {kw, vw};
   if (bk()) {
-    std::vector<std::pair<std::string, size_t>> ks(ents.size());
-    for (size_t i = 0; i < ents.size(); i++) {
+    std::vector<std::pair<std::string, size_t>> ks(ne);
+    for (size_t i = 0; i < ne; i++) {
       KeyString(ents[i].first, &ks[i].first);
       ks[i].second = i;
     }
     std::sort(ks.begin(), ks.end());
-    std::vector<std::pair<uint64_t, uint64_t>> sorted;
+    std::vector<KV> sorted;
     for (auto& x : ks) sorted.push_back(ents[x.second]);
-    ents.swap(sorted);
+    std::copy(sorted.begin(), sorted.end(), ents);
   } else {
-    std::sort(ents.begin(), ents.end());
+    // The key words are distinct (the caller's duplicate check): the key
+    // alone orders them. The halves are append leaves (unsorted): only the
+    // split point needs finding, not a full order.
+    std::nth_element(ents, ents + ne / 2, ents + ne, [](const KV& a, const KV& b) { return a.first < b.first; });
   }
-  const size_t m = ents.size() / 2;
+  const size_t m = ne / 2;
   uint64_t half[2];
   for (int h = 0; h < 2; h++) {
     if (Status s = AllocNode(c_.leaf_size, &half[h]); !s.ok()) {
       AbortSmo();
       return s;
     }
-    const size_t from = h ? m : 0, to = h ? ents.size() : m;
-    uint64_t bits[2] = {0, 0};
-    for (size_t i = from; i < to; i++) {
-      const uint32_t slot = uint32_t(i - from);
-      pm::StoreAtomic(Ent(half[h], slot), ents[i].first, __ATOMIC_RELAXED);
-      pm::StoreAtomic(Ent(half[h], slot) + 1, ents[i].second, __ATOMIC_RELAXED);
-      bits[slot / 64] |= 1ull << (slot % 64);
-    }
+    const size_t from = h ? m : 0, to = h ? ne : m;
+    // Slots 0..n-1 take the half's entries in one copy (KV is the slot's
+    // {key, value} layout); the leaf is unreachable and locked until the commit.
+    static_assert(sizeof(KV) == 16);
+    const uint32_t n = uint32_t(to - from);
+    pm::Copy(Ent(half[h], 0), &ents[from], 16 * size_t(n));
+    uint64_t bits[2] = {n >= 64 ? ~0ull : (1ull << n) - 1, n > 64 ? (1ull << (n - 64)) - 1 : 0};
     for (uint32_t w = 0; w < bm_words_; w++) pm::StoreAtomic(Bitmap(half[h]) + w, bits[w], __ATOMIC_RELAXED);
     if (LeafFilter* f = Filter(half[h])) {
       // The new leaf is born locked (AllocNode): its filter is valid for the

@@ -299,6 +299,8 @@ class ClfBTree final : public Index {
   bool repair_ = false;    // WalkNodes restores invalid nodes (open only)
   bool log_used_ = false;  // the SmoLog holds something (DRAM mirror)
   std::vector<uint64_t> locked_new_;
+  Path wpath_;  // the locked writers' descent (write_mu_), reused: no allocation per descent
+  std::vector<uint64_t> scratch_k_, scratch_p_;  // ReplaceChild's node contents (write_mu_)
   Tally tally_;
   mutable uint64_t excluded_ = 0;  // tally: allocator and log lines (writer only)
   std::atomic<bool> closed_{false};

@@ -132,7 +132,8 @@ Status ClfBTree::DescendW(Slice key, Path* path, uint64_t* leaf) {
   bool is_leaf = w & 1;
   while (!is_leaf) {
     if (!NodeOk(off, 64) || path->size() >= size_t(kMaxDepth)) return Status::Corrupt("clfbtree: bad inner node offset");
-    PathEnt e;
+    // Decoded in place in the path (an entry is about 540 bytes).
+    PathEnt& e = path->emplace_back();
     e.off = off;
     Line img;
     ReadLine(off, img);
@@ -140,7 +141,6 @@ Status ClfBTree::DescendW(Slice key, Path* path, uint64_t* leaf) {
     if (!ChildIndex(e.d, key, &e.idx)) return Status::Corrupt("clfbtree: separator key unreadable");
     off = e.d.p[e.idx];
     is_leaf = e.d.kids_leaves;
-    path->push_back(e);
   }
   if (!NodeOk(off, LeafBytes())) return Status::Corrupt("clfbtree: bad leaf offset");
   *leaf = off;
@@ -299,7 +299,7 @@ Status ClfBTree::Write(Slice key, Slice value, Mode mode) {
   PMINDEX_RETURN_IF_ERROR(ValidateValue(c_.vk, max_value_, value));
   if (Status st; FastWrite(key, value, mode, false, &st)) return st;
   std::lock_guard<std::mutex> g(write_mu_);
-  Path path;
+  Path& path = wpath_;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
   Status s = encoded() ? EncodedLeafWrite(path, leaf, key, value, mode, false)
@@ -313,7 +313,7 @@ Status ClfBTree::Remove(Slice key) {
   PMINDEX_RETURN_IF_ERROR(ValidateKey(c_.kk, max_key_, key));
   if (Status st; FastWrite(key, Slice(), kUpdate, true, &st)) return st;
   std::lock_guard<std::mutex> g(write_mu_);
-  Path path;
+  Path& path = wpath_;
   uint64_t leaf;
   PMINDEX_RETURN_IF_ERROR(DescendW(key, &path, &leaf));
   Status s = encoded() ? EncodedLeafWrite(path, leaf, key, Slice(), kUpdate, true) : AppendLeafRemove(path, leaf, key);
