@@ -6,8 +6,9 @@
 # 3-key spaces in u64 and bytes, FPTree's flip updates, FAST & FAIR's
 # rebalances and empty merges, the key sweeps) plus a fill-then-drain line
 # (--drain: half the ops remove, so leaves empty, nodes merge and roots
-# collapse), with --points none and --site-counts: how often each flush and fence call site ran. Sites are
-# symbolised to their enclosing (not inlined) function with addr2line, and
+# collapse), with --points none and --site-counts: how often each flush
+# and fence call site ran. Sites are symbolised to their enclosing (not
+# inlined) function with addr2line, and
 # the table lists, per function of the index or of src/pm, its flush and
 # fence sites, how often they ran in total, and its least-run site; a
 # function whose least-run site ran fewer than 20 times is a gap (the
