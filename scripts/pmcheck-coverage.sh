@@ -93,7 +93,10 @@ for idx in $indexes; do
   # ci.sh's key-sweep line (and FAST & FAIR's empty-right-leaf merges).
   case $idx in
     pmwcas|allocator) ;;
-    fastfair|wbtree|wbtree_slot) record "$idx" --sweep --keys 24 --ops 960 $sp ;;
+    fastfair|wbtree|wbtree_slot)
+      for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops 960 $sp; done ;;
+    fptree|fptree_single|ptree)
+      for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 40 --ops 480 $sp; done ;;
     *) record "$idx" --sweep --keys 40 --ops 480 $sp ;;
   esac
   if [ "$idx" = fastfair ]; then

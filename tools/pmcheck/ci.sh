@@ -29,7 +29,8 @@
 #      lines: every window shape (fence and flush sites) in turn, each
 #      image keeping the last-written dirty lines and dropping the rest.
 #  11. a key sweep (--sweep: whole-range ascending and descending runs),
-#      400 crash images, lint fatal: leaf deletion, merges, root growth
+#      400 crash images, lint fatal, u64 keys (and byte keys for the
+#      B+-trees): leaf deletion, merges, root growth
 #      and collapse >= 20 times per run (docs/pmcheck.md coverage table).
 # The allocator target (--index allocator) gets clean, two-thread,
 # shared-keys, tiny-key-space and kill lines and its fault switches.
@@ -412,6 +413,13 @@ for idx in $indexes; do
   case $idx in fastfair|wbtree|wbtree_slot) sk=24 sops=960 ;; esac
   # shellcheck disable=SC2046
   run "$idx sweep" 0 --index "$idx" --sweep --keys $sk --ops $((sops * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # Byte keys (their own template instance) for the trees whose leaf
+  # deletion, merges and root changes the random lines reach rarely.
+  case $idx in
+    fptree|fptree_single|ptree|fastfair|wbtree|wbtree_slot)
+      # shellcheck disable=SC2046
+      run "$idx sweep bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --sweep --keys $sk --ops $((sops * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx") ;;
+  esac
 done
 wait
 
