@@ -4,10 +4,11 @@
 # Records the workload of every clean line tools/pmcheck/ci.sh runs for an
 # index (one thread, two threads, shared keys, byte keys, the 30-key and
 # 3-key spaces in u64 and bytes, FPTree's flip updates, FAST & FAIR's
-# rebalances) plus a fill-then-drain line (--drain: half the ops remove,
-# so leaves empty, nodes merge and roots collapse), with --points none and
-# --site-counts: how often each flush and fence call site ran. Sites are
-# symbolised to their enclosing (not inlined) function with addr2line, and
+# rebalances and empty merges, the key sweeps) plus a fill-then-drain line
+# (--drain: half the ops remove, so leaves empty, nodes merge and roots
+# collapse), with --points none and --site-counts: how often each flush
+# and fence call site ran. Sites are symbolised to their enclosing (not
+# inlined) function with addr2line, and
 # the table lists, per function of the index or of src/pm, its flush and
 # fence sites, how often they ran in total, and its least-run site; a
 # function whose least-run site ran fewer than 20 times is a gap (the
@@ -36,6 +37,8 @@ params() {
     nvtree) echo "--param leaf_size=8 --param inner_size=4" ;;
     wbtree|wbtree_slot) echo "--param leaf_size=4 --param inner_size=3" ;;
     allocator) echo "--keys 24" ;;
+    bztree) echo "--param node_size=256" ;;
+    clfbtree) echo "--param leaf_size=128" ;;
   esac
 }
 shrink_params() {
@@ -87,6 +90,18 @@ for idx in $indexes; do
     fptree|fptree_single|ptree) record "$idx" --ops 300 $p --param update=flip ;;
     fastfair) for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --keys 80 --ops 1500 $p; done ;;
   esac
+  # ci.sh's key-sweep line (and FAST & FAIR's empty-right-leaf merges).
+  case $idx in
+    pmwcas|allocator) ;;
+    fastfair|wbtree|wbtree_slot)
+      for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops 960 $sp; done ;;
+    fptree|fptree_single|ptree)
+      for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 40 --ops 480 $sp; done ;;
+    *) record "$idx" --sweep --keys 40 --ops 480 $sp ;;
+  esac
+  if [ "$idx" = fastfair ]; then
+    for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops 192 $p --param merge_below=1; done
+  fi
 done
 
 # Symbolise: "kind object+0xoff count" -> "function kind count" (the return

@@ -28,6 +28,10 @@
 #  10. fence-window images (--window-images 300) on both small-key-space
 #      lines: every window shape (fence and flush sites) in turn, each
 #      image keeping the last-written dirty lines and dropping the rest.
+#  11. a key sweep (--sweep: whole-range ascending and descending runs),
+#      400 crash images, lint fatal, u64 keys (and byte keys for the
+#      B+-trees): leaf deletion, merges, root growth
+#      and collapse >= 20 times per run (docs/pmcheck.md coverage table).
 # The allocator target (--index allocator) gets clean, two-thread,
 # shared-keys, tiny-key-space and kill lines and its fault switches.
 # Every line builds the unfenced image per point (flushed-but-unfenced
@@ -396,6 +400,27 @@ while read -r idx k fn; do
   run "$idx drop-fence $k ($fn)" 1 --index "$idx" --ops 300 --images 1500 --images-per-point 3 --stop-after 1 --timeout 10 \
     $(params "$idx") --drop-fence "$k"
 done <<< "$drop_fences"
+# Key sweeps (--sweep, docs/pmcheck.md "Persist-path coverage"): whole-range
+# ascending and descending runs, so every remove run empties the range:
+# leaves are deleted, nodes merge, roots grow and collapse once per run,
+# >= 20 times per line where the index has the path (FPTree's leaf
+# deletion, FAST & FAIR's GrowRoot / CollapseRoot, wBTree's FreeEmptyLeaf).
+# 40 keys over 480 ops (three cycles); FAST & FAIR and wBTree 24 keys over
+# 960 ops (ten cycles: their root changes and leaf frees are per cycle).
+for idx in $indexes; do
+  [ "$idx" = pmwcas ] && continue
+  sk=40 sops=480
+  case $idx in fastfair|wbtree|wbtree_slot) sk=24 sops=960 ;; esac
+  # shellcheck disable=SC2046
+  run "$idx sweep" 0 --index "$idx" --sweep --keys $sk --ops $((sops * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx")
+  # Byte keys (their own template instance) for the trees whose leaf
+  # deletion, merges and root changes the random lines reach rarely.
+  case $idx in
+    fptree|fptree_single|ptree|fastfair|wbtree|wbtree_slot)
+      # shellcheck disable=SC2046
+      run "$idx sweep bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --sweep --keys $sk --ops $((sops * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $(shrink_params "$idx") ;;
+  esac
+done
 wait
 
 failed=()
