@@ -477,8 +477,14 @@ uint64_t PMwCAS::ReadSlow(const uint64_t* addr) {
   // descriptor recycled (and reused) since.
   internal::EpochManager::Guard g(s_->epoch);
   for (;;) {
-    v = LoadAcquire(w);
+    // A clean value is returned unreported, as by Read's fast path: it is
+    // durable by the protocol (docs/pmwcas.md "pmcheck target"); reported,
+    // the last load of a helping loop was flagged as an erratum read when
+    // the word's line still held another thread's dirty-bit clear or a
+    // neighbouring word's store (line-granular lint, 16-thread target line).
+    __atomic_load(w, &v, __ATOMIC_ACQUIRE);
     if (pmwcas::IsValue(v)) return v;
+    PMINDEX_OBSERVE(OnLoad(w, sizeof(v)));  // acted on below: helping, persisting
     if (v & (kRdcssBit | kDescriptorBit)) {
       // Flush-on-read for pointers too: the pointer may not be durable yet,
       // and what this thread persists next (helping) depends on it.
