@@ -99,6 +99,7 @@ uint64_t* NvcHashmap::InitBucket(uint64_t b, const Ctx& c) {
     pm::StoreAtomic(d, Succ(pos.curr_raw) | kUnpub);
     pm::Persist(d, kSlotBytes);
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
+    EnsureWordDurable(pos.prev_word, pos.curr_raw);  // the link we replace (Put)
     uint64_t exp = pos.curr_raw;
     const uint64_t desired = BucketLink(b) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     if (!pm::Cas(pos.prev_word, &exp, desired)) continue;
@@ -208,6 +209,7 @@ void NvcHashmap::InitBatch(uint64_t b0, uint64_t n, const Ctx& c) {
   for (int i = 0; i < k; i++) {
     Item& it = items[i];
     EnsureWordDurable(it.pos.pp_word, it.pos.pp_raw);
+    EnsureWordDurable(it.pos.prev_word, it.pos.curr_raw);  // the link we replace (Put)
     uint64_t exp = it.pos.curr_raw;
     it.desired = BucketLink(it.b) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
     linked[i] = pm::Cas(it.pos.prev_word, &exp, it.desired);

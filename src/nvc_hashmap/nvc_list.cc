@@ -18,7 +18,8 @@
 // Persist order:
 //   insert: take a free slab slot (or allocate the node into this thread's
 //           pending slot), write and persist it (key, value, next) -> make
-//           the link to the predecessor durable (erratum) -> CAS pred.next
+//           the link to the predecessor and the
+//           link the CAS replaces durable (erratum) -> CAS pred.next
 //           (linearization point; kDirty set in dirty_bit mode) -> persist
 //           pred.next -> clear the pending slot (volatile) and kDirty.
 //   update: [byte values: a new record allocated into the pending-value
@@ -305,6 +306,12 @@ Status NvcHashmap::Put(Slice key, Slice value, PutMode mode) {
     // Erratum: we are about to link behind prev; the link to prev must be
     // durable, or a crash could keep our node but lose prev.
     EnsureWordDurable(pos.pp_word, pos.pp_raw);
+    // And the link we replace: our node copies it without kDirty, so once
+    // linked, a find reaching its target through our node sees only clean
+    // links while the target's own insert (in flight) may never have made
+    // it durable; a crash before our link is persisted loses the target
+    // that find returned (pmcheck's 8-thread line, lost reads).
+    EnsureWordDurable(pos.prev_word, pos.curr_raw);
     if (auto hook = g_before_link_hook.load(std::memory_order_acquire)) hook(key);
     uint64_t exp = pos.curr_raw;
     const uint64_t desired = Off(fresh) | NewTag(so) | (dirty_mode() ? kDirty : 0) | KeepUnpub(exp);
