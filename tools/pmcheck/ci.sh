@@ -168,6 +168,23 @@ for idx in $indexes; do
   if [ "$idx" = nvc_hashmap ]; then
     # shellcheck disable=SC2086
     run "$idx growth lint" 0 --index "$idx" --keys 200 --ops $((300 * scale)) --points none --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    # Persist-path coverage (docs/pmcheck.md): one bucket and load factor 1,
+    # 320 keys swept (the table doubles up to 512 buckets): on-demand
+    # InitBucket (buckets 1-15) and eager InitBatch >= 20 times over the two
+    # kinds. Eight threads on two keys each in one list, reading each
+    # other's keys: HelpUnlink, EnsureDelDurable, Put's retried link and the
+    # finds' helping persists (races, so counts vary; >= 20 over the two
+    # kinds), NewSlab and ReleaseCache per thread. Byte values updated 3000
+    # times: Reclaim frees retired records (once per 32 retirements).
+    nvc_grow="--param initial_buckets=1 --param load_factor=1"
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx growth $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --sweep --keys 320 --ops $((1280 * scale)) --images $((400 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10 $nvc_grow
+      # shellcheck disable=SC2086
+      run "$idx 8 threads $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --threads 8 --shared-keys --keys 2 --ops $((400 * scale)) --images $((600 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10 $nvc_grow
+    done
+    # shellcheck disable=SC2086
+    run "$idx reclaim bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --keys 3 --ops $((3000 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
   fi
   # shellcheck disable=SC2086
   run "$idx kills" 0 --index "$idx" --points none --kill $((20 * scale)) --timeout 10 $p
@@ -181,6 +198,9 @@ run "pmwcas 2 threads" 0 --index pmwcas --threads 2 --ops $((150 * scale)) --ima
 run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
 run "pmwcas shared keys" 0 --index pmwcas --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+# Sixteen threads (docs/pmcheck.md "Persist-path coverage"): the allocator's
+# run formatting (Refill) and thread-exit ReleaseCache >= 20 times.
+run "pmwcas 16 threads" 0 --index pmwcas --threads 16 --shared-keys --keys 3 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 
 # The toy index's faults for the checker's own capabilities, each run with
 # only that capability able to see it: a flush without a fence before the
@@ -344,6 +364,14 @@ run "allocator 2 threads" 0 --index allocator --threads 2 --keys 24 --ops $((150
 run "allocator shared keys" 0 --index allocator --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator tiny" 0 --index allocator --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator kills" 0 --index allocator --points none --kill $((20 * scale)) --timeout 10
+# Persist-path coverage (docs/pmcheck.md): a 200-key sweep in a pool that
+# may grow to 400 chunks (Pool::Grow 8 times; whole runs emptied and
+# returned to the heap by frees, about 40 times); a pool of 12 chunks
+# (Reclaim returns free runs, about 20 times); sixteen threads (ReleaseCache
+# at thread exit, 16 times).
+run "allocator sweep" 0 --index allocator --sweep --keys 200 --ops $((1600 * scale)) --param max_chunks=400 --images $((400 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10
+run "allocator pool full" 0 --index allocator --keys 40 --ops $((1500 * scale)) --param max_chunks=12 --images $((600 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10
+run "allocator 16 threads" 0 --index allocator --threads 16 --keys 24 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 for fault in pm.alloc.skip_replay pm.alloc.skip_dest_flush pm.alloc.skip_commit_fence pm.alloc.large.skip_state_flush \
     pm.free.skip_bit_flush pm.grow.skip_size_persist; do
   run "allocator fault $fault" 1 --index allocator --keys 24 --ops 300 --images 3000 --images-per-point 3 --stop-after 1 --timeout 10 --fault "$fault"
