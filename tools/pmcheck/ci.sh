@@ -364,12 +364,12 @@ run "allocator 2 threads" 0 --index allocator --threads 2 --keys 24 --ops $((150
 run "allocator shared keys" 0 --index allocator --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator tiny" 0 --index allocator --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator kills" 0 --index allocator --points none --kill $((20 * scale)) --timeout 10
-# Persist-path coverage (docs/pmcheck.md): a 200-key sweep in a pool that
-# may grow to 400 chunks (Pool::Grow 8 times; whole runs emptied and
-# returned to the heap by frees, about 40 times); a pool of 12 chunks
-# (Reclaim returns free runs, about 20 times); sixteen threads (ReleaseCache
-# at thread exit, 16 times).
-run "allocator sweep" 0 --index allocator --sweep --keys 200 --ops $((1600 * scale)) --param max_chunks=400 --images $((400 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10
+# Persist-path coverage (docs/pmcheck.md): two threads sweeping 100 keys
+# each in a pool that may grow to 400 chunks (Pool::Grow 8 times; whole
+# runs emptied and returned to the heap by frees, about 34 times); a pool
+# of 12 chunks (Reclaim returns free runs, about 20 times); sixteen
+# threads (with the sweep's two: ReleaseCache at thread exit 18 times).
+run "allocator sweep" 0 --index allocator --threads 2 --sweep --keys 100 --ops $((800 * scale)) --param max_chunks=400 --images $((400 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator pool full" 0 --index allocator --keys 40 --ops $((1500 * scale)) --param max_chunks=12 --images $((600 * scale)) --window-images $((200 * scale)) --images-per-point 3 --lint --timeout 10
 run "allocator 16 threads" 0 --index allocator --threads 16 --keys 24 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 for fault in pm.alloc.skip_replay pm.alloc.skip_dest_flush pm.alloc.skip_commit_fence pm.alloc.large.skip_state_flush \
