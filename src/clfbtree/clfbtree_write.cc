@@ -25,6 +25,7 @@
 #include "clfbtree/clfbtree_tree.h"
 #include "kit/backoff.h"
 #include "kit/pm_block.h"
+#include "kit/popcount.h"
 #include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::clfbtree {
@@ -161,7 +162,7 @@ bool ClfBTree::LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_sl
     uint64_t eq = 0;
     for (uint32_t j = 0; j < slots; j++) eq |= uint64_t(ew[2 * j] == key) << j;
     const uint64_t bits = bm[w];
-    *live += uint32_t(__builtin_popcountll(bits));
+    *live += kit::PopCount64(bits);
     const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
     if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
     if (*found < 0 && (eq & bits)) *found = int(64 * w + uint32_t(__builtin_ctzll(eq & bits)));
@@ -180,7 +181,7 @@ void ClfBTree::LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, in
   *live = 0;
   for (uint32_t w = 0; w < bm_words_; w++) {
     const uint64_t bits = bm[w];
-    *live += uint32_t(__builtin_popcountll(bits));
+    *live += kit::PopCount64(bits);
     const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
     if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
     for (uint64_t c = cand[w] & bits; c && *found < 0; c &= c - 1) {
