@@ -184,9 +184,12 @@ for idx in $indexes; do
     # DoMerge's last persist (the retire slot's Unlinked tag clear). Without
     # that fence the op returns with a flush unordered: the lint reports it
     # (docs/pmcheck.md, "Persist-path coverage"). Single-threaded lines
-    # reclaim at once (the free fences the slot's line) and cannot.
-    # shellcheck disable=SC2086
-    run "$idx 2 threads merges lint" 0 --index "$idx" --threads 2 --keys 30 --ops $((400 * scale)) --pct 4 --schedules $((10 * scale)) --points none --lint --timeout 10 $p
+    # reclaim at once (the free fences the slot's line) and cannot. u64
+    # and byte keys (their own DoMerge).
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx 2 threads merges lint $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --threads 2 --keys 30 --ops $((400 * scale)) --pct 4 --schedules $((10 * scale)) --points none --lint --timeout 10 $p
+    done
   fi
   # wBTree's root growth, >= 20 per line pair (issue 19): the tree never
   # shrinks, so a line grows the root once per level; ascending runs of 400
