@@ -15,7 +15,10 @@
 #      the smallest keys: two FAST & FAIR crash bugs showed only here);
 #   4c. the FPTree variants with update=flip (algorithm 8 for u64 values), 1000
 #       crash images; FAST & FAIR with 80 keys per thread over 1500 ops
-#       (rebalances), 3000 crash images, u64 and byte keys;
+#       (rebalances), 3000 crash images, u64 and byte keys; FAST & FAIR,
+#       wBTree and fptree_single sweeps shaped for their rarest structure
+#       changes (rebalances, deep trees, one-leaf groups; issue 19) and
+#       FAST & FAIR's two-thread merges, lint only;
 #   5. 20 process kills;
 #   6. recovery crashes: the clean line records 3 recoveries and crashes
 #      each at 40 sampled images (double crashes, --recovery-crashes);
