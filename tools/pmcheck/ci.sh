@@ -200,7 +200,7 @@ for idx in $indexes; do
   case $idx in
     wbtree|wbtree_slot)
       # shellcheck disable=SC2086
-      run "$idx deep sweep" 0 --index "$idx" --sweep --keys 400 --ops $((400 * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
+      run "$idx deep sweep" 0 --index "$idx" --sweep --keys 400 --ops $((400 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p
       # shellcheck disable=SC2086
       run "$idx deep sweep bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --sweep --keys 2000 --ops $((2000 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 --param leaf_size=2 --param inner_size=3 ;;
   esac
