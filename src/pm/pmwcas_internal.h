@@ -192,7 +192,7 @@ struct PMwCAS::State {
   bool ReclaimCache(DescCache* c, DescCache* into, bool all);
   bool Refill(DescCache* c);
   bool Steal(DescCache* c);
-  void AddFree(DescCache* c, const std::vector<uint32_t>& ds);
+  void AddFree(DescCache* c, const uint32_t* ds, size_t n);
   std::vector<DescCache*> Caches();
   // Registers / unregisters the State for thread exits (pmwcas_cache.cc).
   void Register();
