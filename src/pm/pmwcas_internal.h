@@ -168,7 +168,9 @@ struct PMwCAS::State {
 
   // pmwcas.cc
   uint64_t Help(uint32_t d);
-  bool CompleteRdcss(uint64_t* w, uint64_t r);
+  // installed (optional): set true iff this call's CAS stored the
+  // descriptor pointer.
+  bool CompleteRdcss(uint64_t* w, uint64_t r, bool* installed = nullptr);
   void PersistAndClear(uint64_t* w, uint64_t v);
   // pmwcas_cache.cc
   // A free descriptor (false: none after a bounded search, see Begin).
