@@ -18,10 +18,20 @@
 # ci.sh has a line that must report each.
 # --update FILE replaces the text between "<!-- coverage:begin -->" and
 # "<!-- coverage:end -->" in FILE with the table; otherwise it is printed.
+# --only IDX (repeatable) records only those indexes (quicker; do not
+# combine with --update). --sites also prints, under each index's table,
+# every site (function, kind, object+offset, runs), least-run first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-update=""
-if [ "${1:-}" = --update ]; then update=$2; shift 2; fi
+update="" only="" sites=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --update) update=$2; shift 2 ;;
+    --only) only+=" $2"; shift 2 ;;
+    --sites) sites=1; shift ;;
+    *) break ;;
+  esac
+done
 dir=${1:-build}
 bin=$dir/bin/pmcheck
 [ -x "$bin" ] || { echo "pmcheck-coverage: $bin not built" >&2; exit 2; }
@@ -68,6 +78,7 @@ record() {  # record <index> <args...>: appends site counts to $tmp/<index>.site
 }
 
 indexes=$("$bin" --list | grep -v -e '^pmcheck_toy$')
+[ -n "$only" ] && indexes=$(echo "$indexes" | grep -xF -f <(tr ' ' '\n' <<< "$only" | grep .))
 for idx in $indexes; do
   p=$(params "$idx")
   sp=$(shrink_params "$idx")
@@ -101,6 +112,26 @@ for idx in $indexes; do
   esac
   if [ "$idx" = fastfair ]; then
     for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops 192 $p --param merge_below=1; done
+    # ci.sh's rebalance sweeps and deep sweep (not its two-thread merges
+    # lint line: no crash images).
+    for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 60 --ops 960 --param node_size=384; done
+    record "$idx" --sweep --keys 120 --ops 1920 $p
+  fi
+  # ci.sh's wBTree deep sweeps and fptree_single's one-leaf groups.
+  case $idx in
+    wbtree|wbtree_slot)
+      record "$idx" --sweep --keys 400 --ops 400 $p
+      record "$idx" --key-kind bytes --value-kind bytes --sweep --keys 2000 --ops 2000 --param leaf_size=2 --param inner_size=3 ;;
+    fptree_single)
+      for kk in u64 bytes; do record "$idx" --key-kind $kk --value-kind $kk --sweep --keys 6 --ops 600 --param leaf_size=2 --param inner_size=3 --param group_size=1; done ;;
+  esac
+  # ci.sh's clean lines of clfB-tree's other configurations.
+  if [ "$idx" = clfbtree ]; then
+    for cfg in "leaf=encoded parent=inplace" "leaf=encoded parent=shadow" "leaf=append parent=shadow"; do
+      set -- $cfg
+      record "$idx" --ops 300 --param leaf_size=128 --param "$1" --param "$2"
+    done
+    record "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops 300 --param leaf=encoded --param parent=shadow
   fi
   # ci.sh's coverage lines of nvc_hashmap, the allocator and pmwcas targets.
   case $idx in
@@ -119,6 +150,26 @@ for idx in $indexes; do
   esac
 done
 
+# Functions that run about once per recorded line by nature, not structure
+# changes (issue 19: "per run", not a gap): creation (Format, InitNew) and
+# open (Recover), whose crashes the --recovery-crashes lines (double
+# crashes) and the kill lines cover; FAST & FAIR's lazy Repair of a node
+# not repaired since the open (in a recording only the root creation
+# leaves at gen 0; LockAt's one site is Repair's tail-called fence,
+# attributed to its caller) and the retire list's Claim (its fence follows
+# the slot array's lazy allocation, once per pool): the kill lines reopen
+# and repair, and the lines' --window-images crash before every fence
+# site, rarest first.
+perrun='::(Format|InitNew|Recover)$|fastfair::FastFair<(true|false)>::(Repair|LockAt)$|kit::PmRetireList::Claim$'
+# Functions with one branch that only the state creation leaves takes (once
+# per recorded line): "per run" only while every other site ran >= 20 times.
+# fptree_single's LinkNewGroup links the first group at the list head
+# (groups_tail 0) only in Format; FAST & FAIR's FixLk on an empty leaf (its
+# SetTail, whose fence is a tail call attributed to Put) runs when key 0
+# is inserted into the root leaf Format made with lk 0 (a u64 tree's lk
+# only rises after that, and only the root leaf is left empty).
+perrun_branch='fptree::FPTree<false, (false|true)>::LinkNewGroup$|fastfair::FastFair<false>::Put$|fastfair::NodeOps::FixLk$'
+
 # Symbolise: "kind object+0xoff count" -> "function kind count" (the return
 # address minus one is inside the call).
 symbolise() {  # symbolise <sites file>
@@ -133,7 +184,7 @@ symbolise() {  # symbolise <sites file>
       fn=$(addr2line -f -C -e "$path" "$(printf '0x%x' $((off - 1)))" 2>/dev/null | head -1)
       fn=${fn//(anonymous namespace)/\{anon\}}  # else the cut below leaves "pmcheck::" for every target function
       fn=${fn%%(*}
-      echo -e "$fn\t$kind\t$count"
+      echo -e "$fn\t$kind\t$count\t$obj+$off"
     done >> "$1.fn"
   done
 }
@@ -153,6 +204,9 @@ faults_of() {  # fault switches declared in an index's sources
   echo "fill-then-drain line (\`--drain\`, 40 keys, 600 ops, u64 and byte keys) per index: how often each"
   echo "flush and fence call site ran, grouped by the function that contains it (inlined helpers count"
   echo "in their caller). *gap*: the function's least-run site ran fewer than 20 times."
+  echo "*per run*: the same, for a function that runs about once per recorded line by nature (creation,"
+  echo "open, FAST & FAIR's lazy repair of the root creation leaves, the retire list's lazy slot array);"
+  echo "the clean lines' --recovery-crashes, the kill lines and the fence-window images crash inside them."
   for idx in $indexes; do
     f=$tmp/$idx.sites
     [ -s "$f" ] || continue
@@ -164,11 +218,21 @@ faults_of() {  # fault switches declared in an index's sources
     echo "| function | flush sites | fence sites | runs | least-run site |"
     echo "|---|---|---|---|---|"
     awk -F'\t' '{ n[$1] += $3; if ($2 == "flush") fl[$1]++; else fe[$1]++;
-                  if (!($1 in m) || $3 < m[$1]) m[$1] = $3 }
-                END { for (k in n) printf "%s\t%d\t%d\t%d\t%d\n", k, fl[k], fe[k], n[k], m[k] }' "$f.fn" |
+                  if (!($1 in m) || $3 < m[$1]) { if ($1 in m) m2[$1] = m[$1]; m[$1] = $3 }
+                  else if (!($1 in m2) || $3 < m2[$1]) m2[$1] = $3 }
+                END { for (k in n) printf "%s\t%d\t%d\t%d\t%d\t%d\n", k, fl[k], fe[k], n[k], m[k], (k in m2) ? m2[k] : m[k] }' "$f.fn" |
       sort -t$'\t' -k4,4nr |
-      awk -F'\t' '{ gap = $5 < 20 ? " *gap*" : ""; name = $1; gsub(/\|/, "\\|", name);
+      awk -F'\t' -v perrun="$perrun" -v branch="$perrun_branch" '{
+                    gap = $5 < 20 ? ($1 ~ perrun ? " per run" : " *gap*") : "";
+                    if ($5 < 20 && $1 ~ branch && $6 >= 20) gap = " per run (creation branch; next site " $6 ")";
+                    name = $1; gsub(/\|/, "\\|", name);
                     printf "| `%s` | %d | %d | %d | %d%s |\n", name, $2, $3, $4, $5, gap }'
+    if [ "$sites" = 1 ]; then
+      echo
+      echo "Sites of $idx (least-run first): function, kind, site, runs"
+      echo
+      sort -t$'\t' -k3,3n "$f.fn" | awk -F'\t' '{ printf "    %s %s %s %d\n", $1, $2, $4, $3 }'
+    fi
     fl=$(faults_of "$idx")
     if [ -n "$fl" ]; then
       echo

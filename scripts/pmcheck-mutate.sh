@@ -136,6 +136,10 @@ check() {  # check <target> [extra args]: prints the first failure and returns 1
   # removes of the sweep merge empty right leaves, whose merge appends no
   # records (the separator delete's fence is the last before the commit).
   [ "$t" != fastfair ] || lines+=("--sweep --keys 24 --ops $((192 * scale)) --images $(img 1000) --lint $p --param merge_below=1")
+  # FAST & FAIR merges on two threads under PCT schedules, lint only: a
+  # remove whose reclaim waits for the other thread returns right after
+  # DoMerge's Unlinked tag clear (ci.sh's "2 threads merges lint" line).
+  [ "$t" != fastfair ] || lines+=("--threads 2 --keys 30 --ops $((400 * scale)) --pct 4 --schedules 10 --points none --lint $p")
   # A pool of 12 chunks: runs are reclaimed and their chunks reformatted for
   # another class (Refill's bitmap persist over a used bitmap). The seed is
   # pinned and the images are not scaled by PMCHECK_MUTATE_PCT (about a

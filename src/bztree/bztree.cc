@@ -581,6 +581,7 @@ bool BzTree::Records(char* n, std::vector<Rec>* out, bool* bad) const {
   }
   const uint64_t sorted = std::min<uint64_t>(nodeword::Sorted(nw), c);
   size_t prefix = 0;  // out[0, prefix): records of the sorted prefix, in order
+  out->reserve(c);
   for (uint64_t j = 0; j < c; j++) {
     if (j == sorted) prefix = out->size();
     uint64_t m = pmw_->Read(Meta(n, j)), p = 0;
@@ -605,7 +606,27 @@ bool BzTree::Records(char* n, std::vector<Rec>* out, bool* bad) const {
     r.payload = leaf && !r.ool && vk_ == ValueKind::kU64 ? meta::Value(m, p) : p;
     out->push_back(std::move(r));
   }
-  if (leaf && sorted < c) {
+  if (leaf && sorted < c && kk_ == KeyKind::kU64) {
+    // u64 keys: the appended records' (key, index) pairs are sorted, not
+    // the records (a Rec holds a std::string: sorting and merging them
+    // moved each several times), then merged with the prefix by key, each
+    // record moved once. At most one visible record per key: no ties.
+    static thread_local std::vector<std::pair<uint64_t, uint32_t>> tail __attribute__((tls_model("initial-exec")));
+    static thread_local std::vector<Rec> merged __attribute__((tls_model("initial-exec")));
+    tail.clear();
+    for (size_t i = prefix; i < out->size(); i++) tail.push_back({SliceToU64((*out)[i].key), uint32_t(i)});
+    std::sort(tail.begin(), tail.end());
+    merged.clear();
+    merged.reserve(out->size());
+    size_t a = 0, t = 0;
+    while (a < prefix || t < tail.size()) {
+      if (t == tail.size() || (a < prefix && SliceToU64((*out)[a].key) <= tail[t].first))
+        merged.push_back(std::move((*out)[a++]));
+      else
+        merged.push_back(std::move((*out)[tail[t++].second]));
+    }
+    out->swap(merged);
+  } else if (leaf && sorted < c) {
     // Only the appended records need sorting; then one merge with the
     // prefix (at most one visible record per key: no ties between them).
     auto less = [this](const Rec& a, const Rec& b) { return Cmp(a.key, b.key) < 0; };

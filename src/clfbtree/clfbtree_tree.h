@@ -185,7 +185,8 @@ class ClfBTree final : public Index {
   void StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw);
   Status NewWord(Slice s, bool is_key, int* slot, uint64_t* word);
   void Lock(uint64_t off);
-  void Unlock(uint64_t off) { VL(off).Unlock(); }
+  // A plain release store (only the holder stores to a locked word).
+  void Unlock(uint64_t off) { VL(off).UnlockStore(); }
 
   // clfbtree_smo.cc
   // Replaces child path[j].idx of path[j] (j == -1: the root) by kids with

@@ -25,6 +25,7 @@
 #include "clfbtree/clfbtree_tree.h"
 #include "kit/backoff.h"
 #include "kit/pm_block.h"
+#include "kit/popcount.h"
 #include "pmindex/pm/fault.h"
 
 namespace pmindex::internal::clfbtree {
@@ -161,7 +162,7 @@ bool ClfBTree::LeafScanU64(uint64_t leaf, uint64_t key, int* found, int* free_sl
     uint64_t eq = 0;
     for (uint32_t j = 0; j < slots; j++) eq |= uint64_t(ew[2 * j] == key) << j;
     const uint64_t bits = bm[w];
-    *live += uint32_t(__builtin_popcountll(bits));
+    *live += kit::PopCount64(bits);
     const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
     if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
     if (*found < 0 && (eq & bits)) *found = int(64 * w + uint32_t(__builtin_ctzll(eq & bits)));
@@ -180,7 +181,7 @@ void ClfBTree::LeafProbeU64(uint64_t leaf, const LeafFilter& f, uint64_t key, in
   *live = 0;
   for (uint32_t w = 0; w < bm_words_; w++) {
     const uint64_t bits = bm[w];
-    *live += uint32_t(__builtin_popcountll(bits));
+    *live += kit::PopCount64(bits);
     const uint64_t lim = 64 * w + 64 <= cap_ ? ~0ull : (1ull << (cap_ - 64 * w)) - 1;
     if (*free_slot < 0 && (~bits & lim)) *free_slot = int(64 * w + uint32_t(__builtin_ctzll(~bits & lim)));
     for (uint64_t c = cand[w] & bits; c && *found < 0; c &= c - 1) {
@@ -232,7 +233,8 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   int found, free_slot;
   uint32_t live;
   // The leaf's filter, valid again for the version the unlock publishes
-  // (every path below unlocks once, by vl.Unlock: v + kStep).
+  // (every path below unlocks once, by vl.UnlockFrom(v): v + kStep, a plain
+  // store: a locked RMW would wait for the write-backs just issued).
   if (f && f->Valid(v)) {
     LeafProbeU64(off, *f, k, &found, &free_slot, &live);
   } else {
@@ -243,16 +245,16 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   const uint64_t vw = remove ? 0 : SliceToU64(value);
   if (remove) {
     if (found >= 0 && live <= 1) {  // the leaf would become empty: freed by the locked path
-      vl.Unlock();
+      vl.UnlockFrom(v);
       return false;
     }
     *st = found < 0 ? Status::NotFound() : Status::OK();
     if (found >= 0) {
       uint64_t* bw = &Bitmap(off)[uint32_t(found) / 64];
-      pm::FetchAnd(bw, uint64_t(~(1ull << (uint32_t(found) % 64))), __ATOMIC_RELEASE);
+      pm::StoreAtomic(bw, uint64_t(LdR(bw) & ~(1ull << (uint32_t(found) % 64))), __ATOMIC_RELEASE);
       pm::Persist(bw, 8);
     }
-    vl.Unlock();
+    vl.UnlockFrom(v);
     return true;
   }
   if (found >= 0) {
@@ -262,11 +264,11 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
       pm::StoreAtomic(vword, vw);
       pm::Persist(vword, 8);
     }
-    vl.Unlock();
+    vl.UnlockFrom(v);
     return true;
   }
   if (mode == kUpdate || free_slot < 0) {
-    vl.Unlock();
+    vl.UnlockFrom(v);
     if (mode != kUpdate) return false;  // full: the locked path splits
     *st = Status::NotFound();
     return true;
@@ -276,7 +278,7 @@ bool ClfBTree::FastWrite(Slice key, Slice value, Mode mode, bool remove, Status*
   const Mark before = c_.tally ? Now() : Mark{0, 0};
   if (f) f->Set(uint32_t(free_slot), LeafFilter::Fp(k));
   StoreEntry(off, uint32_t(free_slot), k, vw);
-  vl.Unlock();
+  vl.UnlockFrom(v);
   TallyAdd(&tally_.leaf_plain, before);
   *st = Status::OK();
   return true;
@@ -288,8 +290,11 @@ void ClfBTree::StoreEntry(uint64_t leaf, uint32_t i, uint64_t kw, uint64_t vw) {
   pm::StoreAtomic(e + 1, vw, __ATOMIC_RELAXED);
   if (!PMINDEX_FAULT("clfbtree.append.skip_entry_flush")) pm::Flush(e, 16);
   pm::Fence();
+  // The caller holds the leaf's lock and only a lock holder stores to a
+  // bitmap: a plain store, not a locked RMW (which would wait here for the
+  // entry's write-back to finish).
   uint64_t* bw = &Bitmap(leaf)[i / 64];
-  pm::FetchOr(bw, uint64_t(1ull << (i % 64)), __ATOMIC_RELEASE);
+  pm::StoreAtomic(bw, uint64_t(LdR(bw) | (1ull << (i % 64))), __ATOMIC_RELEASE);
   pm::Persist(bw, 8);
 }
 
@@ -431,7 +436,7 @@ Status ClfBTree::AppendLeafRemove(Path& path, uint64_t leaf, Slice key) {
     }
     Arm(uint64_t(reinterpret_cast<char*>(bw) - base_), bit, kBitsClear);
   }
-  pm::FetchAnd(bw, ~bit, __ATOMIC_RELEASE);
+  pm::StoreAtomic(bw, uint64_t(LdR(bw) & ~bit), __ATOMIC_RELEASE);
   pm::Persist(bw, 8);
   if (live > 1) {
     Unlock(leaf);

@@ -37,6 +37,15 @@ void PmRetireList::Own(int i, uint64_t block, uint64_t tag) {
 void PmRetireList::Unlinked(int i) {
   RetireSlot* s = slots() + i;
   St(&s->tag, uint64_t(0));
+  // The fence is not needed by any crash state: after the caller's commit
+  // the slot's linked() test is false, so a crash that keeps the old tag
+  // frees the block as tag 0 would (FAST & FAIR: l->sibling != r once the
+  // merge committed; r is not freed, so no node links to it again before
+  // the slot's free, which persists the slot's line). It is the op-return
+  // rule (pmcheck's lint: no op returns with an unordered flush): when the
+  // block's reclaim waits for another thread's guard, the caller's op can
+  // return right after this; the two-thread merges lint line of
+  // tools/pmcheck/ci.sh reports the fence's removal (docs/pmcheck.md).
   pm::Persist(&s->tag, 8);
 }
 

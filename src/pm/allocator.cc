@@ -67,6 +67,8 @@ void PoolAllocator::Shutdown() {
       if (tc) Flush(tc->lane, sizeof(Lane));
     Fence();
   }
+  for (auto& tc : caches_)  // keep the accounting of the caches dropped here
+    if (tc) FoldCounts(*tc);
   caches_.clear();
 }
 

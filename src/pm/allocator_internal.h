@@ -91,6 +91,16 @@ struct ThreadCache {
   Lane* lane = nullptr;
   std::atomic<Run*> cur[kNumClasses] = {};
   std::atomic<uint64_t> pending{0};  // a freed block to republish once the lane clear is durable
+  // This thread's share of BytesInUse / BlocksInUse since the cache was made
+  // (negative when it frees more than it allocated). Written by the owning
+  // thread only, with plain relaxed stores: a shared counter updated with a
+  // locked add on every allocation bounced its line between threads and
+  // made each allocation wait for the write-back of the lane's clwb.
+  std::atomic<int64_t> bytes{0}, blocks{0};
+  void Count(int64_t b, int64_t n) {
+    bytes.store(bytes.load(std::memory_order_relaxed) + b, std::memory_order_relaxed);
+    blocks.store(blocks.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
 };
 
 // Process-wide registry of live allocators, keyed by pool instance id, so a
@@ -113,8 +123,9 @@ class PoolAllocator final : public Allocator {
   Status Free(uint64_t* dest) override;
   size_t UsableSize(uint64_t off) const override;
   bool IsAllocated(uint64_t off) const override;
-  uint64_t BytesInUse() const override { return bytes_.load(std::memory_order_relaxed); }
-  uint64_t BlocksInUse() const override { return blocks_.load(std::memory_order_relaxed); }
+  // The released caches' total plus every live cache's share.
+  uint64_t BytesInUse() const override { return InUse(&ThreadCache::bytes, bytes_); }
+  uint64_t BlocksInUse() const override { return InUse(&ThreadCache::blocks, blocks_); }
   void ForEachAllocated(const std::function<void(uint64_t off, size_t size)>& fn) const override;
   Status Check() const override;
 
@@ -230,9 +241,25 @@ class PoolAllocator final : public Allocator {
   };
   ClassState classes_[kNumClasses];
 
+  // Totals of the recovered heap and of released caches (caches_mu_ for
+  // writes after Init); live caches keep their own shares (ThreadCache).
   std::atomic<uint64_t> bytes_{0}, blocks_{0};
+  uint64_t InUse(std::atomic<int64_t> ThreadCache::*share, const std::atomic<uint64_t>& base) const {
+    std::lock_guard<std::mutex> g(caches_mu_);
+    int64_t sum = int64_t(base.load(std::memory_order_relaxed));
+    for (const auto& tc : caches_) sum += ((*tc).*share).load(std::memory_order_relaxed);
+    return uint64_t(sum);
+  }
 
-  std::mutex caches_mu_;
+  // Adds a cache's share to the totals before the cache goes (caches_mu_ held).
+  void FoldCounts(const ThreadCache& tc) {
+    bytes_.store(bytes_.load(std::memory_order_relaxed) + uint64_t(tc.bytes.load(std::memory_order_relaxed)),
+                 std::memory_order_relaxed);
+    blocks_.store(blocks_.load(std::memory_order_relaxed) + uint64_t(tc.blocks.load(std::memory_order_relaxed)),
+                  std::memory_order_relaxed);
+  }
+
+  mutable std::mutex caches_mu_;
   std::vector<bool> lane_used_;
   std::vector<std::unique_ptr<ThreadCache>> caches_;
   bool shut_down_ = false;

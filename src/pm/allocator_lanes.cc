@@ -149,6 +149,7 @@ void PoolAllocator::ReleaseCache(ThreadCache* tc) {
     if (Run* r = tc->cur[c].load(std::memory_order_relaxed)) ReleaseRun(tc, r);
   std::lock_guard<std::mutex> g(caches_mu_);
   lane_used_[tc->lane_idx] = false;
+  FoldCounts(*tc);
   for (auto& p : caches_) {
     if (p.get() == tc) {
       p = std::move(caches_.back());
@@ -191,8 +192,7 @@ Status PoolAllocator::AllocateImpl(uint64_t* dest, size_t size, bool zero) {
   if (!PMINDEX_FAULT("pm.alloc.skip_commit_fence")) Fence();
   StoreAtomic(&tc->lane->op, kOpIdle);
   Flush(tc->lane, sizeof(Lane));
-  bytes_.fetch_add(r->bsize, std::memory_order_relaxed);
-  blocks_.fetch_add(1, std::memory_order_relaxed);
+  tc->Count(r->bsize, 1);
   ThreadCounters().allocs++;
   return Status::OK();
 }
@@ -241,8 +241,7 @@ Status PoolAllocator::Free(uint64_t* dest) {
   // must not report it as a missing flush.
   StoreVolatile(&L->op, kOpIdle);
   tc->pending.store(off, std::memory_order_release);
-  bytes_.fetch_sub(usable, std::memory_order_relaxed);
-  blocks_.fetch_sub(1, std::memory_order_relaxed);
+  tc->Count(-int64_t(usable), -1);
   ThreadCounters().frees++;
   return Status::OK();
 }

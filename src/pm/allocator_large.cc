@@ -121,8 +121,7 @@ Status PoolAllocator::AllocLarge(ThreadCache* tc, uint64_t* dest, size_t size, b
   Fence();
   StoreAtomic(&tc->lane->op, kOpIdle);
   Flush(tc->lane, sizeof(Lane));
-  bytes_.fetch_add(usable, std::memory_order_relaxed);
-  blocks_.fetch_add(1, std::memory_order_relaxed);
+  tc->Count(int64_t(usable), 1);
   ThreadCounters().allocs++;
   return Status::OK();
 }

@@ -139,16 +139,12 @@ void SetObserver(Observer* obs) { detail::g_observer.store(obs, std::memory_orde
 
 void Copy(void* dst, const void* src, size_t n) {
   std::memcpy(dst, src, n);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += n;
-  PMINDEX_OBSERVE(OnStore(dst, n));
+  detail::NoteStore(dst, n);
 }
 
 void Set(void* dst, int c, size_t n) {
   std::memset(dst, c, n);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += n;
-  PMINDEX_OBSERVE(OnStore(dst, n));
+  detail::NoteStore(dst, n);
 }
 
 void CopyNT(void* dst, const void* src, size_t n) {

@@ -131,14 +131,15 @@ void PMwCAS::State::PersistAndClear(uint64_t* w, uint64_t v) {
 // pointer if its descriptor is still undecided, else the expected value).
 // False if r does not point to an entry of this pool's region (a value that
 // broke the reserved-bit rule): nothing is done.
-bool PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r) {
+bool PMwCAS::State::CompleteRdcss(uint64_t* w, uint64_t r, bool* installed) {
   uint32_t d, i;
   if (!DecodeRdcss(r, &d, &i)) return false;
   const Entry* e = &Entries(d)[i];
   uint64_t cur = r;
   if ((__atomic_load_n(&Desc(d)->status, __ATOMIC_SEQ_CST) & kStateMask) == kUndecided) {
     pmwcas_hooks::At(pmwcas_hooks::Point::kRdcssSawUndecided, w);
-    Cas(w, &cur, DescPtr(d), __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    const bool ok = Cas(w, &cur, DescPtr(d), __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    if (installed) *installed = ok;
   } else if (Cas(w, &cur, e->old_value | kDirtyBit)) {
     // The RDCSS pointer may have reached PM: the restored value must be
     // durable before this descriptor can be recycled (H3).
@@ -160,7 +161,12 @@ static Installed Install(PMwCAS::State* s, uint32_t d, uint32_t i) {
     const uint64_t rp = s->RdcssPtr(d, i) | NextRdcssTag();
     uint64_t cur = e->old_value;
     if (Cas(w, &cur, rp, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-      s->CompleteRdcss(w, rp);
+      bool installed = false;
+      s->CompleteRdcss(w, rp, &installed);
+      // This thread's CAS put dp in the word: done, without another locked
+      // CAS that would only read dp back. (Had the status been decided in
+      // between, Help's commit CAS fails and the decided outcome stands.)
+      if (installed) return Installed::kYes;
       continue;  // reads the word again: dp, or the old value if decided
     }
     if (cur == dp) return Installed::kYes;

@@ -69,6 +69,31 @@
 namespace pmindex::pm {
 
 namespace {
+// Descriptors collected for one reclaim: up to kInline kept inline (a
+// cache's steady-state batch), more spill to the heap (a close, a steal).
+class DescBatch {
+ public:
+  void push_back(uint32_t d) {
+    if (n_ < kInline && spill_.empty()) {
+      inl_[n_++] = d;
+      return;
+    }
+    if (spill_.empty()) spill_.assign(inl_, inl_ + n_);
+    spill_.push_back(d);
+    n_++;
+  }
+  const uint32_t* data() const { return spill_.empty() ? inl_ : spill_.data(); }
+  size_t size() const { return n_; }
+
+ private:
+  static constexpr size_t kInline = 32;
+  uint32_t inl_[kInline];
+  size_t n_ = 0;
+  std::vector<uint32_t> spill_;
+};
+}  // namespace
+
+namespace {
 
 constexpr int kTakeRounds = 100000;  // Begin's rounds before Busy (yielding after the first 16)
 
@@ -215,18 +240,19 @@ std::vector<DescCache*> PMwCAS::State::Caches() {
 
 // Puts recycled or never-published descriptors on c's free list (the
 // shared one if c is null); an overlong free list gives all but `batch`
-// back to the shared list.
-void PMwCAS::State::AddFree(DescCache* c, const std::vector<uint32_t>& ds) {
+// back to the shared list. No heap allocation unless the list overflows
+// (Abandon puts one descriptor back on every insert of some indexes).
+void PMwCAS::State::AddFree(DescCache* c, const uint32_t* ds, size_t n) {
   std::vector<uint32_t> excess;
   if (c) {
     std::lock_guard<std::mutex> g(c->mu);
-    c->free.insert(c->free.end(), ds.begin(), ds.end());
+    c->free.insert(c->free.end(), ds, ds + n);
     if (c->free.size() > 2 * size_t(batch)) {
       excess.assign(c->free.begin(), c->free.end() - batch);
       c->free.erase(c->free.begin(), c->free.end() - batch);
     }
   } else {
-    excess = ds;
+    excess.assign(ds, ds + n);
   }
   if (excess.empty()) return;
   std::lock_guard<std::mutex> g(mu);
@@ -252,7 +278,7 @@ void PMwCAS::State::ReclaimShared(bool all) {
 // Recycles c's retired descriptors that are past their grace period (all:
 // every one) and puts them on `into`'s free list. True if any.
 bool PMwCAS::State::ReclaimCache(DescCache* c, DescCache* into, bool all) {
-  std::vector<uint32_t> ready;
+  DescBatch ready;  // a steady-state batch stays inline: no heap allocation
   {
     std::lock_guard<std::mutex> g(c->mu);
     c->pending = 0;
@@ -261,10 +287,10 @@ bool PMwCAS::State::ReclaimCache(DescCache* c, DescCache* into, bool all) {
     else
       c->retired.Reclaim(epoch, [&](uint32_t d) { ready.push_back(d); });
   }
-  if (ready.empty()) return false;
-  for (uint32_t d : ready) Recycle(d, /*fence=*/false);
+  if (ready.size() == 0) return false;
+  for (size_t i = 0; i < ready.size(); i++) Recycle(ready.data()[i], /*fence=*/false);
   Fence();  // the batch's free statuses durable before any of them is reused
-  AddFree(into, ready);
+  AddFree(into, ready.data(), ready.size());
   return true;
 }
 
@@ -308,7 +334,7 @@ bool PMwCAS::State::Steal(DescCache* c) {
       got.swap(v->free);
     }
     if (!got.empty()) {
-      AddFree(c, got);
+      AddFree(c, got.data(), got.size());
       any = true;
     }
     if (ReclaimCache(v, c, false)) any = true;
@@ -359,7 +385,7 @@ bool PMwCAS::State::TakeCached(uint32_t* d) {
   return true;
 }
 
-void PMwCAS::State::PutFree(uint32_t d) { AddFree(ThreadCache(), {d}); }
+void PMwCAS::State::PutFree(uint32_t d) { AddFree(ThreadCache(), &d, 1); }
 
 void PMwCAS::State::Retire(uint32_t d) {
   DescCache* c = ThreadCache();

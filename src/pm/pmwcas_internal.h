@@ -168,7 +168,9 @@ struct PMwCAS::State {
 
   // pmwcas.cc
   uint64_t Help(uint32_t d);
-  bool CompleteRdcss(uint64_t* w, uint64_t r);
+  // installed (optional): set true iff this call's CAS stored the
+  // descriptor pointer.
+  bool CompleteRdcss(uint64_t* w, uint64_t r, bool* installed = nullptr);
   void PersistAndClear(uint64_t* w, uint64_t v);
   // pmwcas_cache.cc
   // A free descriptor (false: none after a bounded search, see Begin).
@@ -192,7 +194,7 @@ struct PMwCAS::State {
   bool ReclaimCache(DescCache* c, DescCache* into, bool all);
   bool Refill(DescCache* c);
   bool Steal(DescCache* c);
-  void AddFree(DescCache* c, const std::vector<uint32_t>& ds);
+  void AddFree(DescCache* c, const uint32_t* ds, size_t n);
   std::vector<DescCache*> Caches();
   // Registers / unregisters the State for thread exits (pmwcas_cache.cc).
   void Register();

@@ -15,7 +15,10 @@
 #      the smallest keys: two FAST & FAIR crash bugs showed only here);
 #   4c. the FPTree variants with update=flip (algorithm 8 for u64 values), 1000
 #       crash images; FAST & FAIR with 80 keys per thread over 1500 ops
-#       (rebalances), 3000 crash images, u64 and byte keys;
+#       (rebalances), 3000 crash images, u64 and byte keys; FAST & FAIR,
+#       wBTree and fptree_single sweeps shaped for their rarest structure
+#       changes (rebalances, deep trees, one-leaf groups; issue 19) and
+#       FAST & FAIR's two-thread merges, lint only;
 #   5. 20 process kills;
 #   6. recovery crashes: the clean line records 3 recoveries and crashes
 #      each at 40 sampled images (double crashes, --recovery-crashes);
@@ -45,7 +48,9 @@
 # clean runs pass and all faults are caught. Set PMCHECK_CI_SCALE=N to
 # multiply the budgets (scripts/pmcheck-ci.sh --long: 13, at least 100,000
 # crash images per index; the totals are printed at the end). Runs go PMCHECK_CI_JOBS at a time
-# (default: the number of CPUs).
+# (default: the number of CPUs). PMCHECK_CI_ONLY=ERE runs only the lines
+# whose --index matches (e.g. PMCHECK_CI_ONLY='bztree|pmwcas' for the long
+# mode of one index at a time).
 set -uo pipefail
 dir=${1:-build}
 bin=$dir/bin/pmcheck
@@ -93,6 +98,11 @@ throttle() {
 run() {  # run <label> <expected exit status> <pmcheck args...>
   local label=$1 want=$2
   shift 2
+  if [ -n "${PMCHECK_CI_ONLY:-}" ]; then  # only the lines of these targets (an ERE over --index values)
+    local a prev="" target=""
+    for a in "$@"; do [ "$prev" = --index ] && target=$a; prev=$a; done
+    echo "$target" | grep -qxE "$PMCHECK_CI_ONLY" || return 0
+  fi
   throttle
   nrun=$((nrun + 1))
   (
@@ -159,6 +169,56 @@ for idx in $indexes; do
     for kk in u64 bytes; do
       # shellcheck disable=SC2086
       run "$idx empty merges $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --sweep --keys 24 --ops $((192 * scale)) --images $((1000 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p --param merge_below=1
+    done
+    # Rebalances, >= 20 per line (issue 19): 384-byte nodes (18 records;
+    # underfull below 6, a merged pair at most 13) and key sweeps: the
+    # ascending removes leave the leftmost leaf underfull next to a
+    # half-full sibling (from the descending upserts) too full to merge
+    # with it (5 + 9 > 13): 40 rebalances per line, u64 and byte keys (the
+    # random 80-key lines above reach 0-2; 256-byte nodes give 2 + 5 <= 7:
+    # merges).
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx rebalance sweep $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --sweep --keys 60 --ops $((960 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 --param node_size=384
+    done
+    # A three-level u64 tree (120 keys in 256-byte nodes, eight cycles):
+    # inner splits inside InsertInternal's parent insert, and merges into
+    # a leaf whose lk (raised by FixLk above the keys inserted into it) is a
+    # key of the merged right sibling (DoMerge picks a new lk first): 20
+    # each per line (they ran 2 in all lines before).
+    # shellcheck disable=SC2086
+    run "$idx deep sweep" 0 --index "$idx" --sweep --keys 120 --ops $((1920 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    # Merges on two threads under PCT schedules, lint only (the recording):
+    # a remove's merge retires the right node and its reclaim waits while the
+    # other thread is in the tree, so the remove returns right after
+    # DoMerge's last persist (the retire slot's Unlinked tag clear). Without
+    # that fence the op returns with a flush unordered: the lint reports it
+    # (docs/pmcheck.md, "Persist-path coverage"). Single-threaded lines
+    # reclaim at once (the free fences the slot's line) and cannot. u64
+    # and byte keys (their own DoMerge).
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx 2 threads merges lint $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --threads 2 --keys 30 --ops $((400 * scale)) --pct 4 --schedules $((10 * scale)) --points none --lint --timeout 10 $p
+    done
+  fi
+  # wBTree's root growth, >= 20 per line pair (issue 19): the tree never
+  # shrinks, so a line grows the root once per level; ascending runs of 400
+  # u64 keys (7 levels) and of 2000 byte keys in 2-record leaves (10).
+  case $idx in
+    wbtree|wbtree_slot)
+      # shellcheck disable=SC2086
+      run "$idx deep sweep" 0 --index "$idx" --sweep --keys 400 --ops $((400 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 $p
+      # shellcheck disable=SC2086
+      run "$idx deep sweep bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --sweep --keys 2000 --ops $((2000 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 --param leaf_size=2 --param inner_size=3 ;;
+  esac
+  # fptree_single's leaf groups (issue 19): one leaf per group
+  # (group_size=1), so every leaf split links a new group and every leaf
+  # deletion frees one; six keys in 2-record leaves, 25 sweep cycles: the
+  # free of the tail group (groups_tail moves back) once per cycle.
+  if [ "$idx" = fptree_single ]; then
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx groups $kk" 0 --index "$idx" --key-kind $kk --value-kind $kk --sweep --keys 6 --ops $((600 * scale)) --images $((400 * scale)) --window-images $((300 * scale)) --images-per-point 3 --lint --timeout 10 --param leaf_size=2 --param inner_size=3 --param group_size=1
     done
   fi
   # NVC-Hashmap over 200 keys, lint only (the recording and window

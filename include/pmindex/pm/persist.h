@@ -136,14 +136,29 @@ inline Observer* GetObserver() { return detail::g_observer.load(std::memory_orde
 // ---------------------------------------------------------------------------
 // Stores. Use these for every write to PM.
 
+namespace detail {
+// The bookkeeping every store primitive ends with: count the store and tell
+// the observer (the crash simulator or lint), if one is installed.
+PMINDEX_PM_INLINE void NoteStore(const void* dst, size_t n) {
+  tl_counters.stores++;
+  tl_counters.store_bytes += n;
+  PMINDEX_OBSERVE(OnStore(dst, n));
+}
+// The same for stores recovery re-initialises (StoreVolatile and friends).
+PMINDEX_PM_INLINE void NoteVolatileStore(const void* dst, size_t n) {
+  tl_counters.stores++;
+  tl_counters.store_bytes += n;
+  PMINDEX_OBSERVE(OnVolatileStore(dst, n));
+}
+}  // namespace detail
+
+
 // A plain (non-atomic) store of a trivially copyable value.
 template <typename T>
 PMINDEX_PM_INLINE void Store(T* dst, const T& v) {
   static_assert(std::is_trivially_copyable_v<T>);
   *dst = v;
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  detail::NoteStore(dst, sizeof(T));
 }
 
 // An atomic store (for words read concurrently without locks). T must be a
@@ -153,9 +168,7 @@ template <typename T>
 PMINDEX_PM_INLINE void StoreAtomic(T* dst, T v, int order = __ATOMIC_RELEASE) {
   static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8));
   __atomic_store(dst, &v, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  detail::NoteStore(dst, sizeof(T));
 }
 
 // Compare-and-swap on a PM word. On failure *expected gets the current value.
@@ -164,9 +177,7 @@ PMINDEX_PM_INLINE bool Cas(T* dst, T* expected, T desired, int success = __ATOMI
   static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1 || sizeof(T) == 2);
   bool ok = __atomic_compare_exchange(dst, expected, &desired, false, success, failure);
   if (ok) {
-    detail::tl_counters.stores++;
-    detail::tl_counters.store_bytes += sizeof(T);
-    PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+    detail::NoteStore(dst, sizeof(T));
   }
   return ok;
 }
@@ -175,25 +186,19 @@ PMINDEX_PM_INLINE bool Cas(T* dst, T* expected, T desired, int success = __ATOMI
 template <typename T>
 PMINDEX_PM_INLINE T FetchOr(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_or(dst, bits, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  detail::NoteStore(dst, sizeof(T));
   return old;
 }
 template <typename T>
 PMINDEX_PM_INLINE T FetchAnd(T* dst, T bits, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_and(dst, bits, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  detail::NoteStore(dst, sizeof(T));
   return old;
 }
 template <typename T>
 PMINDEX_PM_INLINE T FetchAdd(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_add(dst, v, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnStore(dst, sizeof(T)));
+  detail::NoteStore(dst, sizeof(T));
   return old;
 }
 
@@ -205,27 +210,21 @@ template <typename T>
 PMINDEX_PM_INLINE void StoreVolatile(T* dst, T v, int order = __ATOMIC_RELEASE) {
   static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
   __atomic_store(dst, &v, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
+  detail::NoteVolatileStore(dst, sizeof(T));
 }
 template <typename T>
 PMINDEX_PM_INLINE bool CasVolatile(T* dst, T* expected, T desired, int success = __ATOMIC_ACQ_REL, int failure = __ATOMIC_ACQUIRE) {
   static_assert(sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 1 || sizeof(T) == 2);
   bool ok = __atomic_compare_exchange(dst, expected, &desired, false, success, failure);
   if (ok) {
-    detail::tl_counters.stores++;
-    detail::tl_counters.store_bytes += sizeof(T);
-    PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
+    detail::NoteVolatileStore(dst, sizeof(T));
   }
   return ok;
 }
 template <typename T>
 PMINDEX_PM_INLINE T FetchAddVolatile(T* dst, T v, int order = __ATOMIC_ACQ_REL) {
   T old = __atomic_fetch_add(dst, v, order);
-  detail::tl_counters.stores++;
-  detail::tl_counters.store_bytes += sizeof(T);
-  PMINDEX_OBSERVE(OnVolatileStore(dst, sizeof(T)));
+  detail::NoteVolatileStore(dst, sizeof(T));
   return old;
 }
 
