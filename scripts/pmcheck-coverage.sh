@@ -160,7 +160,9 @@ done
 # the slot array's lazy allocation, once per pool): the kill lines reopen
 # and repair, and the lines' --window-images crash before every fence
 # site, rarest first.
-perrun='::(Format|InitNew|Recover)$|fastfair::FastFair<(true|false)>::(Repair|LockAt)$|kit::PmRetireList::Claim$'
+# NVC-Hashmap's Finish (the end of every create and open) and the pmcheck
+# targets' Create (their root) too.
+perrun='::(Format|InitNew|Recover)$|fastfair::FastFair<(true|false)>::(Repair|LockAt)$|kit::PmRetireList::Claim$|nvc::NvcHashmap::Finish$|pmcheck::.anon.::(AllocMap|PwMap)::Create$'
 # Functions with one branch that only the state creation leaves takes (once
 # per recorded line): "per run" only while every other site ran >= 20 times.
 # fptree_single's LinkNewGroup links the first group at the list head
