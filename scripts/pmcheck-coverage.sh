@@ -171,6 +171,10 @@ perrun='::(Format|InitNew|Recover)$|fastfair::FastFair<(true|false)>::(Repair|Lo
 # is inserted into the root leaf Format made with lk 0 (a u64 tree's lk
 # only rises after that, and only the root leaf is left empty).
 perrun_branch='fptree::FPTree<false, (false|true)>::LinkNewGroup$|fastfair::FastFair<false>::Put$|fastfair::NodeOps::FixLk$'
+# Allocator paths in an index's table (thread-cache release at thread exit,
+# pool growth): the allocator target's own lines run them >= 20 times (its
+# table); an index reaches them only incidentally.
+alloc_fn='^pmindex::pm::(alloc_internal::PoolAllocator::|Pool::Grow$)'
 
 # Symbolise: "kind object+0xoff count" -> "function kind count" (the return
 # address minus one is inside the call).
@@ -209,6 +213,8 @@ faults_of() {  # fault switches declared in an index's sources
   echo "*per run*: the same, for a function that runs about once per recorded line by nature (creation,"
   echo "open, FAST & FAIR's lazy repair of the root creation leaves, the retire list's lazy slot array);"
   echo "the clean lines' --recovery-crashes, the kill lines and the fence-window images crash inside them."
+  echo "*allocator path*: an allocator function reached incidentally by an index; the allocator target's"
+  echo "table below counts its own lines' runs of it."
   for idx in $indexes; do
     f=$tmp/$idx.sites
     [ -s "$f" ] || continue
@@ -224,8 +230,9 @@ faults_of() {  # fault switches declared in an index's sources
                   else if (!($1 in m2) || $3 < m2[$1]) m2[$1] = $3 }
                 END { for (k in n) printf "%s\t%d\t%d\t%d\t%d\t%d\n", k, fl[k], fe[k], n[k], m[k], (k in m2) ? m2[k] : m[k] }' "$f.fn" |
       sort -t$'\t' -k4,4nr |
-      awk -F'\t' -v perrun="$perrun" -v branch="$perrun_branch" '{
+      awk -F'\t' -v perrun="$perrun" -v branch="$perrun_branch" -v alloc="$alloc_fn" -v idx="$idx" '{
                     gap = $5 < 20 ? ($1 ~ perrun ? " per run" : " *gap*") : "";
+                    if ($5 < 20 && idx != "allocator" && $1 ~ alloc) gap = " allocator path (its own table)";
                     if ($5 < 20 && $1 ~ branch && $6 >= 20) gap = " per run (creation branch; next site " $6 ")";
                     name = $1; gsub(/\|/, "\\|", name);
                     printf "| `%s` | %d | %d | %d | %d%s |\n", name, $2, $3, $4, $5, gap }'
