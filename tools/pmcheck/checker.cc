@@ -233,6 +233,8 @@ std::string FormatReport(const Config& c, const Report& r) {
   line("  missing flushes (lines)", r.missing_flushes);
   o << "    erratum reads: " << r.erratum_reads << " (of " << r.acting_loads << " acting loads, " << r.unflushed_loads
     << " of a line another thread had not flushed)\n";
+  if (r.caught_up_stores)
+    o << "    stores logged at another thread's flush before their own log entry: " << r.caught_up_stores << "\n";
   line("  flushes", r.flushes);
   line("  redundant flushes", r.redundant_flushes);
   line("  fences", r.fences);

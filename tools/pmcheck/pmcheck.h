@@ -181,6 +181,7 @@ struct Report {
   // Performance lint, by op type.
   std::map<std::string, uint64_t> redundant_flushes, empty_fences, flushes, fences, missing_flushes;
   uint64_t erratum_reads = 0, acting_loads = 0, unflushed_loads = 0;
+  uint64_t caught_up_stores = 0;  // stores a flush logged before their writer did (free-running threads)
   uint64_t fence_sites = 0;      // distinct call sites of recorded fences
   uint64_t fences_dropped = 0;   // --drop-fence: fences of that site ignored
   std::string dropped_site;      // --drop-fence: "object+0xoffset" of the site

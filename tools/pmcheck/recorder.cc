@@ -156,6 +156,7 @@ void Recorder::StoreLocked(const void* addr, size_t size, bool is_volatile) {
   const uint64_t aux = arena.size();
   CopyIn(off, size);
   Log(Ev::kStore, tid, off, uint32_t(size), aux);
+  if (!caught_up_.empty()) Confirm(off, size);
   if (is_volatile) return;
   ThreadState& ts = threads_[tid];
   for (uint64_t l = off & ~uint64_t(63); l < off + size; l += 64) {
@@ -187,6 +188,33 @@ void Recorder::NonTemporalLocked(const void* addr, size_t size) {
   std::memcpy(durable_.data() + off, shadow_.data() + off, size);
   Log(line_write && size == 64 && off % 64 == 0 ? Ev::kLine : Ev::kNT, tid, off, uint32_t(size), aux);
   threads_[tid].unfenced = true;
+}
+
+// Free-running multi-threaded recordings: another thread may have made a
+// store whose OnStore has not been logged yet (the observer runs after the
+// memory effect). A real flush writes back whatever the line holds, so the
+// bytes that differ from the shadow are logged here as a store of the
+// flushing thread, before its flush; the writer's own log entry follows
+// later with the same bytes. Without this, a value another thread already
+// read and made durable would be missing from every crash image between
+// this flush and the writer's log entry: a false "lost read".
+void Recorder::CatchUpLocked(uint64_t line, int tid) {
+  if (line + 64 > cur_size_) return;
+  char now[64];
+  AtomicRead(now, base_ + line, 64);
+  const char* sh = shadow_.data() + line;
+  if (std::memcmp(now, sh, 64) == 0) return;
+  int first = 0, last = 63;
+  while (now[first] == sh[first]) ++first;
+  while (now[last] == sh[last]) --last;
+  uint64_t& mask = caught_up_[line];
+  for (int i = first; i <= last; ++i)
+    if (now[i] != sh[i]) mask |= uint64_t(1) << i;
+  const uint64_t aux = arena.size();
+  arena.insert(arena.end(), now + first, now + last + 1);
+  std::memcpy(shadow_.data() + line + first, now + first, size_t(last - first + 1));
+  Log(Ev::kStore, tid, line + uint64_t(first), uint32_t(last - first + 1), aux);
+  ++caught_up_stores;
 }
 
 void Recorder::CheckLine(uint64_t line, const char* when) {
@@ -243,6 +271,7 @@ void Recorder::FlushLocked(const void* line, uintptr_t site) {
   if (!InRange(line, 64, &off)) return;
   Trace("flush", off, 64);
   const int tid = Tid();
+  if (!check_each_flush_) CatchUpLocked(off, tid);
   Log(Ev::kFlush, tid, off, 64, site);
   ThreadState& ts = threads_[tid];
   const std::string label = OpLabel(ts);
@@ -390,6 +419,26 @@ void Recorder::FinalCheck() {
     durable_.resize(n, 0);
   }
   for (uint64_t l = 0; l + 64 <= cur_size_; l += 64) CheckLine(l, "at the end of the workload");
+  // Bytes a flush caught up that no store primitive ever logged: a store
+  // that bypassed the primitives, seen by a free-running multi-threaded run.
+  for (const auto& [line, mask] : caught_up_) {
+    if (!mask) continue;
+    const int first = __builtin_ctzll(mask), last = 63 - __builtin_clzll(mask);
+    Finding(FailKind::kUnloggedStore, "bytes " + Off(line + uint64_t(first)) + ".." + Off(line + uint64_t(last)) +
+                                          " changed without a pm:: store primitive (written back by a flush, never logged)");
+  }
+  caught_up_.clear();
+}
+
+void Recorder::Confirm(uint64_t off, size_t size) {
+  for (uint64_t l = off & ~uint64_t(63); l < off + size; l += 64) {
+    auto it = caught_up_.find(l);
+    if (it == caught_up_.end()) continue;
+    const uint64_t lo = std::max(off, l) - l, hi = std::min(off + size, l + 64) - l;  // [lo, hi) within the line
+    const uint64_t covered = (hi - lo == 64) ? ~uint64_t(0) : ((uint64_t(1) << (hi - lo)) - 1) << lo;
+    it->second &= ~covered;
+    if (!it->second) caught_up_.erase(it);
+  }
 }
 
 }  // namespace pmcheck

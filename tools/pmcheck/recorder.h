@@ -27,6 +27,11 @@
 // and its log entry) the flushed line is compared with the shadow, and at
 // the end the whole pool is; any difference is a store that bypassed the
 // pm:: primitives and is reported with its offset.
+// Free-running multi-threaded runs (no PCT schedule) cannot tell a bypassing
+// store from one whose log entry is still on its way, so a flush there logs
+// the line's unlogged bytes as a store first (CatchUpLocked): a flush writes
+// back what the line holds. Caught-up bytes that no store ever logs are
+// reported as unlogged stores by FinalCheck.
 // Site counts: how often each flush and fence call site ran; DropSiteNamed
 // removes one call site's flushes and fences from the recording.
 #pragma once
@@ -139,6 +144,9 @@ class Recorder final : public pmindex::pm::Observer {
   uint64_t acting_loads = 0;     // pm::LoadAcquire calls seen
   uint64_t unflushed_loads = 0;  // ... of a line another thread left unflushed
   uint64_t foreign_events = 0;  // primitives on memory outside the pool
+  // Stores logged at a flush before their writer's OnStore (free-running
+  // multi-threaded runs only; see CatchUpLocked).
+  uint64_t caught_up_stores = 0;
 
  private:
   struct LineState {
@@ -155,6 +163,9 @@ class Recorder final : public pmindex::pm::Observer {
   void Store(const void* addr, size_t size, bool is_volatile);
   void StoreLocked(const void* addr, size_t size, bool is_volatile);
   void FlushLocked(const void* line, uintptr_t site);
+  void CatchUpLocked(uint64_t line, int tid);
+  void Confirm(uint64_t off, size_t size);  // a logged store covers caught-up bytes
+  std::unordered_map<uint64_t, uint64_t> caught_up_;  // line -> caught-up bytes not yet logged (bit per byte)
   int Tid();
   bool InRange(const void* addr, size_t size, uint64_t* off);
   void Log(Ev kind, int tid, uint64_t off, uint32_t size, uint64_t aux);

@@ -197,6 +197,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->erratum_reads = rec.erratum_reads;
   report->acting_loads = rec.acting_loads;
   report->unflushed_loads = rec.unflushed_loads;
+  report->caught_up_stores += rec.caught_up_stores;
   report->ops_recorded = rec.ops.size();
   report->fence_sites = rec.fence_sites();
   report->fences_dropped = rec.fences_dropped;
