@@ -133,8 +133,10 @@ for idx in $indexes; do
     done
     record "$idx" --key-kind bytes --value-kind bytes --keys 30 --ops 300 --param leaf=encoded --param parent=shadow
   fi
-  # ci.sh's coverage lines of nvc_hashmap, the allocator and pmwcas targets.
+  # ci.sh's coverage lines of bztree, nvc_hashmap, the allocator and pmwcas targets.
   case $idx in
+    bztree)
+      record "$idx" --threads 4 --shared-keys --keys 4 --ops 400 $p ;;  # contention
     nvc_hashmap)
       record "$idx" --keys 200 --ops 300 $p  # growth lint
       for kk in u64 bytes; do

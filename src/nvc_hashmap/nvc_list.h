@@ -67,9 +67,7 @@ inline void NvcHashmap::EnsureWordDurable(uint64_t* w, uint64_t seen) {
       return;
     case Fix::kDirtyBit: {
       if (!((LoadW(w) | seen) & kDirty)) return;
-      const uint64_t v = pm::LoadAcquire(w);
-      pm::Persist(w, 8);
-      if (v & kDirty) ClearDirty(w, v);
+      PersistDirtyWord(w);
       return;
     }
   }
@@ -89,9 +87,7 @@ inline void NvcHashmap::EnsureDelDurable(Node* n) {
       return;
     case Fix::kDirtyBit: {
       if (!(LoadW(&n->next) & kDirty)) return;
-      const uint64_t v = pm::LoadAcquire(&n->next);
-      pm::Persist(&n->next, 8);
-      if (v & kDirty) ClearDirty(&n->next, v);
+      PersistDirtyWord(&n->next);
       return;
     }
   }

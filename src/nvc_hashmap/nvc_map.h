@@ -369,6 +369,9 @@ class PMINDEX_NVC_HIDDEN NvcHashmap final : public Index {
   // Erratum helpers (defined in nvc_list.h, where the rule is stated).
   static void ClearDirty(uint64_t* w, uint64_t v);
   [[gnu::always_inline]] inline void EnsureWordDurable(uint64_t* w, uint64_t seen);  // inline: on every find and insert
+  // dirty_bit's slow path: persist a word seen with kDirty, then clear the
+  // bit (nvc_list.cc; not inlined: one persist site for every caller).
+  static void PersistDirtyWord(uint64_t* w);
   // The pending slot of a linked node: recovery resolves a stale slot by
   // reachability, so the clear is a volatile store (never flushed).
   static void ClearPending(uint64_t* w) { pm::StoreVolatile(w, uint64_t(0)); }

@@ -206,6 +206,8 @@ struct PMwCAS::State {
   // fence = false: the caller recycles a batch and fences once after it,
   // before any descriptor of the batch is reused.
   void Recycle(uint32_t d, bool fence = true);
+  // Recycle(d, false) for each of ds[0..n), then one fence (pmwcas_cache.cc).
+  void RecycleBatch(const uint32_t* ds, size_t n);
 };
 
 }  // namespace pmindex::pm
