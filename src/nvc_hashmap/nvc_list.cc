@@ -195,15 +195,14 @@ Status NvcHashmap::AllocNode(const Ctx& c, uint64_t so, Slice key, Slice value, 
   return Status::OK();
 }
 
-// An out-of-line byte-value record (byte values only), allocated into the
-// thread's pending_val slot, written and persisted.
 // The persist every dirty_bit helper shares (EnsureWordDurable,
 // EnsureDelDurable): its callers meet dirty words only in race windows
 // (another thread's link, unlink or mark not yet persisted), some of them
 // too rarely for pmcheck's CI lines to crash inside each caller's inlined
 // copy 20 times; one out-of-line copy is one site, reached from all of them.
 // The path is taken only when a word is dirty, so the call costs nothing on
-// the clean fast path.
+// the clean fast path. Order: persist, then clear kDirty, because a reader
+// that sees the bit clear acts on the word without persisting it.
 __attribute__((noinline)) void NvcHashmap::PersistDirtyWord(uint64_t* w) {
   const uint64_t v = pm::LoadAcquire(w);
   pm::Persist(w, 8);
@@ -211,6 +210,8 @@ __attribute__((noinline)) void NvcHashmap::PersistDirtyWord(uint64_t* w) {
   asm volatile("" ::: "memory");  // keeps the fence's observer call out of tail position
 }
 
+// An out-of-line byte-value record (byte values only), allocated into the
+// thread's pending_val slot, written and persisted.
 Status NvcHashmap::AllocValue(const Ctx& c, Slice value, uint64_t* out) {
   const size_t size = ValueRecSize(value);
   Status s = pool_->allocator().Allocate(&c.ps->pending_val, size);

@@ -37,6 +37,15 @@ inline void AtomicRead(char* dst, const char* src, size_t n) {
 }
 
 std::string Off(uint64_t o) { return "@" + std::to_string(o); }
+// The first and last byte where two 64-byte lines differ; false if equal.
+bool DiffRange(const char* a, const char* b, int* first, int* last) {
+  if (std::memcmp(a, b, 64) == 0) return false;
+  *first = 0;
+  *last = 63;
+  while (a[*first] == b[*first]) ++*first;
+  while (a[*last] == b[*last]) --*last;
+  return true;
+}
 }  // namespace
 
 void Recorder::SetThreadId(int tid) { tl_tid = tid; }
@@ -203,10 +212,8 @@ void Recorder::CatchUpLocked(uint64_t line, int tid) {
   char now[64];
   AtomicRead(now, base_ + line, 64);
   const char* sh = shadow_.data() + line;
-  if (std::memcmp(now, sh, 64) == 0) return;
-  int first = 0, last = 63;
-  while (now[first] == sh[first]) ++first;
-  while (now[last] == sh[last]) --last;
+  int first, last;
+  if (!DiffRange(now, sh, &first, &last)) return;
   uint64_t& mask = caught_up_[line];
   for (int i = first; i <= last; ++i)
     if (now[i] != sh[i]) mask |= uint64_t(1) << i;
@@ -221,10 +228,8 @@ void Recorder::CheckLine(uint64_t line, const char* when) {
   if (line + 64 > cur_size_) return;
   char now[64];
   AtomicRead(now, base_ + line, 64);
-  if (std::memcmp(now, shadow_.data() + line, 64) == 0) return;
-  int first = 0, last = 63;
-  while (now[first] == shadow_[line + first]) ++first;
-  while (now[last] == shadow_[line + last]) --last;
+  int first, last;
+  if (!DiffRange(now, shadow_.data() + line, &first, &last)) return;
   Finding(FailKind::kUnloggedStore, "bytes " + Off(line + first) + ".." + Off(line + last) +
                                         " changed without a pm:: store primitive (found " + when + ")");
   std::memcpy(shadow_.data() + line, now, 64);  // report once
