@@ -405,6 +405,15 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool*
   if (!PMINDEX_FAULT("bztree.insert.skip_record_flush")) pm::Flush(r, rec);
   if (hooks.after_reserve) hooks.after_reserve(this);
   const uint64_t mine = meta::Reserved(epoch_);
+  // Giving up the slot before any PMwCAS of ours ran (the leaf froze, or a
+  // waiter killed the slot): the record's flush is still unfenced. The slot
+  // is dead, so nothing depends on its bytes, but an op returns with its
+  // flushes fenced (pmcheck's lint; found by --shared-writes under PCT:
+  // an insert that lost its slot, retried and returned already-exists).
+  auto abandon = [] {
+    pm::Fence();
+    return Status::OK();
+  };
   // Re-check uniqueness against the slots that were in flight at the search.
   for (uint64_t j : pending) {
     kit::Backoff w;
@@ -424,7 +433,7 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool*
       }
       // A frozen leaf: our publish cannot succeed; a killed slot: ours is
       // dead. Either way, start over.
-      if (status::Frozen(Read(Status_(n))) || Read(mw) != mine) return Status::OK();
+      if (status::Frozen(Read(Status_(n))) || Read(mw) != mine) return abandon();
       if (++rounds > kWaitRounds && (spare_used || !spare(2))) {
         // A second stalled slot, or no spare to kill this one with: give
         // ours up (the unused publish descriptor marks it dead) and start
@@ -451,8 +460,9 @@ Status BzTree::InsertOnce(Slice key, Slice value, bool spares, bool* done, bool*
     if (i == 2 && !spare(2)) break;
     pm::PMwCAS::Op& op = ops[i];
     const uint64_t s2 = Read(Status_(n));
-    if (status::Frozen(s2)) return Status::OK();
-    if (Read(mw) != mine) return Status::OK();  // killed by a waiter
+    // (From the second attempt on, ops[1]'s PMwCAS has fenced the flush.)
+    if (status::Frozen(s2)) return i == 1 ? abandon() : Status::OK();
+    if (Read(mw) != mine) return i == 1 ? abandon() : Status::OK();  // killed by a waiter
     PMINDEX_RETURN_IF_ERROR(op.AddWord(Status_(n), s2, s2));
     bool ool = !inl;
     if (!inl) {

@@ -96,6 +96,47 @@ TEST(PmcheckThreads, SharedKeysOnTheCorrectToyFindNothing) {
   EXPECT_EQ(r.total_failures(), 0u) << FormatReport(c, r);
 }
 
+// Shared writes (--shared-writes): both threads write four keys no thread
+// owns. The faulty toy update never flushes its value, so a completed
+// update of such a key is lost by a crash; only the shared-write check
+// judges those keys (they have no owner whose history says what is
+// committed), so a failure naming one proves it runs. The correct toy gives
+// none, free-running or under PCT schedules (which overlap the writes).
+TEST(PmcheckThreads, SharedWritesCatchALostUpdateOfAKeyEveryThreadWrites) {
+  Config c;
+  c.index = "pmcheck_toy";
+  c.threads = 2;
+  c.ops = 150;
+  c.keys = 6;
+  c.shared_keys = c.shared_writes = true;
+  c.image_budget = 600;
+  c.faults = {"pmcheck_toy.update.skip_flush"};
+  auto shared_failure = [](const Report& r) {
+    for (const Failure& f : r.failures)
+      if (f.what.find("shared-write key") != std::string::npos) return true;
+    return false;
+  };
+  Report r;
+  for (uint64_t seed = 1; seed <= 6 && !shared_failure(r); ++seed) {
+    c.seed = seed;
+    r = Report();
+    ASSERT_TRUE(pmcheck::Run(c, &r).ok());
+  }
+  EXPECT_GT(r.shared_writes, 0u);
+  EXPECT_TRUE(shared_failure(r)) << FormatReport(c, r);
+  EXPECT_NE(FormatReport(c, r).find("--shared-writes"), std::string::npos);  // in the reproducer
+
+  c.faults.clear();
+  for (int pct : {-1, 3}) {
+    c.pct = pct;
+    c.seed = 1;
+    Report clean;
+    ASSERT_TRUE(pmcheck::Run(c, &clean).ok());
+    EXPECT_GT(clean.shared_writes, 0u);
+    EXPECT_EQ(clean.total_failures(), 0u) << FormatReport(c, clean);
+  }
+}
+
 // PCT scheduling (--pct): a schedule seed names one interleaving. The
 // PMwCAS target is lock-free (no thread blocks outside the primitives, so
 // no stall makes a schedule depend on timing): the same seed records the

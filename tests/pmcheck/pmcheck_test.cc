@@ -13,9 +13,11 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include "pmcheck.h"
+#include "shared_history.h"
 #include "workload.h"
 #include "pmindex/index.h"
 
@@ -350,6 +352,89 @@ TEST(PmcheckWorkload, SweepRunsOverTheWholeRangeInKeyOrder) {
   EXPECT_TRUE(pmcheck::Run(bad, &r).IsInvalidArgument());
 }
 
+// --shared-writes: the versions a crash may recover for a key every thread
+// writes follow from the ops' real-time order (shared_history.h). Events
+// are numbered as in a recording; each step below is one crash point.
+TEST(PmcheckSharedHistory, AllowedVersionsFollowRealTimeOrder) {
+  SharedHistory h(10, 1);
+  auto allowed = [&] { return h.Allowed().at(0).allowed; };
+  auto superseded = [&] { return h.Allowed().at(0).superseded; };
+  using V = std::vector<uint32_t>;
+  EXPECT_EQ(h.Allowed().at(0).kid, 10u);
+  EXPECT_EQ(allowed(), V{0});  // nothing written yet: absent
+  h.WriteBegan(10, 1, 10);
+  EXPECT_EQ(allowed(), (V{0, 1}));  // in flight: either
+  h.WriteEnded(10, 10, 20);
+  EXPECT_EQ(allowed(), V{1});  // completed: absent is gone
+  EXPECT_EQ(superseded(), V{0});
+  h.WriteBegan(10, 2, 30);
+  EXPECT_EQ(allowed(), (V{1, 2}));
+  h.WriteEnded(10, 30, 40);
+  EXPECT_EQ(allowed(), V{2});  // version 2 began after version 1 ended
+  EXPECT_EQ(superseded(), (V{0, 1}));
+  // Two overlapping writes (an insert of 3 and a remove): either may be
+  // the later one.
+  h.WriteBegan(10, 3, 50);
+  h.WriteBegan(10, 0, 55);
+  h.WriteEnded(10, 50, 60);
+  h.WriteEnded(10, 55, 65);
+  EXPECT_EQ(allowed(), (V{0, 3}));
+  EXPECT_EQ(superseded(), (V{1, 2}));
+  // A completed read returned the version of a write still in flight: that
+  // write has linearized, after both overlapping ones.
+  h.WriteBegan(10, 4, 70);
+  EXPECT_EQ(allowed(), (V{0, 3, 4}));
+  h.ReadEnded(10, 4, 75);
+  EXPECT_EQ(allowed(), V{4});
+  EXPECT_EQ(superseded(), (V{0, 1, 2, 3}));
+  // A read that began after write 5 ended and returned version 6 (a write
+  // that began before 5 ended): 5 linearized before the read, 6 is the
+  // last write before it, so 5 is overwritten although 6 began first.
+  h.WriteEnded(10, 70, 80);
+  h.WriteBegan(10, 6, 90);
+  h.WriteBegan(10, 5, 92);
+  h.WriteEnded(10, 92, 95);
+  EXPECT_EQ(allowed(), (V{5, 6}));
+  h.ReadEnded(10, 6, 100);
+  EXPECT_EQ(allowed(), V{6});
+  // Key ids outside the shared-write range are ignored.
+  h.WriteBegan(3, 9, 110);
+  EXPECT_EQ(allowed(), V{6});
+}
+
+TEST(PmcheckWorkload, SharedWriteKeysAreWrittenByEveryThread) {
+  Config c;
+  c.shared_keys = c.shared_writes = true;
+  c.keys = 6;
+  Workload w(c, 2, 300, 1);
+  ASSERT_EQ(w.num_keys(), 2 * 6 + Workload::kSharedWriteKeys);
+  for (int t = 0; t < 2; ++t) {
+    std::set<OpType> types;
+    for (const Op& op : w.ops()[size_t(t)]) {
+      if (w.SharedWrite(op.kid)) {
+        types.insert(op.type);
+      } else if (op.type != OpType::kFind && op.type != OpType::kScan) {
+        EXPECT_EQ(w.Owner(op.kid), t);
+      }
+    }
+    EXPECT_TRUE(types.count(OpType::kInsert) && types.count(OpType::kRemove) && types.count(OpType::kUpdate)) << t;
+  }
+  // Versions of a shared-write key are unique across threads.
+  for (uint32_t kid = 12; kid < w.num_keys(); ++kid) {
+    std::set<uint32_t> seen;
+    for (const auto& ops : w.ops())
+      for (const Op& op : ops)
+        if (op.kid == kid && op.version) {
+          EXPECT_TRUE(seen.insert(op.version).second) << kid << " v" << op.version;
+        }
+  }
+  // Without --shared-writes no such key exists.
+  c.shared_writes = false;
+  Workload plain(c, 2, 300, 1);
+  EXPECT_EQ(plain.num_keys(), 12u);
+  EXPECT_FALSE(plain.SharedWrite(11));
+}
+
 TEST(PmcheckBadInput, ClearStatus) {
   Report r;
   Config c;
@@ -362,6 +447,11 @@ TEST(PmcheckBadInput, ClearStatus) {
   EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
   c = Toy();
   c.threads = 0;
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+  c = Toy();
+  c.shared_writes = true;  // needs --shared-keys and 2+ threads
+  EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
+  c.threads = 2;
   EXPECT_TRUE(pmcheck::Run(c, &r).IsInvalidArgument());
   c = Toy();
   c.only_point = 1 << 30;

@@ -86,6 +86,10 @@ Status Run(const Config& c, Report* report) {
   if (c.images_per_point < 1) return Status::InvalidArgument("--images-per-point must be >= 1");
   if (c.timeout_s <= 0) return Status::InvalidArgument("--timeout must be > 0");
   if (c.sweep && (c.drain || c.shared_keys)) return Status::InvalidArgument("--sweep takes neither --drain nor --shared-keys");
+  if (c.shared_writes && (!c.shared_keys || c.threads < 2))
+    return Status::InvalidArgument("--shared-writes needs --shared-keys and --threads 2 or more");
+  if (c.shared_writes && c.index == "allocator")
+    return Status::InvalidArgument("--shared-writes: the allocator target has no keys to share");
   std::unique_ptr<Target> target;
   PMINDEX_RETURN_IF_ERROR(MakeTarget(c, &target));
   if (c.threads > 1 && !target->concurrent())
@@ -150,6 +154,7 @@ std::string Reproducer(const Config& c, const Failure& f) {
   if (f.schedule_seed) s += " --pct " + std::to_string(c.pct) + " --schedule-seed " + std::to_string(f.schedule_seed);
   if (f.schedule_seed && !c.spin_hook) s += " --no-spin-hook";
   if (c.shared_keys) s += " --shared-keys";
+  if (c.shared_writes) s += " --shared-writes";
   if (c.drain) s += " --drain";
   if (c.sweep) s += " --sweep";
   if (!c.read_rule) s += " --no-read-rule";
@@ -197,6 +202,11 @@ std::string FormatReport(const Config& c, const Report& r) {
                 c.read_rule ? "" : " (read rule off)", static_cast<unsigned long long>(r.recovery_images),
                 static_cast<unsigned long long>(r.recoveries_recorded));
   o << buf;
+  if (c.shared_writes) {
+    std::snprintf(buf, sizeof buf, "  shared-write keys: %llu writes took effect, %llu overlapping another thread's write of the key\n",
+                  static_cast<unsigned long long>(r.shared_writes), static_cast<unsigned long long>(r.shared_overlaps));
+    o << buf;
+  }
   if (c.window_images) {
     std::snprintf(buf, sizeof buf, "  fence-window images %llu at %llu points before fences (%llu window shapes)\n",
                   static_cast<unsigned long long>(r.window_images), static_cast<unsigned long long>(r.window_points),

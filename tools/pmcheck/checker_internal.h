@@ -13,6 +13,7 @@
 
 #include "pmcheck.h"
 #include "recorder.h"
+#include "shared_history.h"
 #include "target.h"
 #include "workload.h"
 
@@ -29,6 +30,9 @@ struct Expectation {
   // Keys whose in-flight version a completed read already returned (the
   // read rule): only that version is allowed.
   std::vector<uint32_t> read_inflight;
+  // --shared-writes: per key every thread writes, the versions allowed
+  // (shared_history.h); those keys are in neither committed nor inflight.
+  std::vector<SharedAllowed> shared;
   bool created = false;      // index creation returned OK before the crash
   bool report_inflight = false;  // kill mode: report the in-flight keys' versions ("V kid version")
 };

@@ -23,7 +23,8 @@
 #   6. recovery crashes: the clean line records 3 recoveries and crashes
 #      each at 40 sampled images (double crashes, --recovery-crashes);
 #   7. shared keys and the read rule (two threads, --shared-keys) for every
-#      concurrent index.
+#      concurrent index; shared writes (--shared-writes: four keys both
+#      threads write), u64 free-running and bytes under 10 PCT schedules.
 #   8. 20 PCT schedules (--pct 4 --schedules 20) of a two-thread workload
 #      for every concurrent index and the pmwcas and allocator targets;
 #   9. one dropped fence per index (--drop-fence K pinned to its insert's
@@ -40,7 +41,7 @@
 # Every line builds the unfenced image per point (flushed-but-unfenced
 # stores dropped, the rest kept), which is pmcheck's default.
 # Then the same budgets (clean, two threads, tiny key space, shared keys,
-# kills) for the pmwcas target, which takes u64 keys and values only.
+# shared writes, kills) for the pmwcas target, which takes u64 keys and values only.
 # Then every fault switch an index declares must be reported (exit status 1):
 # the checker proves its power on the real indexes; the toy index's
 # fence, read-rule and recovery faults prove the unfenced image, the read
@@ -136,6 +137,15 @@ for idx in $indexes; do
     # later crash.
     # shellcheck disable=SC2086
     run "$idx shared keys" 0 --index "$idx" --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 $sk_lint --timeout 10 $p
+    # Shared writes: both threads also write four keys nobody owns; each
+    # crash must recover them to a version the ops' real-time order allows.
+    # Free-running (writes overlap) with u64 keys, and 10 PCT schedules
+    # with byte keys (a bztree insert that lost its slot under such a
+    # schedule returned with an unfenced flush).
+    # shellcheck disable=SC2086
+    run "$idx shared writes" 0 --index "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    # shellcheck disable=SC2086
+    run "$idx shared writes bytes pct" 0 --index "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --key-kind bytes --value-kind bytes --ops $((100 * scale)) --images $((400 * scale)) --pct 4 --schedules 10 --images-per-point 3 --lint --timeout 10 $p
   fi
   # shellcheck disable=SC2086
   run "$idx bytes" 0 --index "$idx" --key-kind bytes --value-kind bytes --ops $((150 * scale)) --images $((500 * scale)) --images-per-point 3 --lint --timeout 10 $p
@@ -269,6 +279,7 @@ run "pmwcas 2 threads" 0 --index pmwcas --threads 2 --keys 75 --ops $((150 * sca
 run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1000 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
 run "pmwcas shared keys" 0 --index pmwcas --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+run "pmwcas shared writes" 0 --index pmwcas --threads 2 --shared-keys --shared-writes --keys 8 --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 # Sixteen threads (docs/pmcheck.md "Persist-path coverage"): the allocator's
 # run formatting (Refill) and thread-exit ReleaseCache >= 20 times.
 run "pmwcas 16 threads" 0 --index pmwcas --threads 16 --shared-keys --keys 3 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10

@@ -60,6 +60,9 @@ int main(int argc, char** argv) {
   app.add_flag("--sweep", c.sweep,
                "ops are whole-range key runs: insert ascending, remove descending, upsert descending, remove ascending, repeated");
   app.add_flag("--shared-keys", c.shared_keys, "finds and scans read every thread's keys (writes stay with the owner thread)");
+  app.add_flag("--shared-writes", c.shared_writes,
+               "with --shared-keys: every thread also writes 4 keys no thread owns; a crash must recover each to a version the "
+               "ops' real-time order allows");
   app.add_flag("--no-read-rule", no_read_rule, "do not require a version a completed read returned to survive later crashes");
   app.add_option("--recovery-crashes", c.recovery_crashes,
                  "record the recovery of this many crash images and crash it (double crashes)");

@@ -81,6 +81,11 @@ struct Config {
   // (writes stay with the key's owner thread, so per-key histories remain
   // totally ordered), with more reads in the mix.
   bool shared_keys = false;
+  // Shared writes (with shared_keys, 2+ threads): every thread also writes
+  // Workload::kSharedWriteKeys keys that no thread owns. A crash must
+  // recover each of them to a version some linearization of the ops'
+  // real-time order allows (shared_history.h). --shared-writes.
+  bool shared_writes = false;
   // Drain: each thread's ops are a fill phase (first half: mostly inserts)
   // and a drain phase (second half: mostly removes), so that nodes thin
   // out and a recovery finds sparse ones (FPTree merges leaves at open).
@@ -169,6 +174,8 @@ struct Report {
   uint64_t window_shapes = 0;     // distinct window shapes in the recording(s)
   uint64_t reads_observed = 0;    // versions completed reads returned (the read rule's input)
   uint64_t reads_inflight = 0;    // ... of a key whose writing op had not yet returned
+  uint64_t shared_writes = 0;     // --shared-writes: writes of shared-write keys that took effect
+  uint64_t shared_overlaps = 0;   // ... of them overlapping another thread's write of the key
   uint64_t recovery_images = 0;   // crash images of a recovery (double crashes) checked
   uint64_t recoveries_recorded = 0;  // recoveries recorded for --recovery-crashes
   uint64_t creation_interrupted = 0;  // images before creation returned that did not open (allowed)

@@ -55,6 +55,7 @@
 #include "pm/image_file.h"
 #include "pmindex/pm/persist.h"
 #include "recorder.h"
+#include "shared_history.h"
 
 namespace pmcheck {
 
@@ -73,6 +74,23 @@ uint64_t ScheduleSeed(const Config& c) {
   if (c.threads < 2 || c.pct < 0) return 0;
   return c.schedule_seed ? c.schedule_seed : c.seed;
 }
+// --shared-writes: how many writes of the keys every thread writes took
+// effect, and how many of them overlapped another thread's write of the key.
+static void CountSharedWrites(const Recorder& rec, const Workload& wl, Report* report) {
+  std::vector<const OpRecord*> w;
+  for (const OpRecord& r : rec.ops)
+    if (r.op.type != OpType::kCreate && wl.SharedWrite(r.op.kid) && r.result == Status::Code::kOk &&
+        r.op.type != OpType::kFind && r.op.type != OpType::kScan)
+      w.push_back(&r);
+  report->shared_writes += w.size();
+  for (const OpRecord* a : w) {
+    bool overlap = false;
+    for (const OpRecord* b : w)
+      overlap |= a != b && a->op.kid == b->op.kid && a->op.tid != b->op.tid && a->begin < b->end && b->begin < a->end;
+    report->shared_overlaps += overlap;
+  }
+}
+
 Status Record(const Config& c, Target* target, const Workload& wl, Report* report, Recording* out) {
   const std::string path = PoolPath(c, "rec");
   target->Remove(path);
@@ -131,9 +149,11 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
       rec.EndOp(rr, s.code(), s.ok() ? wl.Reads(op, got) : std::vector<std::pair<uint32_t, uint32_t>>{});
       // Only the owner writes a key (and reads its state); a Find of
       // another thread's key (shared keys) can only be checked for sense.
+      // Keys every thread writes (--shared-writes): results checked for sense.
       const bool own = wl.Owner(op.kid) == t;
-      std::string err = own || op.type == OpType::kScan ? wl.CheckResult(op, s.code(), own ? state[op.kid] : 0, got)
-                                                        : wl.CheckSharedFind(op, s.code(), got);
+      std::string err = op.type != OpType::kScan && wl.SharedWrite(op.kid) ? wl.CheckSharedWrite(op, s.code(), got)
+                        : own || op.type == OpType::kScan ? wl.CheckResult(op, s.code(), own ? state[op.kid] : 0, got)
+                                                          : wl.CheckSharedFind(op, s.code(), got);
       if (err.empty() && op.type == OpType::kScan && s.ok()) err = wl.CheckScan(op, got, state);
       if (!err.empty()) {
         std::lock_guard<std::mutex> g(mu);
@@ -199,6 +219,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   report->unflushed_loads = rec.unflushed_loads;
   report->caught_up_stores += rec.caught_up_stores;
   report->ops_recorded = rec.ops.size();
+  CountSharedWrites(rec, wl, report);
   report->fence_sites = rec.fence_sites();
   report->fences_dropped = rec.fences_dropped;
   report->dropped_site = rec.dropped_site;
@@ -226,7 +247,8 @@ class Replayer {
   // held to these expectations, those of the first crash.
   Replayer(const Config& c, Target* target, const Workload& wl, const Recorder& rec, Report* report,
            const Expectation* fixed = nullptr)
-      : c_(c), target_(target), wl_(wl), rec_(rec), report_(report), fixed_(fixed) {
+      : c_(c), target_(target), wl_(wl), rec_(rec), report_(report), fixed_(fixed),
+        shared_(FirstSharedWrite(wl), uint32_t(wl.num_keys()) - FirstSharedWrite(wl)) {
     durable_ = rec.initial;
     // Pages that may hold non-zero bytes: the initial image's, then every
     // page a piece is written to (WriteImage writes only these).
@@ -492,6 +514,8 @@ class Replayer {
       case Ev::kOpBegin: {
         const OpRecord& r = rec_.ops[e.aux];
         if (r.op.type != OpType::kCreate) inflight_[e.tid] = e.aux;
+        if (r.op.type != OpType::kCreate && wl_.SharedWrite(r.op.kid) && TookEffect(r))
+          shared_.WriteBegan(r.op.kid, Workload::After(r.op, r.result, 0), r.begin);
         break;
       }
       case Ev::kOpEnd: {
@@ -499,11 +523,18 @@ class Replayer {
         if (r.op.type == OpType::kCreate) {
           created_ = r.result == Status::Code::kOk;
         } else {
-          uint32_t& cv = committed_[r.op.kid];
-          cv = Workload::After(r.op, r.result, cv);
-          if (cv > acked_[r.op.kid]) acked_[r.op.kid] = cv;
           inflight_.erase(e.tid);
-          for (const auto& [kid, ver] : r.reads) ObserveRead(kid, ver);
+          if (!wl_.SharedWrite(r.op.kid)) {
+            uint32_t& cv = committed_[r.op.kid];
+            cv = Workload::After(r.op, r.result, cv);
+            if (cv > acked_[r.op.kid]) acked_[r.op.kid] = cv;
+          } else if (TookEffect(r)) {
+            shared_.WriteEnded(r.op.kid, r.begin, r.end);
+          }
+          for (const auto& [kid, ver] : r.reads) {
+            if (!wl_.SharedWrite(kid)) ObserveRead(kid, ver);
+            else report_->reads_observed++, shared_.ReadEnded(kid, ver, r.begin);
+          }
         }
         break;
       }
@@ -511,6 +542,16 @@ class Replayer {
         if (e.off > durable_.size()) durable_.resize(e.off, 0);
         break;
     }
+  }
+
+  // A write of a shared-write key that took effect (remove: writes absent).
+  static bool TookEffect(const OpRecord& r) {
+    return r.result == Status::Code::kOk && r.op.type != OpType::kFind && r.op.type != OpType::kScan;
+  }
+  static uint32_t FirstSharedWrite(const Workload& wl) {
+    uint32_t k = uint32_t(wl.num_keys());
+    while (k > 0 && wl.SharedWrite(k - 1)) --k;
+    return k;
   }
 
   // The read rule: a completed read returned version ver of kid. If that
@@ -535,9 +576,11 @@ class Replayer {
     ex.committed = &committed_;
     ex.acked = &acked_;
     ex.created = created_;
-    if (fixed_) ex = *fixed_;
-    else for (const auto& [tid, recno] : inflight_) {
+    if (fixed_) return *fixed_;
+    ex.shared = shared_.Allowed();
+    for (const auto& [tid, recno] : inflight_) {
       const OpRecord& r = rec_.ops[recno];
+      if (wl_.SharedWrite(r.op.kid)) continue;  // ex.shared
       const uint32_t before = committed_[r.op.kid];
       const uint32_t after = Workload::After(r.op, r.result, before);
       if (after != before) ex.inflight.emplace_back(r.op.kid, after);
@@ -767,6 +810,7 @@ class Replayer {
   std::vector<uint32_t> committed_, acked_;
   std::map<int, size_t> inflight_;
   std::unordered_map<uint32_t, uint32_t> observed_;  // key id -> an in-flight version a completed read returned
+  SharedHistory shared_;  // --shared-writes: the keys every thread writes
   bool created_ = false;
 };
 

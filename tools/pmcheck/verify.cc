@@ -52,6 +52,24 @@ std::string Hex(Slice s, size_t max = 24) {
   return o;
 }
 
+std::string Versions(const std::vector<uint32_t>& vs) {
+  std::string o;
+  for (uint32_t v : vs) o += (o.empty() ? "" : ", ") + (v ? std::to_string(v) : std::string("absent"));
+  return o.empty() ? "none" : o;
+}
+
+// A key every thread writes (--shared-writes): its version must be one the
+// ops' real-time order allows (shared_history.h).
+void CheckShared(int fd, const Workload& wl, const SharedAllowed& a, int64_t ver, const std::string& v) {
+  if (ver >= 0 && std::binary_search(a.allowed.begin(), a.allowed.end(), uint32_t(ver))) return;
+  const std::string got = ver < 0 ? "torn value " + Hex(v) : ver == 0 ? "absent" : "version " + std::to_string(ver);
+  const std::string msg = "shared-write key " + KeyName(wl, a.kid) + ": found " + got +
+                          ", allowed by the ops' real-time order: " + Versions(a.allowed) + " (overwritten by a completed op: " +
+                          Versions(a.superseded) + ")";
+  const bool overwritten = ver >= 0 && std::binary_search(a.superseded.begin(), a.superseded.end(), uint32_t(ver));
+  EmitFail(fd, ver < 0 ? FailKind::kTorn : overwritten ? FailKind::kLostAck : FailKind::kPartialOp, msg);
+}
+
 }  // namespace
 
 void Emit(int fd, const std::string& line) {
@@ -93,6 +111,8 @@ void VerifyRecovered(Target* target, const std::string& path, const Workload& wl
   if (!st.ok()) EmitFail(fd, FailKind::kInvariant, "Check() after recovery: " + st.ToString());
 
   std::unordered_map<uint32_t, uint32_t> inflight(e.inflight.begin(), e.inflight.end());
+  std::unordered_map<uint32_t, const SharedAllowed*> shared;
+  for (const SharedAllowed& a : e.shared) shared[a.kid] = &a;
   const size_t n = wl.num_keys();
   std::vector<int64_t> found(n, 0);
   uint64_t present = 0;
@@ -109,6 +129,10 @@ void VerifyRecovered(Target* target, const std::string& path, const Workload& wl
       continue;
     }
     found[kid] = ver;
+    if (auto sh = shared.find(kid); sh != shared.end()) {
+      CheckShared(fd, wl, *sh->second, ver, v);
+      continue;
+    }
     const uint32_t c = (*e.committed)[kid];
     auto it = inflight.find(kid);
     if (it != inflight.end() && ver == int64_t(c) && ver != int64_t(it->second) &&

@@ -39,8 +39,11 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
   uint64_t nkeys = c.keys ? c.keys : std::max<uint64_t>(8, ops_per_thread / 2);
   per_thread_ = nkeys;
   const bool shared = c.shared_keys && threads > 1;
-  for (int t = 0; t < threads; ++t) {
-    for (uint64_t i = 0; i < nkeys; ++i) {
+  const bool shared_writes = shared && c.shared_writes;
+  // Shared-write keys are made as the keys of one more thread (number
+  // `threads`), so they sort after everyone's and no thread owns them.
+  for (int t = 0; t < threads + (shared_writes ? 1 : 0); ++t) {
+    for (uint64_t i = 0; i < (t < threads ? nkeys : kSharedWriteKeys); ++i) {
       std::string k;
       if (kk_ == pmindex::KeyKind::kU64) {
         // Thread 0 takes the smallest keys (0, 1, 2, ...): key 0 and keys
@@ -106,7 +109,10 @@ Workload::Workload(const Config& c, int threads, uint64_t ops_per_thread, uint64
                   : r < 70 ? OpType::kRemove
                   : r < 88 ? OpType::kFind
                            : OpType::kScan;
-        if (op.type == OpType::kFind || op.type == OpType::kScan) op.kid = uint32_t(rng() % (nkeys * uint64_t(threads)));
+        if (op.type == OpType::kFind || op.type == OpType::kScan) op.kid = uint32_t(rng() % keys_.size());
+        // Shared writes: a third of the ops (reads and writes) go to the
+        // keys every thread writes, so that writes of two threads meet.
+        if (shared_writes && rng() % 3 == 0) op.kid = uint32_t(nkeys * uint64_t(threads) + rng() % kSharedWriteKeys);
       } else if (c.drain) {
         // Fill, then drain: removes of absent keys do nothing, so the
         // drain removes about as many keys as the fill inserted.
@@ -239,6 +245,23 @@ std::string Workload::CheckSharedFind(const Op& op, Status::Code result, const s
   return "";
 }
 
+std::string Workload::CheckSharedWrite(const Op& op, Status::Code result, const std::string& got) const {
+  using C = Status::Code;
+  bool ok = false;
+  switch (op.type) {
+    case OpType::kInsert: ok = result == C::kOk || result == C::kAlreadyExists; break;
+    case OpType::kUpsert: ok = result == C::kOk; break;
+    case OpType::kUpdate:
+    case OpType::kRemove:
+    case OpType::kFind: ok = result == C::kOk || result == C::kNotFound; break;
+    default: return "";
+  }
+  if (!ok) return std::string(OpName(op.type)) + " of a shared-write key returned " + Status::CodeName(result);
+  if (op.type == OpType::kFind && result == C::kOk && Decode(op.kid, got) < 0)
+    return "find of a shared-write key returned a torn value";
+  return "";
+}
+
 std::string Workload::CheckScan(const Op& op, const std::string& got, const std::vector<uint32_t>& state) const {
   const std::vector<std::pair<std::string, std::string>> recs = ParseScan(got);
   if (recs.size() > kScanCount) return "scan returned " + std::to_string(recs.size()) + " records, asked for " + std::to_string(kScanCount);
@@ -255,14 +278,14 @@ std::string Workload::CheckScan(const Op& op, const std::string& got, const std:
     if (kid < 0) return "scan returned a key no op wrote";
     const int64_t v = Decode(uint32_t(kid), recs[i].second);
     if (v < 0) return "scan returned a torn value for key #" + std::to_string(kid);
-    if (size_t(kid) / (keys_.size() / ops_.size()) != size_t(op.tid)) continue;  // another thread's key
+    if (Owner(uint32_t(kid)) != op.tid) continue;  // another thread's key, or a shared-write key
     if (uint32_t(v) != state[size_t(kid)])
       return "scan returned version " + std::to_string(v) + " of key #" + std::to_string(kid) + ", expected " +
              std::to_string(state[size_t(kid)]);
   }
   // None of this thread's present keys in [start, end of the scan) is missing:
   // up to the last record returned, or everything if the scan ended early.
-  const size_t per = keys_.size() / ops_.size();
+  const size_t per = per_thread_;
   for (size_t kid = size_t(op.tid) * per; kid < size_t(op.tid + 1) * per; ++kid) {
     if (!state[kid] || less(keys_[kid], start)) continue;
     if (recs.size() == kScanCount && less(recs.back().first, keys_[kid])) continue;

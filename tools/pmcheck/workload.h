@@ -10,6 +10,10 @@
 // totally ordered even when threads run concurrently. With shared keys
 // (Config::shared_keys) Finds and Scans pick keys of every thread, so
 // threads read what other threads write; writes stay with the owner. With
+// shared writes (Config::shared_writes, on top of shared keys) every thread
+// also writes kSharedWriteKeys more keys, which no thread owns: their
+// versions are unique per key but their order is the ops' real-time order,
+// which the replay reconstructs (shared_history.h). With
 // key sweeps (Config::sweep) each thread runs over its whole key range in
 // key order, ascending and descending, alternately filling and emptying it.
 #pragma once
@@ -47,14 +51,23 @@ class Workload {
   int64_t Decode(uint32_t kid, pmindex::Slice value) const;
   // Key id of a key, -1 if it is not one of the workload's keys.
   int64_t KeyId(pmindex::Slice key) const;
-  // The thread that writes key kid.
+  // The thread that writes key kid (for a shared-write key: the thread
+  // count, i.e. no thread).
   int Owner(uint32_t kid) const { return int(kid / per_thread_); }
+  // True if every thread writes key kid (Config::shared_writes).
+  bool SharedWrite(uint32_t kid) const { return kid >= per_thread_ * ops_.size(); }
+  // Keys every thread writes, after the threads' own keys.
+  static constexpr uint32_t kSharedWriteKeys = 4;
   // The (key id, version) pairs a successful Find or Scan returned in `got`
   // (values that decode for their key only).
   std::vector<std::pair<uint32_t, uint32_t>> Reads(const Op& op, const std::string& got) const;
   // Empty if a Find of another thread's key (shared keys) is plausible: OK
   // with a value of that key, or NotFound.
   std::string CheckSharedFind(const Op& op, pmindex::Status::Code result, const std::string& got) const;
+  // Empty if `result` is a plausible result of op on a shared-write key
+  // (whatever the other threads did): what the op could return from some
+  // state, with a value of that key for a Find.
+  std::string CheckSharedWrite(const Op& op, pmindex::Status::Code result, const std::string& got) const;
   // Keys used after recovery to check the index still works (disjoint).
   std::string PostKey(int j) const;
   std::string MinKey() const;
