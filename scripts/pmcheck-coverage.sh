@@ -2,7 +2,7 @@
 # Persist-path coverage of pmcheck's CI workloads (issue 19), per index:
 #   scripts/pmcheck-coverage.sh [--update docs/pmcheck.md] [build-dir]
 # Records the workload of every clean line tools/pmcheck/ci.sh runs for an
-# index (one thread, two threads, shared keys, byte keys, the 30-key and
+# index (one thread, two threads, shared keys, shared writes, byte keys, the 30-key and
 # 3-key spaces in u64 and bytes, FPTree's flip updates, FAST & FAIR's
 # rebalances and empty merges, the key sweeps) plus a fill-then-drain line
 # (--drain: half the ops remove, so leaves empty, nodes merge and roots
@@ -88,6 +88,13 @@ for idx in $indexes; do
   if ! "$bin" --index "$idx" --threads 2 --points none --ops 1 2>&1 | grep -q "is not concurrent"; then
     record "$idx" --threads 2 --ops 150 $p
     record "$idx" --threads 2 --shared-keys --keys 24 --ops 200 $p
+    if [ "$idx" != allocator ]; then  # shared writes (the allocator target has none)
+      record "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --ops 300 $p
+      [ "$idx" = pmwcas ] || record "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --key-kind bytes --value-kind bytes --ops 100 --pct 4 --schedules 10 $p
+      # Races on the shared keys: eight threads, one own key each.
+      record "$idx" --threads 8 --shared-keys --shared-writes --keys 1 --ops 400 $p
+      [ "$idx" = pmwcas ] || record "$idx" --threads 8 --shared-keys --shared-writes --keys 1 --key-kind bytes --value-kind bytes --ops 400 $p
+    fi
   fi
   for kk in $kinds; do
     kv="--key-kind $kk --value-kind $kk"

@@ -24,7 +24,8 @@
 #      each at 40 sampled images (double crashes, --recovery-crashes);
 #   7. shared keys and the read rule (two threads, --shared-keys) for every
 #      concurrent index; shared writes (--shared-writes: four keys both
-#      threads write), u64 free-running and bytes under 10 PCT schedules.
+#      threads write), u64 free-running, bytes under 10 PCT schedules, and
+#      eight threads racing on them (u64 and bytes).
 #   8. 20 PCT schedules (--pct 4 --schedules 20) of a two-thread workload
 #      for every concurrent index and the pmwcas and allocator targets;
 #   9. one dropped fence per index (--drop-fence K pinned to its insert's
@@ -144,6 +145,12 @@ for idx in $indexes; do
     # schedule returned with an unfenced flush).
     # shellcheck disable=SC2086
     run "$idx shared writes" 0 --index "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    # Races on the shared keys (eight threads, one own key each): the
+    # paths of an insert that loses to another thread's insert of the key.
+    for kk in u64 bytes; do
+      # shellcheck disable=SC2086
+      run "$idx shared writes contention $kk" 0 --index "$idx" --threads 8 --shared-keys --shared-writes --keys 1 --key-kind $kk --value-kind $kk --ops $((400 * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10 $p
+    done
     # shellcheck disable=SC2086
     run "$idx shared writes bytes pct" 0 --index "$idx" --threads 2 --shared-keys --shared-writes --keys 8 --key-kind bytes --value-kind bytes --ops $((100 * scale)) --images $((400 * scale)) --pct 4 --schedules 10 --images-per-point 3 --lint --timeout 10 $p
   fi
@@ -280,6 +287,7 @@ run "pmwcas tiny" 0 --index pmwcas --keys 3 --ops $((300 * scale)) --images $((1
 run "pmwcas kills" 0 --index pmwcas --points none --kill $((20 * scale)) --timeout 10
 run "pmwcas shared keys" 0 --index pmwcas --threads 2 --shared-keys --keys 24 --ops $((200 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
 run "pmwcas shared writes" 0 --index pmwcas --threads 2 --shared-keys --shared-writes --keys 8 --ops $((300 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
+run "pmwcas shared writes contention" 0 --index pmwcas --threads 8 --shared-keys --shared-writes --keys 1 --ops $((400 * scale)) --images $((400 * scale)) --images-per-point 3 --lint --timeout 10
 # Sixteen threads (docs/pmcheck.md "Persist-path coverage"): the allocator's
 # run formatting (Refill) and thread-exit ReleaseCache >= 20 times.
 run "pmwcas 16 threads" 0 --index pmwcas --threads 16 --shared-keys --keys 3 --ops $((150 * scale)) --images $((600 * scale)) --images-per-point 3 --lint --timeout 10
