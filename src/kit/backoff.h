@@ -35,4 +35,18 @@ struct BasicBackoff {
 // The default: yield after 32 pause spins.
 using Backoff = BasicBackoff<32>;
 
+// Locks m (a std::mutex or any Lockable) by try_lock in a Backoff loop
+// rather than by blocking, for locks held across persists (a structure
+// change): under pmcheck's PCT scheduler a thread waiting for a holder that
+// the schedule preempted hands it the token at once (OnSpin), where a
+// blocked thread would wait for a stall (a timeout, which makes the
+// schedule depend on timing).
+template <typename M>
+void LockWithBackoff(M& m) {
+  if (m.try_lock()) return;
+  Backoff b;
+  do b.Wait();
+  while (!m.try_lock());
+}
+
 }  // namespace pmindex::internal::kit

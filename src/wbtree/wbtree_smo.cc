@@ -79,7 +79,8 @@ Status WBTree<BK>::PathTo(Slice key, uint32_t level, std::vector<Node*>* path, N
 
 template <bool BK>
 Status WBTree<BK>::SplitForKey(Slice key) {
-  std::lock_guard<std::mutex> g(smo_mu_);
+  kit::LockWithBackoff(smo_mu_);  // PCT: a wait for a preempted holder hands it the token
+  std::lock_guard<std::mutex> g(smo_mu_, std::adopt_lock);
   std::vector<Node*> path;
   Node* leaf;
   PMINDEX_RETURN_IF_ERROR(PathTo(key, 0, &path, &leaf));
@@ -250,7 +251,8 @@ Status WBTree<BK>::GrowRoot(Node* left, Slice sep, Node* right, std::vector<Node
 
 template <bool BK>
 Status WBTree<BK>::FreeEmptyLeaf(Slice key) {
-  std::lock_guard<std::mutex> g(smo_mu_);
+  kit::LockWithBackoff(smo_mu_);  // PCT: a wait for a preempted holder hands it the token
+  std::lock_guard<std::mutex> g(smo_mu_, std::adopt_lock);
   std::vector<Node*> path;
   Node* l;
   PMINDEX_RETURN_IF_ERROR(PathTo(key, 0, &path, &l));

@@ -219,6 +219,28 @@ TEST(PmcheckSchedule, UnloggedStoreFoundAtAFlushWithTwoThreads) {
   EXPECT_FALSE(at_flush(off)) << FormatReport(c, off);
 }
 
+// Change points are drawn over the run's ops, so each one falls inside the
+// run whatever an index's points per op: FPTree with u64 keys makes about
+// 6 points per op, and change points drawn over an estimate of 32 per op
+// (before session 18) were mostly past the end of the run; now every
+// schedule reaches its 4.
+TEST(PmcheckSchedule, EveryChangePointFallsInsideTheRun) {
+  Config c;
+  c.index = "fptree";
+  c.params = {{"leaf_size", "8"}};
+  c.threads = 2;
+  c.ops = 100;
+  c.points = 0;
+  c.pct = 4;
+  c.schedules = 5;
+  Report r;
+  ASSERT_TRUE(pmcheck::Run(c, &r).ok());
+  EXPECT_EQ(r.schedules_run, 5u);
+  EXPECT_EQ(r.schedule_changes, 20u) << FormatReport(c, r);
+  EXPECT_GE(r.schedule_switches, 20u) << FormatReport(c, r);
+  EXPECT_EQ(r.total_failures(), 0u) << FormatReport(c, r);
+}
+
 // The spin hook: wBTree's writers and readers wait for a locked node in a
 // kit::Backoff loop, whose OnSpin call hands the token on at once under a
 // PCT schedule. With --no-spin-hook the same waits end only by stalls

@@ -215,10 +215,11 @@ std::string FormatReport(const Config& c, const Report& r) {
   }
   if (r.schedules_run) {
     std::snprintf(buf, sizeof buf,
-                  "  PCT schedules %llu (%d change points, first schedule seed %llu): %llu steps, %llu switches, %llu spins, "
-                  "%llu stalls%s; last schedule hash %016llx\n",
+                  "  PCT schedules %llu (%d change points, first schedule seed %llu): %llu steps, %llu change points reached, "
+                  "%llu switches, %llu spins, %llu stalls%s; last schedule hash %016llx\n",
                   static_cast<unsigned long long>(r.schedules_run), c.pct, static_cast<unsigned long long>(ScheduleSeed(c)),
-                  static_cast<unsigned long long>(r.schedule_steps), static_cast<unsigned long long>(r.schedule_switches),
+                  static_cast<unsigned long long>(r.schedule_steps), static_cast<unsigned long long>(r.schedule_changes),
+                  static_cast<unsigned long long>(r.schedule_switches),
                   static_cast<unsigned long long>(r.schedule_spins), static_cast<unsigned long long>(r.schedule_stalls),
                   r.schedule_stalls ? " (a schedule with stalls may not replay exactly)" : "",
                   static_cast<unsigned long long>(r.schedule_hash));

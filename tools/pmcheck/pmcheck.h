@@ -197,6 +197,7 @@ struct Report {
   // switches, stalls (a thread blocked outside the primitives), spins, and
   // the last schedule's hash (equal hashes: the same interleaving).
   uint64_t schedules_run = 0, schedule_switches = 0, schedule_stalls = 0, schedule_spins = 0, schedule_steps = 0;
+  uint64_t schedule_changes = 0;  // change points reached (at most D per schedule)
   uint64_t schedule_hash = 0;
   double record_seconds = 0, replay_seconds = 0, kill_seconds = 0;
 

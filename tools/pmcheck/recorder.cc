@@ -353,7 +353,7 @@ void Recorder::LoadLocked(const void* addr, size_t size) {
 
 size_t Recorder::BeginOp(const Op& op) {
   const size_t rec = BeginOpLocked(op);
-  SchedulePoint(false);
+  if (sched_) sched_->OpBegin(tl_tid);
   return rec;
 }
 

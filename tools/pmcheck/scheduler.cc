@@ -10,7 +10,7 @@
 
 namespace pmcheck {
 
-PctScheduler::PctScheduler(int threads, int depth, uint64_t seed, uint64_t est_steps)
+PctScheduler::PctScheduler(int threads, int depth, uint64_t seed, uint64_t total_ops)
     : n_(threads), prio_(size_t(threads)), done_(size_t(threads), 0), blocked_(size_t(threads), 0),
       waiting_(size_t(threads), 0),
       load_streak_(size_t(threads), 0), low_prio_(depth > 0 ? depth - 1 : 0) {
@@ -19,10 +19,21 @@ PctScheduler::PctScheduler(int threads, int depth, uint64_t seed, uint64_t est_s
   for (int i = 0; i < threads; ++i) p[size_t(i)] = depth + 1 + i;
   std::shuffle(p.begin(), p.end(), rng);
   prio_ = p;
-  if (est_steps < 1) est_steps = 1;
-  for (int i = 0; i < depth; ++i) change_points_.push_back(1 + rng() % est_steps);
+  if (total_ops < 1) total_ops = 1;
+  for (int i = 0; i < depth; ++i) {
+    const uint64_t op = 1 + rng() % total_ops;
+    change_points_.push_back({op, double(rng() % 1024) / 1024});
+  }
   std::sort(change_points_.begin(), change_points_.end());
   running_.store(Pick(-1));
+}
+
+bool PctScheduler::Reached(const ChangePoint& cp) const {
+  const uint64_t ops = ops_begun_.load(std::memory_order_relaxed), at = op_step_.load(std::memory_order_relaxed);
+  if (ops != cp.op) return ops > cp.op;
+  // Points per op so far (ops before this one); 8 before the first ends.
+  const double mean = ops > 1 ? double(at) / double(ops - 1) : 8.0;
+  return double(step_.load() - at) >= cp.frac * mean;
 }
 
 int PctScheduler::Pick(int exclude) const {
@@ -89,14 +100,14 @@ void PctScheduler::Point(int tid, bool load) {
   bool spin = false, change = false;
   if (running_.load() == tid) {
     // The holder's step (only the holder writes these).
-    const uint64_t step = step_.fetch_add(1) + 1;
+    step_.fetch_add(1);
     hash_.store((hash_.load(std::memory_order_relaxed) ^ uint64_t(tid + 1)) * 1099511628211ull, std::memory_order_relaxed);
     int& streak = load_streak_[size_t(tid)];
     streak = load ? streak + 1 : 0;
     spin = streak > kLoadStreak;
     if (spin) streak = 0;
     const size_t nc = next_change_.load();
-    change = nc < change_points_.size() && step >= change_points_[nc];
+    change = nc < change_points_.size() && Reached(change_points_[nc]);
     if (!spin && !change && !attention_.load()) return;
   }
   std::unique_lock<std::mutex> g(mu_);
@@ -109,7 +120,7 @@ void PctScheduler::Point(int tid, bool load) {
     return;
   }
   attention_.store(false);
-  while (next_change_ < change_points_.size() && step_.load() >= change_points_[next_change_]) {
+  while (next_change_ < change_points_.size() && Reached(change_points_[next_change_])) {
     prio_[size_t(tid)] = low_prio_--;
     ++next_change_;
   }
@@ -120,6 +131,15 @@ void PctScheduler::Point(int tid, bool load) {
   const int next = Pick(-1);
   if (next >= 0 && next != tid) Hand(next);
   WaitTurn(g, tid);
+}
+
+void PctScheduler::OpBegin(int tid) {
+  if (!Mine(tid)) return;
+  if (running_.load() == tid) {
+    ops_begun_.fetch_add(1, std::memory_order_relaxed);
+    op_step_.store(step_.load(), std::memory_order_relaxed);
+  }
+  Point(tid, false);
 }
 
 void PctScheduler::Spin(int tid) {

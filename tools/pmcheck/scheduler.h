@@ -6,9 +6,17 @@
 // Exactly one workload thread holds the token and runs; the others wait at
 // their next scheduling point. A seed fixes everything: each thread gets a
 // distinct initial priority (a seeded permutation of d+1..d+n), and d change
-// points are drawn from [1, estimated steps]; when the global step count
-// reaches the i-th change point, the running thread's priority drops to d-i
-// (below every initial priority). At every point the highest-priority thread
+// points are drawn uniformly over the run: each is an op (of all threads'
+// ops, counted in the order they begin) and a fraction of an op's length;
+// it is reached at the first scheduling point at which that op has begun and
+// has run that fraction of the mean number of points per op so far (or any
+// later op has begun). Then the running thread's priority drops to d-i
+// (below every initial priority). Ops are what the run's length is known
+// in: points per op range from 5 to 50 between indexes and key kinds, so
+// change points drawn over an estimate of points fell past the end of many
+// runs (a u64 B+-tree made 2 switches at d = 4). The mean so far depends only
+// on the schedule before the change point, so a seed still names one
+// schedule. At every point the highest-priority thread
 // that can run takes the token. So a seed names one interleaving, and N seeds
 // explore N interleavings, each one with at most d preemptions placed at
 // random points of the run (PCT finds a bug of depth d with probability at
@@ -52,8 +60,8 @@ namespace pmcheck {
 class PctScheduler {
  public:
   // threads: workload threads 0..threads-1; depth: change points d;
-  // est_steps: the range the change points are drawn from.
-  PctScheduler(int threads, int depth, uint64_t seed, uint64_t est_steps);
+  // total_ops: the ops of all threads (the change points' range).
+  PctScheduler(int threads, int depth, uint64_t seed, uint64_t total_ops);
 
   // A workload thread starts (waits for the token) / has finished its ops.
   void Start(int tid);
@@ -62,6 +70,8 @@ class PctScheduler {
   void Point(int tid, bool load);
   // The thread is spinning (a spin hook): let the others run first.
   void Spin(int tid);
+  // Thread tid begins an op: a scheduling point that also counts the op.
+  void OpBegin(int tid);
 
   // The thread holding the token (-1: none).
   int holder() const { return running_.load(); }
@@ -69,6 +79,8 @@ class PctScheduler {
   uint64_t switches() const { return switches_; }
   uint64_t stalls() const { return stalls_; }
   uint64_t spins() const { return spins_; }
+  // Change points reached (at most depth).
+  uint64_t changes() const { return next_change_.load(); }
   // A hash of the sequence of token holders (equal hashes: same schedule).
   uint64_t hash() const { return hash_.load(); }
 
@@ -88,8 +100,17 @@ class PctScheduler {
   std::vector<uint8_t> done_, blocked_;
   std::vector<uint8_t> waiting_;  // in WaitTurn: at a point, never stalled
   std::vector<int> load_streak_;
-  std::vector<uint64_t> change_points_;  // ascending
+  struct ChangePoint {
+    uint64_t op;  // 1-based, in the order ops begin
+    double frac;  // of the mean points per op
+    bool operator<(const ChangePoint& o) const { return op != o.op ? op < o.op : frac < o.frac; }
+  };
+  bool Reached(const ChangePoint& cp) const;
+  std::vector<ChangePoint> change_points_;  // ascending
   std::atomic<size_t> next_change_{0};
+  // Written by the holder: ops begun, and the step count when the latest
+  // one began (atomic for the same reason as hash_).
+  std::atomic<uint64_t> ops_begun_{0}, op_step_{0};
   int64_t low_prio_;  // next priority given at a change point (d-1, d-2, ...)
   int64_t spin_prio_ = -1;  // priorities given to spinning threads (below all)
   // The token holder counts its steps without the lock (a waiter that

@@ -66,10 +66,6 @@ namespace pm = pmindex::pm;
 // ---------------------------------------------------------------------------
 // Recording.
 
-// Scheduling points per op, about (stores, flushes, fences, acting loads
-// and the two op boundaries): the range PCT's change points are drawn from.
-constexpr uint64_t kPointsPerOp = 32;
-
 uint64_t ScheduleSeed(const Config& c) {
   if (c.threads < 2 || c.pct < 0) return 0;
   return c.schedule_seed ? c.schedule_seed : c.seed;
@@ -126,8 +122,8 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
   std::unique_ptr<PctScheduler> sched;
   if (scheduled) {
     out->schedule_seed = ScheduleSeed(c);
-    // Change points are drawn over about the run's scheduling points.
-    sched = std::make_unique<PctScheduler>(c.threads, c.pct, out->schedule_seed, c.ops * uint64_t(c.threads) * kPointsPerOp);
+    // Change points are drawn over the run's ops (scheduler.h).
+    sched = std::make_unique<PctScheduler>(c.threads, c.pct, out->schedule_seed, c.ops * uint64_t(c.threads));
     rec.SetScheduler(sched.get());
     rec.SetSpinHook(c.spin_hook);
   }
@@ -178,6 +174,7 @@ Status Record(const Config& c, Target* target, const Workload& wl, Report* repor
     report->schedule_stalls += sched->stalls();
     report->schedule_spins += sched->spins();
     report->schedule_steps += sched->steps();
+    report->schedule_changes += sched->changes();
     report->schedule_hash = sched->hash();
   }
   Recorder::SetThreadId(0);
