@@ -58,7 +58,7 @@ struct ChildResult {
 // config.timeout_s, or exits without "DONE" yields a kRecoveryCrash failure.
 ChildResult RunInChild(const Config& config, const std::function<void(int fd)>& body);
 
-// The simulator (simulator.cc). Record runs the workload on a fresh index
+// The simulator (record.cc, simulator.cc). Record runs the workload on a fresh index
 // under the recorder and adds the workload's and the lint's findings to
 // report; Replay turns the recorded log into crash images and verifies each.
 struct Recording {
